@@ -1,0 +1,68 @@
+#pragma once
+// Session: one sequence's state (KV cache, scratch) over immutable ModelWeights.
+// Prefill runs layer by layer and compresses each layer's KV right after its attention, so peak
+// KV memory = one layer's full KV + the compressed cache of the layers before it.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "protokv/kv_cache.h"
+#include "protokv/model.h"
+#include "protokv/press.h"
+
+namespace protokv {
+
+struct SessionOptions {
+  Press* press = nullptr;  // null: full cache
+  Budget budget;           // ignored without a press
+};
+
+struct PrefillStats {
+  int64_t n_tokens = 0;
+  double prefill_ms = 0.0;   // whole prefill, compression included
+  double compress_ms = 0.0;  // time inside the press
+  size_t peak_kv_bytes = 0;  // max over layers of (compressed layers so far + one full layer)
+  size_t kv_bytes = 0;       // after prefill
+};
+
+// Observes decode attention (fidelity metrics). Called from the engine's decode step.
+class DecodeObserver {
+ public:
+  virtual ~DecodeObserver() = default;
+  // Attention output of `layer` before the output projection: [n_heads, head_dim].
+  virtual void on_attention_output(int /*layer*/, const float* /*out*/, int /*n_heads*/,
+                                   int /*head_dim*/) {}
+  // Softmax weights of query head `q_head` over the entries of its KV head (cache order).
+  virtual bool wants_probabilities() const { return false; }
+  virtual void on_attention_probs(int /*layer*/, int /*q_head*/, std::span<const float> /*probs*/,
+                                  std::span<const int32_t> /*positions*/) {}
+};
+
+class Session {
+ public:
+  explicit Session(const ModelWeights& weights, SessionOptions options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Prefills `tokens` into an empty cache at positions 0..n-1 and compresses with the press.
+  // Returns the logits of the last token [vocab]. Throws Error on an empty prompt, a prompt
+  // longer than the context, or token ids out of range.
+  std::span<const float> prefill(std::span<const int32_t> tokens);
+  // Appends one token at position n_past() and returns its logits.
+  std::span<const float> decode(int32_t token);
+
+  int64_t n_past() const;
+  const KvCache& cache() const;
+  const PrefillStats& prefill_stats() const;
+  const ModelConfig& config() const;
+  void set_observer(DecodeObserver* observer);
+  void reset();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace protokv

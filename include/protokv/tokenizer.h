@@ -1,0 +1,56 @@
+#pragma once
+// SentencePiece-style BPE over scored pieces (llama/mistral): the same vocabulary read from a
+// llama2.c tokenizer.bin or from GGUF `tokenizer.ggml.*` metadata.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace protokv {
+
+class GgufFile;
+class GgufWriter;
+
+class Tokenizer {
+ public:
+  // GGUF token types.
+  enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kByte = 6 };
+
+  // pieces use U+2581 ("▁") for spaces, as SentencePiece and GGUF do.
+  Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, std::vector<int32_t> types,
+            int32_t bos_id, int32_t eos_id, int32_t unk_id);
+
+  // llama2.c tokenizer.bin (int32 max_token_length; per token: f32 score, int32 len, bytes).
+  static std::shared_ptr<Tokenizer> load_llama2c(const std::string& path, int vocab_size);
+  // GGUF tokenizer.ggml.model == "llama"; throws Error for other models or bad metadata.
+  static std::shared_ptr<Tokenizer> from_gguf(const GgufFile& file);
+  // Writes tokenizer.ggml.* keys.
+  void write_gguf(GgufWriter& writer) const;
+
+  // SentencePiece encoding with the dummy-prefix space (text non-empty), byte fallback.
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
+  // Text of `token` following `prev` (the leading space after BOS is dropped; <0xXX> -> byte).
+  std::string decode(int32_t prev, int32_t token) const;
+  std::string decode(std::span<const int32_t> tokens) const;  // tokens may start with BOS
+
+  int32_t vocab_size() const { return static_cast<int32_t>(pieces_.size()); }
+  int32_t bos_id() const { return bos_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  int32_t unk_id() const { return unk_id_; }
+  const std::vector<std::string>& pieces() const { return pieces_; }
+  const std::vector<float>& scores() const { return scores_; }
+  const std::vector<int32_t>& types() const { return types_; }
+
+ private:
+  std::vector<std::string> pieces_;
+  std::vector<float> scores_;
+  std::vector<int32_t> types_;
+  int32_t bos_id_, eos_id_, unk_id_;
+  std::unordered_map<std::string, int32_t> piece_to_id_;
+  int32_t byte_tokens_[256];
+};
+
+}  // namespace protokv

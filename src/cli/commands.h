@@ -1,0 +1,19 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace protokv::cli {
+
+// Each subcommand lives in its own cmd_*.cpp and registers itself here.
+void register_generate(CLI::App& app);
+void register_info(CLI::App& app);
+void register_convert(CLI::App& app);
+void register_make_model(CLI::App& app);
+
+inline void register_all(CLI::App& app) {
+  register_generate(app);
+  register_info(app);
+  register_convert(app);
+  register_make_model(app);
+}
+
+}  // namespace protokv::cli

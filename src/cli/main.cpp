@@ -1,0 +1,32 @@
+// protokv command-line entry: registers the subcommands and turns every error into one line on
+// stderr and exit code 1.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "cli/commands.h"
+#include "protokv/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"protokv: long-context LLM inference with KV-cache compression"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", PROTOKV_VERSION);
+  protokv::cli::register_all(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 1;
+  } catch (const protokv::Error& e) {
+    std::fprintf(stderr, "protokv: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "protokv: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "protokv: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,181 @@
+#include "protokv/dtype.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "protokv/error.h"
+
+namespace protokv {
+
+bool dtype_supported(uint32_t ggml_type) {
+  switch (static_cast<DType>(ggml_type)) {
+    case DType::F32:
+    case DType::F16:
+    case DType::Q8_0:
+    case DType::BF16:
+      return true;
+  }
+  return false;
+}
+
+std::string_view dtype_name(DType type) {
+  switch (type) {
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::Q8_0:
+      return "q8_0";
+    case DType::BF16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
+DType dtype_from_name(std::string_view name) {
+  if (name == "f32") return DType::F32;
+  if (name == "f16") return DType::F16;
+  if (name == "bf16") return DType::BF16;
+  if (name == "q8_0") return DType::Q8_0;
+  fail("unknown tensor type '{}' (expected f32, f16, bf16 or q8_0)", name);
+}
+
+int64_t dtype_block_size(DType type) {
+  return type == DType::Q8_0 ? kQ8BlockSize : 1;
+}
+
+size_t dtype_row_bytes(DType type, int64_t n) {
+  switch (type) {
+    case DType::F32:
+      return static_cast<size_t>(n) * 4;
+    case DType::F16:
+    case DType::BF16:
+      return static_cast<size_t>(n) * 2;
+    case DType::Q8_0:
+      return static_cast<size_t>(n / kQ8BlockSize) * sizeof(BlockQ8_0);
+  }
+  return 0;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      exponent = 127 - 15 + 1;
+      while ((mantissa & 0x400u) == 0) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      mantissa &= 0x3ffu;
+      bits = sign | (exponent << 23) | (mantissa << 13);
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or nan
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  }
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  if (abs < 0x38800000u) {                                               // subnormal or zero in f16
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t exponent = abs >> 23;
+    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exponent;  // 14..24
+    uint32_t half = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((abs - 0x38000000u) >> 13);
+  const uint32_t rest = abs & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
+  switch (type) {
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::F16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+      return;
+    }
+    case DType::Q8_0: {
+      const auto* blocks = static_cast<const BlockQ8_0*>(src);
+      for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
+        const float scale = f16_to_f32(blocks[b].scale);
+        for (int j = 0; j < kQ8BlockSize; ++j)
+          dst[b * kQ8BlockSize + j] = scale * blocks[b].quants[j];
+      }
+      return;
+    }
+  }
+}
+
+void quantize_row(DType type, const float* src, void* dst, int64_t n) {
+  switch (type) {
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::F16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::BF16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::Q8_0: {
+      // Same rounding as ggml's reference quantize_row_q8_0: scale = amax / 127.
+      auto* blocks = static_cast<BlockQ8_0*>(dst);
+      for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
+        const float* x = src + b * kQ8BlockSize;
+        float amax = 0.0f;
+        for (int j = 0; j < kQ8BlockSize; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float scale = amax / 127.0f;
+        const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        blocks[b].scale = f32_to_f16(scale);
+        for (int j = 0; j < kQ8BlockSize; ++j)
+          blocks[b].quants[j] = static_cast<int8_t>(std::lround(x[j] * inv));
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace protokv

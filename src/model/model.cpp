@@ -1,0 +1,50 @@
+#include "protokv/model.h"
+
+#include "protokv/error.h"
+
+namespace protokv {
+
+void ModelConfig::validate() const {
+  constexpr int kMaxDim = 1 << 16;
+  constexpr int kMaxLayers = 1024;
+  constexpr int kMaxVocab = 1 << 22;
+  constexpr int kMaxContext = 1 << 24;
+  PROTOKV_CHECK(dim > 0 && dim <= kMaxDim, "invalid embedding length {}", dim);
+  PROTOKV_CHECK(hidden_dim > 0 && hidden_dim <= 8 * kMaxDim, "invalid feed-forward length {}",
+                hidden_dim);
+  PROTOKV_CHECK(n_layers > 0 && n_layers <= kMaxLayers, "invalid layer count {}", n_layers);
+  PROTOKV_CHECK(n_heads > 0 && n_heads <= dim && dim % n_heads == 0,
+                "invalid head count {} for embedding length {}", n_heads, dim);
+  PROTOKV_CHECK(n_kv_heads > 0 && n_kv_heads <= n_heads && n_heads % n_kv_heads == 0,
+                "invalid KV head count {} for {} heads", n_kv_heads, n_heads);
+  PROTOKV_CHECK(head_dim() % 2 == 0, "head dimension {} must be even for RoPE", head_dim());
+  PROTOKV_CHECK(vocab_size > 0 && vocab_size <= kMaxVocab, "invalid vocabulary size {}",
+                vocab_size);
+  PROTOKV_CHECK(context_length > 0 && context_length <= kMaxContext, "invalid context length {}",
+                context_length);
+  PROTOKV_CHECK(rope_theta > 0.0f, "invalid RoPE base {}", rope_theta);
+  PROTOKV_CHECK(norm_eps > 0.0f && norm_eps < 1.0f, "invalid RMS norm epsilon {}", norm_eps);
+}
+
+size_t ModelWeights::weight_bytes() const {
+  size_t total = token_embd.bytes() + static_cast<size_t>(config.dim) * 4;
+  if (!config.shared_classifier) total += output.bytes();
+  for (const auto& l : layers) {
+    total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() +
+             l.w_up.bytes() + l.w_down.bytes() + 2 * static_cast<size_t>(config.dim) * 4;
+  }
+  return total;
+}
+
+int64_t ModelWeights::parameter_count() const {
+  auto count = [](const WeightMatrix& w) { return w.rows * w.cols; };
+  int64_t total = count(token_embd) + config.dim;
+  if (!config.shared_classifier) total += count(output);
+  for (const auto& l : layers) {
+    total += count(l.wq) + count(l.wk) + count(l.wv) + count(l.wo) + count(l.w_gate) +
+             count(l.w_up) + count(l.w_down) + 2 * config.dim;
+  }
+  return total;
+}
+
+}  // namespace protokv

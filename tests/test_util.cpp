@@ -1,0 +1,30 @@
+#include "test_util.h"
+
+#include <sys/wait.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace protokv::testing {
+
+CommandResult run_protokv(const std::string& args) {
+  TempDir dir;
+  const auto out_path = dir / "stdout";
+  const auto err_path = dir / "stderr";
+  const std::string command = std::string("'") + PROTOKV_BINARY + "' " + args + " >'" +
+                              out_path.string() + "' 2>'" + err_path.string() + "' </dev/null";
+  CommandResult result;
+  const int status = std::system(command.c_str());
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  result.out = slurp(out_path);
+  result.err = slurp(err_path);
+  return result;
+}
+
+}  // namespace protokv::testing

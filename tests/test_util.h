@@ -1,0 +1,56 @@
+#pragma once
+// Test helpers: locating ../shared, temporary files, running the CLI.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace protokv::testing {
+
+// ../shared beside the checkout, or $PROTOKV_SHARED_DIR.
+inline std::filesystem::path shared_dir() {
+  if (const char* env = std::getenv("PROTOKV_SHARED_DIR")) return env;
+  return std::filesystem::path(PROTOKV_SOURCE_DIR).parent_path() / "shared";
+}
+
+inline std::filesystem::path stories_dir() {
+  return shared_dir() / "models" / "stories260K";
+}
+
+// Skips the current test when stories260K is absent.
+#define PROTOKV_REQUIRE_STORIES()                                                        \
+  do {                                                                                   \
+    if (!std::filesystem::exists(::protokv::testing::stories_dir() / "stories260K.bin")) \
+      GTEST_SKIP() << "stories260K not found at " << ::protokv::testing::stories_dir()   \
+                   << " (set PROTOKV_SHARED_DIR); skipping end-to-end test";             \
+  } while (0)
+
+// A fresh temporary directory, removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "protokv-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs the protokv binary with `args` (a shell-quoted string).
+CommandResult run_protokv(const std::string& args);
+
+}  // namespace protokv::testing
