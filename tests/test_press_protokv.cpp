@@ -84,9 +84,8 @@ TEST(ProtoKvDeviation, ChunkDeviationIsStandardisedCosineDissimilarity) {
   // mu = (0.75, 0.25), per-channel variance 0.1875 each, ||sigma|| = sqrt(0.375);
   // delta(0,1) = (1 - 0.25/|mu|)/||sigma||, delta(1,0) = (1 - 0.75/|mu|)/||sigma||.
   const std::vector<float> keys = {2, 1, 2, 1, 2, 1, 2, 1, 1, 0, 1, 0, 1, 0, 0, 1};
-  std::vector<float> unit(keys.size()), delta(8);
-  press::normalise_rows(keys.data(), 8, 2, unit.data());
-  press::chunk_deviation(keys.data(), unit.data(), 8, 2, 2, delta.data());
+  std::vector<float> delta(8);
+  press::chunk_deviation(keys.data(), 8, 2, 2, delta.data());
   const double mu = std::sqrt(0.75 * 0.75 + 0.25 * 0.25), sigma = std::sqrt(0.375);
   for (int t = 0; t < 4; ++t) EXPECT_EQ(delta[static_cast<size_t>(t)], 0.0f);
   for (int t = 4; t < 7; ++t)

@@ -6,6 +6,7 @@
 // that score (ties by the token's own score) plus the window.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "press/protokv_clustering.h"
 #include "press/scoring_press.h"
@@ -53,11 +54,15 @@ class ProtoKvScorer final : public Scorer {
   explicit ProtoKvScorer(ProtoKvConfig config) : config_(config) {}
   std::string name() const override { return "protokv"; }
   void add_config(nlohmann::json& out) const override;
+  void begin(const SequenceInfo& info) override;
   void score(const LayerView& layer, int64_t window, LayerScores& out) override;
   const ProtoKvConfig& protokv_config() const { return config_; }
 
  private:
   ProtoKvConfig config_;
+  // Per OpenMP thread: normalised keys of the head being clustered, reused across heads and
+  // layers of a sequence; released by begin() so that nothing outlives a sequence needlessly.
+  std::vector<std::vector<float>> scratch_;
 };
 
 }  // namespace protokv::press

@@ -34,30 +34,42 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-// Appends normalise(sum) to the prototypes unless the sum is zero (an empty chunk or bucket).
-void add_prototype(const std::vector<double>& sum, int d, int32_t origin, Clustering& out) {
+// Appends normalise(sum) to the prototypes unless the sum is zero.
+void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
   double norm = 0.0;
-  for (double v : sum) norm += v * v;
+  for (int c = 0; c < d; ++c) norm += static_cast<double>(sum[c]) * sum[c];
   norm = std::sqrt(norm);
   if (!(norm > 0.0)) return;
-  for (int c = 0; c < d; ++c)
-    out.prototypes.push_back(static_cast<float>(sum[static_cast<size_t>(c)] / norm));
+  const auto inv = static_cast<float>(1.0 / norm);
+  for (int c = 0; c < d; ++c) out.prototypes.push_back(sum[c] * inv);
   out.origin.push_back(origin);
 }
 
-// Regular prototypes (ProtoKV Eq. 11): normalised sum of each chunk's keys outside O.
-void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k,
-                          const std::vector<bool>& is_irregular, Clustering& out) {
-  std::vector<double> sum(static_cast<size_t>(d));
-  for (int64_t m = 0; m < k; ++m) {
-    std::fill(sum.begin(), sum.end(), 0.0);
-    for (int64_t t = chunk_begin(m, n, k); t < chunk_begin(m + 1, n, k); ++t) {
-      if (!is_irregular.empty() && is_irregular[static_cast<size_t>(t)]) continue;
-      const float* key = keys + t * d;
-      for (int c = 0; c < d; ++c) sum[static_cast<size_t>(c)] += key[c];
-    }
-    add_prototype(sum, d, static_cast<int32_t>(m), out);
+// Chunk of token t (inverse of chunk_begin).
+int64_t chunk_of(int64_t t, int64_t n, int64_t k) {
+  int64_t m = (t * k) / n;  // never above the true chunk; step up at most once or twice
+  while (m + 1 < k && chunk_begin(m + 1, n, k) <= t) ++m;
+  while (m > 0 && chunk_begin(m, n, k) > t) --m;
+  return m;
+}
+
+// Regular prototypes (ProtoKV Eq. 11): normalised sum of each chunk's keys outside O, from the
+// chunk sums of chunk_pass minus the irregular keys; chunks left empty are dropped.
+void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, std::vector<float> sums,
+                          const std::vector<int32_t>& irregular, Clustering& out) {
+  std::vector<int64_t> remaining(static_cast<size_t>(k));
+  for (int64_t m = 0; m < k; ++m)
+    remaining[static_cast<size_t>(m)] = chunk_begin(m + 1, n, k) - chunk_begin(m, n, k);
+  for (const int32_t t : irregular) {
+    const int64_t m = chunk_of(t, n, k);
+    float* sum = sums.data() + m * d;
+    const float* key = keys + static_cast<int64_t>(t) * d;
+    for (int c = 0; c < d; ++c) sum[c] -= key[c];
+    --remaining[static_cast<size_t>(m)];
   }
+  for (int64_t m = 0; m < k; ++m)
+    if (remaining[static_cast<size_t>(m)] > 0)
+      add_prototype(sums.data() + m * d, d, static_cast<int32_t>(m), out);
 }
 
 // Irregular prototypes (ProtoKV Eq. 15): tokens `rows` hashed into 2^bits buckets, each bucket's
@@ -67,23 +79,19 @@ void add_bucket_prototypes(const float* keys, const float* unit_keys,
                            uint64_t seed, Clustering& out) {
   const LshProjection lsh = make_lsh_projection(bits, d, gamma, seed);
   const int buckets = 1 << bits;
-  std::vector<double> sums(static_cast<size_t>(buckets) * static_cast<size_t>(d),
-                           0.0);  // [buckets, d]
+  std::vector<float> sums(static_cast<size_t>(buckets) * static_cast<size_t>(d),
+                          0.0f);  // [buckets, d]
   std::vector<int64_t> counts(static_cast<size_t>(buckets), 0);
   for (const int32_t t : rows) {
     const int32_t b = lsh_bucket(lsh, unit_keys + static_cast<int64_t>(t) * d);
     const float* key = keys + static_cast<int64_t>(t) * d;
-    double* sum = sums.data() + static_cast<int64_t>(b) * d;
+    float* sum = sums.data() + static_cast<int64_t>(b) * d;
     for (int c = 0; c < d; ++c) sum[c] += key[c];
     ++counts[static_cast<size_t>(b)];
   }
-  std::vector<double> sum(static_cast<size_t>(d));
-  for (int b = 0; b < buckets; ++b) {
-    if (counts[static_cast<size_t>(b)] == 0) continue;
-    std::copy(sums.begin() + static_cast<int64_t>(b) * d,
-              sums.begin() + static_cast<int64_t>(b + 1) * d, sum.begin());
-    add_prototype(sum, d, b, out);
-  }
+  for (int b = 0; b < buckets; ++b)
+    if (counts[static_cast<size_t>(b)] > 0)
+      add_prototype(sums.data() + static_cast<int64_t>(b) * d, d, b, out);
 }
 
 }  // namespace
@@ -101,43 +109,56 @@ void normalise_rows(const float* in, int64_t n, int d, float* out) {
   }
 }
 
-void chunk_deviation(const float* keys, const float* unit_keys, int64_t n, int d, int64_t k,
-                     float* delta) {
-  std::vector<double> mean(static_cast<size_t>(d)), var(static_cast<size_t>(d));
-  std::vector<float> mean_f(static_cast<size_t>(d));
+void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* unit_keys, float* chunk_sums,
+                float* delta) {
+  // Per-channel accumulators keep every inner loop a plain vectorisable loop over channels.
+  std::vector<float> mean(static_cast<size_t>(d)), variance(static_cast<size_t>(d));
   for (int64_t m = 0; m < k; ++m) {
     const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
-    const double count = static_cast<double>(end - begin);
-    std::fill(mean.begin(), mean.end(), 0.0);
-    std::fill(var.begin(), var.end(), 0.0);
-    for (int64_t t = begin; t < end; ++t)
-      for (int c = 0; c < d; ++c) mean[static_cast<size_t>(c)] += keys[t * d + c];
-    double mean_norm = 0.0;
-    for (int c = 0; c < d; ++c) {
-      mean[static_cast<size_t>(c)] /= count;
-      mean_norm += mean[static_cast<size_t>(c)] * mean[static_cast<size_t>(c)];
-    }
-    mean_norm = std::sqrt(mean_norm);
-    for (int64_t t = begin; t < end; ++t)
-      for (int c = 0; c < d; ++c) {
-        const double diff = keys[t * d + c] - mean[static_cast<size_t>(c)];
-        var[static_cast<size_t>(c)] += diff * diff;
-      }
-    double sigma_norm = 0.0;  // ||sigma_m||_2 with the per-channel population std
-    for (double v : var) sigma_norm += v / count;
-    sigma_norm = std::sqrt(sigma_norm);
-    const float inv_mean = mean_norm > 0.0 ? static_cast<float>(1.0 / mean_norm) : 0.0f;
-    for (int c = 0; c < d; ++c)
-      mean_f[static_cast<size_t>(c)] = static_cast<float>(mean[static_cast<size_t>(c)]) * inv_mean;
+    float* __restrict sum = chunk_sums + m * d;
+    std::fill(sum, sum + d, 0.0f);
     for (int64_t t = begin; t < end; ++t) {
-      if (!(sigma_norm > 0.0)) {
+      const float* __restrict key = keys + t * d;
+      float* __restrict unit = unit_keys + t * d;
+      const float norm = std::sqrt(kernels::dot(key, key, d));
+      const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
+      for (int c = 0; c < d; ++c) {
+        sum[c] += key[c];
+        unit[c] = key[c] * inv;
+      }
+    }
+    if (delta == nullptr) continue;
+    // The chunk's rows are still in cache: per-channel population variance around the mean.
+    const float inv_count = 1.0f / static_cast<float>(end - begin);
+    float* __restrict mu = mean.data();
+    float* __restrict var = variance.data();
+    for (int c = 0; c < d; ++c) {
+      mu[c] = sum[c] * inv_count;
+      var[c] = 0.0f;
+    }
+    for (int64_t t = begin; t < end; ++t) {
+      const float* __restrict key = keys + t * d;
+      for (int c = 0; c < d; ++c) var[c] += (key[c] - mu[c]) * (key[c] - mu[c]);
+    }
+    float sigma_sq = 0.0f;  // ||sigma_m||^2 = sum over channels of the variance
+    for (int c = 0; c < d; ++c) sigma_sq += var[c];
+    const float sigma_norm = std::sqrt(sigma_sq * inv_count);
+    const float mean_norm = std::sqrt(kernels::dot(mu, mu, d));
+    const float inv_mean = mean_norm > 0.0f ? 1.0f / mean_norm : 0.0f;
+    for (int64_t t = begin; t < end; ++t) {
+      if (!(sigma_norm > 0.0f)) {
         delta[t] = 0.0f;  // identical keys: nothing deviates
         continue;
       }
-      const float cosine = kernels::dot(unit_keys + t * d, mean_f.data(), d);
-      delta[t] = static_cast<float>((1.0 - static_cast<double>(cosine)) / sigma_norm);  // Eq. 10
+      const float cosine = kernels::dot(unit_keys + t * d, mu, d) * inv_mean;
+      delta[t] = (1.0f - cosine) / sigma_norm;  // Eq. 10
     }
   }
+}
+
+void chunk_deviation(const float* keys, int64_t n, int d, int64_t k, float* delta) {
+  std::vector<float> unit(static_cast<size_t>(n * d)), sums(static_cast<size_t>(k * d));
+  chunk_pass(keys, n, d, k, unit.data(), sums.data(), delta);
 }
 
 void neighbourhood_outlier_degree(const float* unit_keys, int64_t n, int d, int kappa,
@@ -214,6 +235,27 @@ uint64_t lsh_seed_for(uint64_t seed, int layer, int kv_head) {
   return mix.next();
 }
 
+namespace {
+
+// Index of the first maximum of row[0, count). The maximum is found with independent lanes (a
+// vectorisable loop), then its first position.
+int first_argmax(const float* row, int count) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes];
+  for (float& lane : lanes) lane = row[0];
+  int c = 0;
+  for (; c + kLanes <= count; c += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] = lanes[j] < row[c + j] ? row[c + j] : lanes[j];
+  float best = lanes[0];
+  for (int j = 1; j < kLanes; ++j) best = best < lanes[j] ? lanes[j] : best;
+  for (; c < count; ++c) best = best < row[c] ? row[c] : best;
+  for (int i = 0; i < count; ++i)
+    if (row[i] == best) return i;
+  return 0;  // only when every value is NaN
+}
+
+}  // namespace
+
 void assign_to_prototypes(const float* unit_keys, int64_t n, int d, const float* prototypes,
                           int count, int32_t* out) {
   if (count <= 0) {
@@ -226,35 +268,29 @@ void assign_to_prototypes(const float* unit_keys, int64_t n, int d, const float*
     const int64_t rows = std::min(kBlock, n - t0);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), count, d, 1.0f,
                 unit_keys + t0 * d, d, prototypes, d, 0.0f, cosine.data(), count);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = cosine.data() + r * count;
-      int best = 0;
-      for (int c = 1; c < count; ++c)
-        if (row[c] > row[best]) best = c;
-      out[t0 + r] = best;
-    }
+    for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(cosine.data() + r * count, count);
   }
 }
 
-Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config) {
+Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config,
+                        std::vector<float>* scratch) {
   Clustering out;
   out.head_dim = d;
-  std::vector<float> unit(static_cast<size_t>(n * d));  // [n, d]
-  normalise_rows(keys, n, d, unit.data());
+  std::vector<float> local;
+  std::vector<float>& unit = scratch != nullptr ? *scratch : local;  // [n, d] L2-normalised keys
+  if (unit.size() < static_cast<size_t>(n * d)) unit.resize(static_cast<size_t>(n * d));
 
   const int64_t k = std::clamp<int64_t>(config.chunks, 1, n);
   switch (config.prototypes) {
     case PrototypeSet::Hybrid: {
       // Algorithm 1 lines 1-7: deviation, irregular set O, regular prototypes.
-      std::vector<float> deviation(static_cast<size_t>(n));
-      if (config.deviation == Deviation::Chunk)
-        chunk_deviation(keys, unit.data(), n, d, k, deviation.data());
-      else
+      std::vector<float> sums(static_cast<size_t>(k * d)), deviation(static_cast<size_t>(n));
+      const bool chunk_dev = config.deviation == Deviation::Chunk;
+      chunk_pass(keys, n, d, k, unit.data(), sums.data(), chunk_dev ? deviation.data() : nullptr);
+      if (!chunk_dev)
         neighbourhood_outlier_degree(unit.data(), n, d, config.kappa, deviation.data());
       out.irregular = top_indices(deviation.data(), n, config.irregular);
-      std::vector<bool> is_irregular(static_cast<size_t>(n), false);
-      for (const int32_t t : out.irregular) is_irregular[static_cast<size_t>(t)] = true;
-      add_chunk_prototypes(keys, n, d, k, is_irregular, out);
+      add_chunk_prototypes(keys, n, d, k, std::move(sums), out.irregular, out);
       out.n_regular = out.n_prototypes();
       // Lines 8-13: only the irregular tokens are hashed.
       add_bucket_prototypes(keys, unit.data(), out.irregular, d, config.lsh_bits, config.gamma,
@@ -263,7 +299,10 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
     }
     case PrototypeSet::Chunk: {
       // Ablation: the same prototype count k + u, all from chunks, no irregular set.
-      add_chunk_prototypes(keys, n, d, std::min<int64_t>(n, k + config.buckets()), {}, out);
+      const int64_t chunks = std::min<int64_t>(n, k + config.buckets());
+      std::vector<float> sums(static_cast<size_t>(chunks * d));
+      chunk_pass(keys, n, d, chunks, unit.data(), sums.data(), nullptr);
+      add_chunk_prototypes(keys, n, d, chunks, std::move(sums), {}, out);
       out.n_regular = out.n_prototypes();
       break;
     }
@@ -272,6 +311,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       const int bits = std::clamp(
           static_cast<int>(std::lround(std::log2(static_cast<double>(k + config.buckets())))), 1,
           12);
+      normalise_rows(keys, n, d, unit.data());
       std::vector<int32_t> all(static_cast<size_t>(n));
       std::iota(all.begin(), all.end(), 0);
       add_bucket_prototypes(keys, unit.data(), all, d, bits, config.gamma, config.lsh_seed, out);

@@ -41,10 +41,14 @@ int64_t chunk_begin(int64_t m, int64_t n, int64_t k);
 // Rows of `in` [n, d] scaled to unit L2 norm (zero rows stay zero).
 void normalise_rows(const float* in, int64_t n, int d, float* out);
 
+// One pass over the keys, chunk by chunk (each chunk's rows stay in cache): unit keys [n, d],
+// raw key sums per chunk chunk_sums [k, d] and, if delta is not null, the Eq. 10 deviations [n].
+void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* unit_keys, float* chunk_sums,
+                float* delta);
+
 // ProtoKV Eq. 10: delta_t = (1 - cos(k_t, mu_m)) / ||sigma_m||_2 over k chunks; out [n].
 // A chunk whose keys are all equal (sigma = 0) gives delta = 0.
-void chunk_deviation(const float* keys, const float* unit_keys, int64_t n, int d, int64_t k,
-                     float* delta);
+void chunk_deviation(const float* keys, int64_t n, int d, int64_t k, float* delta);
 
 // Paper 002: S(i) = mean cos(k_i, k_j) over the neighbours j in [i - kappa, i + kappa], j != i,
 // inside the prefix; out [n] = Theta(i) = -(S(i) - mean S) / std S, so that high = irregular.
@@ -75,7 +79,9 @@ void assign_to_prototypes(const float* unit_keys, int64_t n, int d, const float*
                           int count, int32_t* out);
 
 // Builds the prototypes of `config.prototypes` from keys [n, d] (raw, post-RoPE) and assigns every
-// token. With no usable prototype (all keys zero) every token lands in cluster 0.
-Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config);
+// token. With no usable prototype (all keys zero) every token lands in cluster 0. `scratch`
+// (optional) holds the normalised keys between calls, sparing a fresh n x d allocation per head.
+Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config,
+                        std::vector<float>* scratch = nullptr);
 
 }  // namespace protokv::press
