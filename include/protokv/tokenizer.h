@@ -16,8 +16,18 @@ class GgufWriter;
 
 class Tokenizer {
  public:
-  // GGUF token types.
-  enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kByte = 6 };
+  // GGUF token types. Only kNormal and kUserDefined pieces are matched against text; kByte
+  // pieces ("<0xHH>") are the byte fallback; the others decode to "".
+  enum TokenType : int32_t {
+    kUndefined = 0,
+    kNormal = 1,
+    kUnknown = 2,
+    kControl = 3,
+    kUserDefined = 4,
+    kUnused = 5,
+    kByte = 6
+  };
+  static constexpr int32_t kMaxVocabSize = 1 << 22;
 
   // pieces use U+2581 ("▁") for spaces, as SentencePiece and GGUF do.
   Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, std::vector<int32_t> types,
@@ -33,6 +43,8 @@ class Tokenizer {
   // SentencePiece encoding with the dummy-prefix space (text non-empty), byte fallback.
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
   // Text of `token` following `prev` (the leading space after BOS is dropped; <0xXX> -> byte).
+  // `prev` is only compared with BOS (pass -1 for "no previous token"); `token` out of range
+  // throws Error.
   std::string decode(int32_t prev, int32_t token) const;
   std::string decode(std::span<const int32_t> tokens) const;  // tokens may start with BOS
 
@@ -51,6 +63,8 @@ class Tokenizer {
   int32_t bos_id_, eos_id_, unk_id_;
   std::unordered_map<std::string, int32_t> piece_to_id_;
   int32_t byte_tokens_[256];
+  std::vector<std::string> texts_;  // decoded text of each token ("▁" -> ' ', <0xHH> -> byte)
+  size_t max_piece_bytes_ = 0;      // longest matchable piece: longer spans are never looked up
 };
 
 }  // namespace protokv
