@@ -6,7 +6,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace protokv {
@@ -57,14 +56,31 @@ class Tokenizer {
   const std::vector<int32_t>& types() const { return types_; }
 
  private:
+  struct EncodeScratch;
+  // BPE over one span of normalised text, appending its ids to `out`.
+  void encode_segment(std::string_view segment, EncodeScratch& scratch,
+                      std::vector<int32_t>& out) const;
+  // Id of the matchable (normal / user-defined) piece equal to `text`, or -1.
+  int32_t find_piece(std::string_view text) const;
+
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::vector<int32_t> types_;
   int32_t bos_id_, eos_id_, unk_id_;
-  std::unordered_map<std::string, int32_t> piece_to_id_;
+  // Open-addressing hash table of the matchable pieces (linear probing, power-of-two size):
+  // lookups by string_view without building a std::string, the encoder's hottest operation.
+  struct PieceSlot {
+    uint64_t hash = 0;
+    int32_t id = -1;  // -1: empty
+  };
+  std::vector<PieceSlot> piece_slots_;
   int32_t byte_tokens_[256];
   std::vector<std::string> texts_;  // decoded text of each token ("▁" -> ' ', <0xHH> -> byte)
   size_t max_piece_bytes_ = 0;      // longest matchable piece: longer spans are never looked up
+  // True when no piece contains "▁" right after another character than "▁": then no merge can
+  // cross the start of a word, and words are encoded one at a time (exactly the same result,
+  // with small, cache-resident merge queues).
+  bool words_are_independent_ = true;
 };
 
 }  // namespace protokv

@@ -50,6 +50,17 @@ std::string normalize_for_encoding(std::string_view text) {
   return out;
 }
 
+bool has_marker_after_other_char(std::string_view piece) {
+  for (size_t pos = piece.find(kSpaceMarker, 1); pos != std::string_view::npos;
+       pos = piece.find(kSpaceMarker, pos + 1)) {
+    if (pos < kSpaceMarker.size() ||
+        piece.compare(pos - kSpaceMarker.size(), kSpaceMarker.size(), kSpaceMarker) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 int parse_byte_piece(std::string_view piece) {
   if (piece.size() != 6 || !piece.starts_with("<0x") || piece[5] != '>') return -1;
   const int high = hex_digit(piece[3]);

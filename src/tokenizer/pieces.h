@@ -17,6 +17,20 @@ std::string markers_to_spaces(std::string_view piece);
 // becomes kSpaceMarker. `text` must be non-empty.
 std::string normalize_for_encoding(std::string_view text);
 
+// Whether `piece` holds a space marker right after a byte that is not the end of another marker
+// ("a▁b" does; "▁▁a" does not). A piece like that could span the start of a word.
+bool has_marker_after_other_char(std::string_view piece);
+
+// 64-bit FNV-1a: pieces are short, so a byte loop beats heavier hashes.
+inline uint64_t hash_bytes(std::string_view bytes) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (const char c : bytes) {
+    hash ^= static_cast<uint8_t>(c);
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
 // The byte of a "<0xHH>" piece (either hex case), or -1 when `piece` has another form.
 int parse_byte_piece(std::string_view piece);
 

@@ -2,6 +2,7 @@
 #include "protokv/tokenizer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -30,7 +31,7 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
 
   std::fill(std::begin(byte_tokens_), std::end(byte_tokens_), -1);
   texts_.resize(n);
-  piece_to_id_.reserve(n);
+  piece_slots_.resize(std::bit_ceil(2 * n));  // load factor <= 1/2
   for (size_t i = 0; i < n; ++i) {
     const std::string& piece = pieces_[i];
     // NaN would break the strict ordering the merge queue relies on.
@@ -40,8 +41,14 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
       case kUserDefined:
         texts_[i] = tokenizer::markers_to_spaces(piece);
         // The first of duplicated pieces wins, as in SentencePiece's piece table.
-        if (!piece.empty() && piece_to_id_.emplace(piece, static_cast<int32_t>(i)).second) {
+        if (!piece.empty() && find_piece(piece) < 0) {
+          const uint64_t hash = tokenizer::hash_bytes(piece);
+          const size_t mask = piece_slots_.size() - 1;
+          size_t slot = hash & mask;
+          while (piece_slots_[slot].id >= 0) slot = (slot + 1) & mask;
+          piece_slots_[slot] = PieceSlot{hash, static_cast<int32_t>(i)};
           max_piece_bytes_ = std::max(max_piece_bytes_, piece.size());
+          words_are_independent_ &= !tokenizer::has_marker_after_other_char(piece);
         }
         break;
       case kByte: {
@@ -60,6 +67,16 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
       default:
         fail("tokenizer token {} has invalid type {}", i, types_[i]);
     }
+  }
+}
+
+int32_t Tokenizer::find_piece(std::string_view text) const {
+  const uint64_t hash = tokenizer::hash_bytes(text);
+  const size_t mask = piece_slots_.size() - 1;
+  for (size_t slot = hash & mask;; slot = (slot + 1) & mask) {
+    const PieceSlot& entry = piece_slots_[slot];
+    if (entry.id < 0) return -1;
+    if (entry.hash == hash && pieces_[entry.id] == text) return entry.id;
   }
 }
 
@@ -96,6 +113,11 @@ struct CandidateLess {
 
 }  // namespace
 
+struct Tokenizer::EncodeScratch {
+  std::vector<Symbol> symbols;
+  std::vector<Candidate> heap;
+};
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
   std::vector<int32_t> tokens;
   if (add_bos) tokens.push_back(bos_id_);
@@ -104,11 +126,34 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
   const std::string normalized = tokenizer::normalize_for_encoding(text);
   PROTOKV_CHECK(normalized.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
                 "text of {} bytes is too long to tokenize", text.size());
+  tokens.reserve(tokens.size() + normalized.size() / 2);
+  EncodeScratch scratch;
+  const std::string_view all(normalized);
+  if (!words_are_independent_) {
+    encode_segment(all, scratch, tokens);
+    return tokens;
+  }
+  // Word starts: a marker that does not follow another marker. See words_are_independent_.
+  const std::string_view marker = tokenizer::kSpaceMarker;
+  size_t segment_start = 0;
+  for (size_t pos = all.find(marker, marker.size()); pos != std::string_view::npos;
+       pos = all.find(marker, pos + marker.size())) {
+    if (all.compare(pos - marker.size(), marker.size(), marker) == 0) continue;
+    encode_segment(all.substr(segment_start, pos - segment_start), scratch, tokens);
+    segment_start = pos;
+  }
+  encode_segment(all.substr(segment_start), scratch, tokens);
+  return tokens;
+}
+
+void Tokenizer::encode_segment(std::string_view segment, EncodeScratch& scratch,
+                               std::vector<int32_t>& out) const {
+  std::vector<Symbol>& symbols = scratch.symbols;
+  std::vector<Candidate>& heap = scratch.heap;
+  symbols.clear();
+  heap.clear();
 
   // Initial symbols: one per UTF-8 character, or one per byte where the character has no piece.
-  std::vector<Symbol> symbols;
-  symbols.reserve(normalized.size());
-  std::string key;
   auto push_symbol = [&](size_t start, size_t length, int32_t id, bool mergeable) {
     Symbol s;
     s.start = static_cast<uint32_t>(start);
@@ -119,19 +164,18 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
     if (!symbols.empty()) symbols.back().next = static_cast<int32_t>(symbols.size());
     symbols.push_back(s);
   };
-  for (size_t pos = 0; pos < normalized.size();) {
-    const size_t length = tokenizer::utf8_char_length(normalized, pos);
-    key.assign(normalized, pos, length);
-    if (auto it = piece_to_id_.find(key); it != piece_to_id_.end()) {
-      push_symbol(pos, length, it->second, true);
+  for (size_t pos = 0; pos < segment.size();) {
+    const size_t length = tokenizer::utf8_char_length(segment, pos);
+    if (const int32_t id = find_piece(segment.substr(pos, length)); id >= 0) {
+      push_symbol(pos, length, id, true);
     } else {
       bool all_bytes_known = true;
       for (size_t b = pos; b < pos + length; ++b) {
-        all_bytes_known &= byte_tokens_[static_cast<uint8_t>(normalized[b])] >= 0;
+        all_bytes_known &= byte_tokens_[static_cast<uint8_t>(segment[b])] >= 0;
       }
       if (all_bytes_known) {
         for (size_t b = pos; b < pos + length; ++b) {
-          push_symbol(b, 1, byte_tokens_[static_cast<uint8_t>(normalized[b])], false);
+          push_symbol(b, 1, byte_tokens_[static_cast<uint8_t>(segment[b])], false);
         }
       } else {
         push_symbol(pos, length, unk_id_, false);  // no byte fallback in this vocabulary
@@ -142,8 +186,6 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
 
   // BPE: repeatedly merge the best-scoring adjacent pair. A heap of candidate pairs over the
   // linked list makes this O(n log n) instead of llama2.c's O(n^2) rescans.
-  std::vector<Candidate> heap;
-  heap.reserve(symbols.size());
   auto consider_pair = [&](int32_t left) {
     if (left < 0) return;
     const int32_t right = symbols[left].next;
@@ -154,11 +196,9 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
     const size_t merged_length = size_t{a.length} + b.length;
     if (merged_length > max_piece_bytes_) return;
     // Adjacent symbols are contiguous in the text, so the merged piece is one span of it.
-    key.assign(normalized, a.start, merged_length);
-    const auto it = piece_to_id_.find(key);
-    if (it == piece_to_id_.end()) return;
-    heap.push_back(Candidate{scores_[it->second], left, right, static_cast<uint32_t>(merged_length),
-                             it->second});
+    const int32_t id = find_piece(segment.substr(a.start, merged_length));
+    if (id < 0) return;
+    heap.push_back(Candidate{scores_[id], left, right, static_cast<uint32_t>(merged_length), id});
     std::push_heap(heap.begin(), heap.end(), CandidateLess{});
   };
   for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider_pair(i);
@@ -184,9 +224,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
   }
 
   for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) {
-    tokens.push_back(symbols[i].id);
+    out.push_back(symbols[i].id);
   }
-  return tokens;
 }
 
 std::string Tokenizer::decode(int32_t prev, int32_t token) const {
