@@ -389,7 +389,8 @@ TEST(TokenizerLlama2c, CorruptedFilesLoadOrThrowButNeverCrash) {
   std::uniform_int_distribution<size_t> where(0, good.size() - 1);
   std::uniform_int_distribution<int> byte(0, 255);
   int loaded = 0, rejected = 0;
-  for (int trial = 0; trial < 200; ++trial) {
+  constexpr int kTrials = 60;
+  for (int trial = 0; trial < kTrials; ++trial) {
     std::string bad = good;
     for (int k = 0; k < 3; ++k) bad[where(rng)] = static_cast<char>(byte(rng));
     write_file(path, bad);
@@ -401,7 +402,7 @@ TEST(TokenizerLlama2c, CorruptedFilesLoadOrThrowButNeverCrash) {
       ++rejected;
     }
   }
-  EXPECT_EQ(loaded + rejected, 200);
+  EXPECT_EQ(loaded + rejected, kTrials);
   EXPECT_GT(rejected, 0);  // most overwrites hit a length field or its bytes
 }
 

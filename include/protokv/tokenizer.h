@@ -40,6 +40,9 @@ class Tokenizer {
   void write_gguf(GgufWriter& writer) const;
 
   // SentencePiece encoding with the dummy-prefix space (text non-empty), byte fallback.
+  // Normalisation is llama2.c's: spaces -> "▁" only (no NFKC, no collapsing of repeated spaces
+  // as SentencePiece's remove_extra_whitespaces does). Approximation: user-defined pieces take
+  // part in BPE like normal pieces (SentencePiece matches them whole, before BPE).
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
   // Text of `token` following `prev` (the leading space after BOS is dropped; <0xXX> -> byte).
   // `prev` is only compared with BOS (pass -1 for "no previous token"); `token` out of range

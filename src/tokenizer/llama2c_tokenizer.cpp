@@ -16,7 +16,7 @@ namespace {
 // length can never cause a huge allocation or a read past the end.
 class BoundedReader {
  public:
-  BoundedReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+  explicit BoundedReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
     std::error_code ec;
     const bool regular = std::filesystem::is_regular_file(path, ec);
     PROTOKV_CHECK(regular && in_, "cannot open tokenizer file {}", path);
