@@ -43,6 +43,10 @@ struct QuantizedActivations {
   const float* scales;   // [n_blocks]
 };
 
+// F16 -> F32 for every half bit pattern (256 KB, built on first use): the portable path's
+// conversion, one load instead of f16_to_f32's branches.
+const float* f16_table();
+
 struct ScalarOps {
   static constexpr const char* kName = "scalar";
 
@@ -62,9 +66,15 @@ struct ScalarOps {
   }
 
   static float dot_f16(const uint16_t* w, const float* x, int64_t n) {
-    float s = 0;
-    for (int64_t i = 0; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
-    return s;
+    const float* table = f16_table();
+    float s0 = 0, s1 = 0;
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      s0 += table[w[i]] * x[i];
+      s1 += table[w[i + 1]] * x[i + 1];
+    }
+    if (i < n) s0 += table[w[i]] * x[i];
+    return s0 + s1;
   }
 
   static float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
@@ -74,12 +84,13 @@ struct ScalarOps {
   }
 
   static float dot_q8(const BlockQ8_0* w, QuantizedActivations x, int64_t n_blocks) {
+    const float* f16 = f16_table();
     float s = 0;
     for (int64_t b = 0; b < n_blocks; ++b) {
       int32_t block_sum = 0;
       const int8_t* xq = x.quants + b * kQ8BlockSize;
       for (int j = 0; j < kQ8BlockSize; ++j) block_sum += int32_t{w[b].quants[j]} * xq[j];
-      s += static_cast<float>(block_sum) * (f16_to_f32(w[b].scale) * x.scales[b]);
+      s += static_cast<float>(block_sum) * (f16[w[b].scale] * x.scales[b]);
     }
     return s;
   }
@@ -99,6 +110,12 @@ struct ScalarOps {
 
   // Weights of any dtype to F32 (n a multiple of the block size for Q8_0).
   static void to_f32(DType type, const void* src, float* dst, int64_t n) {
+    if (type == DType::F16) {
+      const float* table = f16_table();
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = table[h[i]];
+      return;
+    }
     dequantize_row(type, src, dst, n);
   }
 

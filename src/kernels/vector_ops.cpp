@@ -32,6 +32,15 @@ std::string_view isa_name(Isa isa) {
   return "unknown";
 }
 
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(size_t{1} << 16);
+    for (uint32_t h = 0; h < t.size(); ++h) t[h] = f16_to_f32(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
+}
+
 namespace {
 
 template <class Ops>
