@@ -24,17 +24,26 @@ void decode_group_impl(const float* q, int group, const float* keys, const float
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (int64_t i = 0; i < static_cast<int64_t>(group) * d; ++i) scaled_q[i] = q[i] * scale;
 
-  // Keys once: each key row is used by every head of the group while it is in L1.
-  for (int64_t j = 0; j < n; ++j) {
-    const float* key = keys + j * d;
-    const float bias = log_weights ? log_weights[j] : 0.0f;  // Chelsea Eq. 2
-    for (int h = 0; h < group; ++h) scores[h * n + j] = Ops::dot(scaled_q + h * d, key, d) + bias;
+  // Keys and values are walked in blocks of ~32 KB that stay in L1 while every head of the
+  // group uses them: each is read from memory once per group.
+  const int64_t block = std::max<int64_t>(8, (int64_t{32} << 10) / (4 * std::max(d, 1)));
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t count = std::min(block, n - j0);
+    const float* key_block = keys + j0 * d;
+    for (int h = 0; h < group; ++h) {
+      float* s = scores + h * n + j0;
+      int64_t j = 0;
+      for (; j + 4 <= count; j += 4) Ops::dot4(scaled_q + h * d, key_block + j * d, d, d, s + j);
+      for (; j < count; ++j) s[j] = Ops::dot(scaled_q + h * d, key_block + j * d, d);
+      if (log_weights)  // Chelsea Eq. 2
+        for (j = 0; j < count; ++j) s[j] += log_weights[j0 + j];
+    }
   }
   for (int h = 0; h < group; ++h) softmax_with<Ops>(scores + h * n, n);
-  // Values once, likewise.
-  for (int64_t j = 0; j < n; ++j) {
-    const float* value = values + j * d;
-    for (int h = 0; h < group; ++h) Ops::axpy(scores[h * n + j], value, out + h * d, d);
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t count = std::min(block, n - j0);
+    for (int h = 0; h < group; ++h)
+      Ops::weighted_row_sum(scores + h * n + j0, values + j0 * d, count, d, out + h * d, d);
   }
 }
 

@@ -12,9 +12,10 @@ namespace {
 
 // Fewer tokens than this: a GEMM would re-read W per token anyway, matvec streams it better.
 constexpr int64_t kMinGemmTokens = 4;
-// F32 scratch per panel of converted rows: small enough to stay in L2 while sgemm packs it,
-// large enough that each sgemm call amortises re-packing X.
-constexpr int64_t kPanelFloats = int64_t{1} << 18;
+// F32 scratch per panel of converted rows (4 MB: 256 rows of 4096). Each sgemm call re-packs X,
+// so larger panels amortise that better; measured single-threaded at n = 512, dim = 4096, F16
+// went from 67% of the F32 sgemm rate with 32-row panels to 93% with 256-row panels.
+constexpr int64_t kPanelFloats = int64_t{1} << 20;
 
 int64_t panel_rows_for(int64_t cols) {
   return std::clamp<int64_t>(kPanelFloats / std::max<int64_t>(cols, 1) / 16 * 16, 16, 512);
