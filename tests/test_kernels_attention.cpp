@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernel_reference.h"
@@ -150,9 +151,11 @@ TEST(KernelsAttention, DecodeGroupEqualsPerHeadDecode) {
   std::mt19937 rng(24);
   for (Isa isa : compiled_isas()) {
     for (int group : {1, 3, 4, 8}) {
-      for (int64_t n : {1, 33, 300}) {
-        const int d = 64;
-        SCOPED_TRACE(::testing::Message() << isa_name(isa) << " group=" << group << " n=" << n);
+      // Lengths across several key blocks and 4-key steps; widths with vector tails.
+      for (auto [n, d] :
+           {std::pair<int64_t, int>{1, 64}, {5, 8}, {33, 72}, {300, 64}, {301, 130}, {7, 2}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << isa_name(isa) << " group=" << group << " n=" << n << " d=" << d);
         const auto q = random_vector(rng, group * d, 2.0f);
         const auto keys = random_vector(rng, n * d, 2.0f);
         const auto values = random_vector(rng, n * d);
