@@ -82,6 +82,7 @@ TEST(KernelsAttention, PrefillHeadsHandlesGqaGroupsStridesAndChunks) {
   std::vector<GqaCase> cases = {
       {4, 4, 8, 1, 0},    {4, 2, 8, 7, 0},   {8, 1, 16, 33, 0},  {6, 2, 64, 100, 0},
       {8, 2, 32, 45, 20}, {2, 1, 8, 1, 300}, {4, 1, 64, 130, 0}, {3, 3, 2, 9, 4},
+      {200, 1, 4, 5, 3},  // a group larger than a query tile
   };
   if (!small) cases.push_back({8, 2, 64, 300, 257});
   for (Isa isa : compiled_isas())

@@ -19,7 +19,7 @@ namespace protokv::kernels {
 namespace {
 
 // GEMM rows per query tile (query heads of a group × tokens) and keys per key tile: the working
-// set (Q, S, O tiles and one K/V tile, ~0.4 MB at d = 128) stays in L2.
+// set (Q, S, O tiles and one K/V tile, ~0.5 MB at d = 128) stays in L2.
 constexpr int64_t kQueryTileRows = 128;
 constexpr int64_t kKeyTile = 256;
 
@@ -36,22 +36,25 @@ struct GroupAttention {
   int64_t n_past;
 };
 
+int64_t tokens_per_tile(int group) {
+  return std::max<int64_t>(1, kQueryTileRows / group);
+}
+
 struct TileScratch {
-  explicit TileScratch(int d)
-      : q(static_cast<size_t>(kQueryTileRows * d)),
-        s(static_cast<size_t>(kQueryTileRows * kKeyTile)),
-        o(static_cast<size_t>(kQueryTileRows * d)),
-        row_max(kQueryTileRows),
-        row_sum(kQueryTileRows) {}
+  // Rows: kQueryTileRows, or one token's worth of heads when a group is larger than that.
+  TileScratch(int d, int group)
+      : rows(tokens_per_tile(group) * group),
+        q(static_cast<size_t>(rows * d)),
+        s(static_cast<size_t>(rows * kKeyTile)),
+        o(static_cast<size_t>(rows * d)),
+        row_max(static_cast<size_t>(rows)),
+        row_sum(static_cast<size_t>(rows)) {}
+  int64_t rows;
   std::vector<float> q;                 // [rows, d] queries of the tile, pre-scaled by 1/sqrt(d)
   std::vector<float> s;                 // [rows, kKeyTile] logits, then unnormalised probabilities
   std::vector<float> o;                 // [rows, d] unnormalised output
   std::vector<float> row_max, row_sum;  // [rows]
 };
-
-int64_t tokens_per_tile(int group) {
-  return std::max<int64_t>(1, kQueryTileRows / group);
-}
 
 // Query tokens [t0, t1) of every head of the group. GEMM row r is token t0 + r / group, head
 // r % group (token-major, so the causal limit grows with r).
@@ -122,7 +125,7 @@ void prefill_heads_impl(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView 
   // balance under the dynamic schedule.
 #pragma omp parallel if (n_items > 1)
   {
-    TileScratch scratch(d);
+    TileScratch scratch(d, group);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < n_items; ++item) {
       const int kv = static_cast<int>(item % n_kv_heads);
@@ -166,7 +169,7 @@ void attention_prefill(const float* q, const float* k, const float* v, int64_t n
                        float* out) {
   if (n <= 0 || d <= 0) return;
   const GroupAttention a{{q, d, d}, k, d, v, d, {out, d, d}, 1, d, 0};
-  TileScratch scratch(d);
+  TileScratch scratch(d, 1);
   const int64_t tile_tokens = tokens_per_tile(1);
   for (int64_t t0 = 0; t0 < n; t0 += tile_tokens)
     attend_query_tile<BestOps>(a, t0, std::min(n, t0 + tile_tokens), scratch);
