@@ -49,7 +49,9 @@ std::span<const float> Session::Impl::decode(int32_t token) {
     }
     ensure_probs_capacity(longest);
 
-#pragma omp parallel for schedule(static)
+    // Short caches: the thread pool's wake-up costs more than the attention itself.
+    constexpr int64_t kParallelMinWork = int64_t{1} << 15;
+#pragma omp parallel for schedule(static) if (longest * hd * n_heads >= kParallelMinWork)
     for (int h = 0; h < n_heads; ++h) {
       const HeadCache& head = layer_cache.heads[static_cast<size_t>(h / group)];
       kernels::attention_decode(

@@ -17,13 +17,15 @@ namespace {
 // Rows of the FFN processed at once: bounds the [rows, hidden_dim] intermediates on long prompts
 // while keeping the GEMMs large enough to run at full speed.
 constexpr int64_t kFfnChunkRows = 256;
+// Below this many elements an elementwise loop is not worth waking the thread pool for.
+constexpr int64_t kParallelMinElements = int64_t{1} << 15;
 
 // src [n, n_heads * head_dim] (token-major, as the projections produce it) ->
 // dst [n_heads, n, head_dim] (head-major, as LayerView and the attention kernel want it).
 void rows_to_heads(const float* src, int64_t n, int n_heads, int head_dim, float* dst) {
   const int64_t width = static_cast<int64_t>(n_heads) * head_dim;
   const size_t row_bytes = static_cast<size_t>(head_dim) * sizeof(float);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i)
     for (int h = 0; h < n_heads; ++h)
       std::memcpy(dst + (static_cast<int64_t>(h) * n + i) * head_dim,
@@ -34,7 +36,7 @@ void rows_to_heads(const float* src, int64_t n, int n_heads, int head_dim, float
 void heads_to_rows(const float* src, int64_t n, int n_heads, int head_dim, float* dst) {
   const int64_t width = static_cast<int64_t>(n_heads) * head_dim;
   const size_t row_bytes = static_cast<size_t>(head_dim) * sizeof(float);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i)
     for (int h = 0; h < n_heads; ++h)
       std::memcpy(dst + i * width + static_cast<int64_t>(h) * head_dim,
@@ -43,12 +45,12 @@ void heads_to_rows(const float* src, int64_t n, int n_heads, int head_dim, float
 
 void add_bias_rows(float* x, const float* bias, int64_t n, int64_t width) {
   if (bias == nullptr) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i) add_bias(x + i * width, bias, width);
 }
 
 void add_rows(float* x, const float* delta, int64_t count) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
   for (int64_t i = 0; i < count; ++i) x[i] += delta[i];
 }
 
@@ -108,7 +110,7 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
   std::vector<float> gate(static_cast<size_t>(chunk * hidden));  // [chunk, hidden]
   std::vector<float> up(static_cast<size_t>(chunk * hidden));    // [chunk, hidden]
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * dim >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i) {
     dequantize_row(weights.token_embd.type, weights.token_embd.row(tokens[static_cast<size_t>(i)]),
                    x.data() + i * dim, dim);
@@ -127,7 +129,7 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
     add_bias_rows(q_rows.data(), lw.bq, n, q_dim);
     add_bias_rows(k_rows.data(), lw.bk, n, kv_dim);
     add_bias_rows(v_rows.data(), lw.bv, n, kv_dim);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * (q_dim + kv_dim) >= kParallelMinElements)
     for (int64_t i = 0; i < n; ++i) {
       const int32_t pos = positions[static_cast<size_t>(i)];
       kernels::rope(q_rows.data() + i * q_dim, n_heads, hd, pos, config.rope_theta,
@@ -139,7 +141,7 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
     rows_to_heads(v_rows.data(), n, n_kv, hd, v_heads.data());
 
     // GQA: query head h attends over KV head h / group.
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (n * n * hd >= kParallelMinElements)
     for (int h = 0; h < n_heads; ++h) {
       const int64_t kv = h / group;
       kernels::attention_prefill(q_heads.data() + h * n * hd, k_heads.data() + kv * n * hd,
@@ -167,7 +169,7 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
       stats.compress_ms += compress_timer.ms();
       for (HeadCache& head : layer_cache.heads) head.reserve(head.size() + headroom);
     } else {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * kv_dim >= kParallelMinElements)
       for (int h = 0; h < n_kv; ++h) {
         HeadCache& head = layer_cache.heads[static_cast<size_t>(h)];
         head.reserve(n + headroom);
@@ -191,7 +193,7 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
       kernels::rmsnorm_rows(xb_chunk, x_chunk, lw.ffn_norm, rows, dim, config.norm_eps);
       kernels::matmul(lw.w_gate, xb_chunk, rows, gate.data());
       kernels::matmul(lw.w_up, xb_chunk, rows, up.data());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * hidden >= kParallelMinElements)
       for (int64_t r = 0; r < rows; ++r)
         swiglu(gate.data() + r * hidden, up.data() + r * hidden, hidden);
       kernels::matmul(lw.w_down, gate.data(), rows, xb_chunk);
