@@ -8,12 +8,14 @@ void register_generate(CLI::App& app);
 void register_info(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_make_model(CLI::App& app);
+void register_bench(CLI::App& app);
 
 inline void register_all(CLI::App& app) {
   register_generate(app);
   register_info(app);
   register_convert(app);
   register_make_model(app);
+  register_bench(app);
 }
 
 }  // namespace protokv::cli
