@@ -162,7 +162,7 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
   WindowScoreConfig window_config = config_.window_scores;
   window_config.window = window;
   scratch_.resize(static_cast<size_t>(std::max(1, omp_get_max_threads())));
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h) {
     // The token's own score: pooled window attention (Eq. 4-5) or its window logit sum (psi).
     float* own = out.head_tie(h);

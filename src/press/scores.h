@@ -10,6 +10,15 @@
 
 namespace protokv::press {
 
+// Per-head loops run in parallel only when a layer's tensors hold at least this many floats:
+// below it, waking threads costs more than the work (and a tiny model's prefill must not stall
+// on a loaded machine).
+constexpr int64_t kParallelMinElements = int64_t{1} << 18;
+
+inline bool worth_parallel(const LayerView& layer) {
+  return layer.n_tokens * layer.n_heads * layer.head_dim >= kParallelMinElements;
+}
+
 // Scores of the prefix entries [0, n_prefix) of every KV head of one layer. Higher = keep first.
 // Entries are ranked by (score desc, group asc, tie desc, index asc): `group` keeps a cluster's
 // members together when clusters are selected whole; `tie` breaks equal scores (e.g. ProtoKV's

@@ -58,7 +58,7 @@ void ScoringPress::compress_prefill(const LayerView& layer, LayerCache& out) {
   const int n_layers = layer.n_layers > 0 ? layer.n_layers : std::max(1, info_.n_layers);
   const std::vector<int64_t> prefix_budgets =
       allocate_prefix_budgets(allocator_, keep, window_, n, layer.layer, n_layers, scores_);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h) {
     std::vector<int32_t> kept =
         keep_with_window(layer, h, select_top(scores_, h, prefix_budgets[static_cast<size_t>(h)]),

@@ -9,6 +9,7 @@
 
 #include "kernels/kernels.h"
 #include "press/options.h"
+#include "press/scores.h"
 #include "protokv/error.h"
 
 namespace protokv::press {
@@ -147,7 +148,7 @@ void window_scores_kv_head(const LayerView& layer, int kv_head, const WindowScor
 
 void window_scores(const LayerView& layer, const WindowScoreConfig& config, float* out) {
   const int64_t n_prefix = layer.n_tokens - config.window;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h)
     window_scores_kv_head(layer, h, config, out + static_cast<int64_t>(h) * n_prefix);
 }
