@@ -221,13 +221,13 @@ TEST(ProtoKvAssignment, GemmArgmaxMatchesNaiveCosineArgmaxAcrossBlocks) {
   constexpr int64_t kTokens = 300;  // more than one 256-row block
   std::mt19937_64 rng(6);
   std::normal_distribution<float> normal;
-  std::vector<float> keys(kTokens * kDim), unit(keys.size()), protos(kPrototypes * kDim);
+  std::vector<float> keys(kTokens * kDim), protos(kPrototypes * kDim);
   for (float& x : keys) x = normal(rng);
   for (float& x : protos) x = normal(rng);
-  press::normalise_rows(keys.data(), kTokens, kDim, unit.data());
   press::normalise_rows(protos.data(), kPrototypes, kDim, protos.data());
   std::vector<int32_t> assignment(kTokens);
-  press::assign_to_prototypes(unit.data(), kTokens, kDim, protos.data(), kPrototypes,
+  // Raw keys: scaling a row does not change its argmax over unit prototypes.
+  press::assign_to_prototypes(keys.data(), kTokens, kDim, protos.data(), kPrototypes,
                               assignment.data());
   for (int64_t t = 0; t < kTokens; ++t) {
     int best = 0;

@@ -1,7 +1,6 @@
 #include "press/protokv.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -151,17 +150,12 @@ void ProtoKvScorer::add_config(nlohmann::json& out) const {
   out["select"] = to_string(c.select);
 }
 
-void ProtoKvScorer::begin(const SequenceInfo& /*info*/) {
-  scratch_.clear();
-}
-
 void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& out) {
   const int64_t n_prefix = layer.n_tokens - window;
   const int d = layer.head_dim;
   out.reset(layer.n_kv_heads, n_prefix, true, config_.select == Selection::Clusters);
   WindowScoreConfig window_config = config_.window_scores;
   window_config.window = window;
-  scratch_.resize(static_cast<size_t>(std::max(1, omp_get_max_threads())));
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h) {
     // The token's own score: pooled window attention (Eq. 4-5) or its window logit sum (psi).
@@ -172,8 +166,7 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
       window_logit_sums(layer, h, window, own);
 
     const Clustering clusters =
-        cluster_keys(layer.k_head(h), n_prefix, d, config_.clustering(n_prefix, layer.layer, h),
-                     &scratch_[static_cast<size_t>(omp_get_thread_num())]);
+        cluster_keys(layer.k_head(h), n_prefix, d, config_.clustering(n_prefix, layer.layer, h));
     const int count = std::max(1, clusters.n_prototypes());
     std::vector<double> sum(static_cast<size_t>(count), 0.0);
     std::vector<int64_t> size(static_cast<size_t>(count), 0);

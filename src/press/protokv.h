@@ -54,15 +54,11 @@ class ProtoKvScorer final : public Scorer {
   explicit ProtoKvScorer(ProtoKvConfig config) : config_(config) {}
   std::string name() const override { return "protokv"; }
   void add_config(nlohmann::json& out) const override;
-  void begin(const SequenceInfo& info) override;
   void score(const LayerView& layer, int64_t window, LayerScores& out) override;
   const ProtoKvConfig& protokv_config() const { return config_; }
 
  private:
   ProtoKvConfig config_;
-  // Per OpenMP thread: normalised keys of the head being clustered, reused across heads and
-  // layers of a sequence; released by begin() so that nothing outlives a sequence needlessly.
-  std::vector<std::vector<float>> scratch_;
 };
 
 }  // namespace protokv::press

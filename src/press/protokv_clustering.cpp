@@ -74,17 +74,20 @@ void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, std::v
 
 // Irregular prototypes (ProtoKV Eq. 15): tokens `rows` hashed into 2^bits buckets, each bucket's
 // normalised key sum; empty buckets are dropped.
-void add_bucket_prototypes(const float* keys, const float* unit_keys,
-                           const std::vector<int32_t>& rows, int d, int bits, double gamma,
-                           uint64_t seed, Clustering& out) {
+void add_bucket_prototypes(const float* keys, const float* norms, const std::vector<int32_t>& rows,
+                           int d, int bits, double gamma, uint64_t seed, Clustering& out) {
   const LshProjection lsh = make_lsh_projection(bits, d, gamma, seed);
   const int buckets = 1 << bits;
   std::vector<float> sums(static_cast<size_t>(buckets) * static_cast<size_t>(d),
                           0.0f);  // [buckets, d]
   std::vector<int64_t> counts(static_cast<size_t>(buckets), 0);
+  std::vector<float> unit(static_cast<size_t>(d));
   for (const int32_t t : rows) {
-    const int32_t b = lsh_bucket(lsh, unit_keys + static_cast<int64_t>(t) * d);
     const float* key = keys + static_cast<int64_t>(t) * d;
+    const float norm = norms[t];
+    const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
+    for (int c = 0; c < d; ++c) unit[static_cast<size_t>(c)] = key[c] * inv;  // hash the direction
+    const int32_t b = lsh_bucket(lsh, unit.data());
     float* sum = sums.data() + static_cast<int64_t>(b) * d;
     for (int c = 0; c < d; ++c) sum[c] += key[c];
     ++counts[static_cast<size_t>(b)];
@@ -109,7 +112,11 @@ void normalise_rows(const float* in, int64_t n, int d, float* out) {
   }
 }
 
-void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* unit_keys, float* chunk_sums,
+void key_norms(const float* keys, int64_t n, int d, float* norms) {
+  for (int64_t t = 0; t < n; ++t) norms[t] = std::sqrt(kernels::dot(keys + t * d, keys + t * d, d));
+}
+
+void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
                 float* delta) {
   // Per-channel accumulators keep every inner loop a plain vectorisable loop over channels.
   std::vector<float> mean(static_cast<size_t>(d)), variance(static_cast<size_t>(d));
@@ -119,13 +126,8 @@ void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* unit_keys
     std::fill(sum, sum + d, 0.0f);
     for (int64_t t = begin; t < end; ++t) {
       const float* __restrict key = keys + t * d;
-      float* __restrict unit = unit_keys + t * d;
-      const float norm = std::sqrt(kernels::dot(key, key, d));
-      const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
-      for (int c = 0; c < d; ++c) {
-        sum[c] += key[c];
-        unit[c] = key[c] * inv;
-      }
+      norms[t] = std::sqrt(kernels::dot(key, key, d));
+      for (int c = 0; c < d; ++c) sum[c] += key[c];
     }
     if (delta == nullptr) continue;
     // The chunk's rows are still in cache: per-channel population variance around the mean.
@@ -144,25 +146,25 @@ void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* unit_keys
     for (int c = 0; c < d; ++c) sigma_sq += var[c];
     const float sigma_norm = std::sqrt(sigma_sq * inv_count);
     const float mean_norm = std::sqrt(kernels::dot(mu, mu, d));
-    const float inv_mean = mean_norm > 0.0f ? 1.0f / mean_norm : 0.0f;
     for (int64_t t = begin; t < end; ++t) {
       if (!(sigma_norm > 0.0f)) {
         delta[t] = 0.0f;  // identical keys: nothing deviates
         continue;
       }
-      const float cosine = kernels::dot(unit_keys + t * d, mu, d) * inv_mean;
+      const float scale = norms[t] * mean_norm;
+      const float cosine = scale > 0.0f ? kernels::dot(keys + t * d, mu, d) / scale : 0.0f;
       delta[t] = (1.0f - cosine) / sigma_norm;  // Eq. 10
     }
   }
 }
 
 void chunk_deviation(const float* keys, int64_t n, int d, int64_t k, float* delta) {
-  std::vector<float> unit(static_cast<size_t>(n * d)), sums(static_cast<size_t>(k * d));
-  chunk_pass(keys, n, d, k, unit.data(), sums.data(), delta);
+  std::vector<float> norms(static_cast<size_t>(n)), sums(static_cast<size_t>(k * d));
+  chunk_pass(keys, n, d, k, norms.data(), sums.data(), delta);
 }
 
-void neighbourhood_outlier_degree(const float* unit_keys, int64_t n, int d, int kappa,
-                                  float* theta) {
+void neighbourhood_outlier_degree(const float* keys, const float* norms, int64_t n, int d,
+                                  int kappa, float* theta) {
   std::vector<double> similarity(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     double sum = 0.0;
@@ -170,7 +172,8 @@ void neighbourhood_outlier_degree(const float* unit_keys, int64_t n, int d, int 
     for (int64_t j = std::max<int64_t>(0, i - kappa); j <= std::min<int64_t>(n - 1, i + kappa);
          ++j) {
       if (j == i) continue;
-      sum += kernels::dot(unit_keys + i * d, unit_keys + j * d, d);
+      const float scale = norms[i] * norms[j];
+      sum += scale > 0.0f ? kernels::dot(keys + i * d, keys + j * d, d) / scale : 0.0f;
       ++count;
     }
     similarity[static_cast<size_t>(i)] = count > 0 ? sum / static_cast<double>(count) : 1.0;
@@ -256,29 +259,28 @@ int first_argmax(const float* row, int count) {
 
 }  // namespace
 
-void assign_to_prototypes(const float* unit_keys, int64_t n, int d, const float* prototypes,
-                          int count, int32_t* out) {
+void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prototypes, int count,
+                          int32_t* out) {
   if (count <= 0) {
     std::fill(out, out + n, 0);
     return;
   }
   constexpr int64_t kBlock = 256;
+  // k . c for unit prototypes c: cos(k, c) times ||k||, the same argmax over c (so the keys need
+  // no normalised copy).
   std::vector<float> cosine(static_cast<size_t>(std::min(n, kBlock) * count));  // [block, count]
   for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
     const int64_t rows = std::min(kBlock, n - t0);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), count, d, 1.0f,
-                unit_keys + t0 * d, d, prototypes, d, 0.0f, cosine.data(), count);
+                keys + t0 * d, d, prototypes, d, 0.0f, cosine.data(), count);
     for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(cosine.data() + r * count, count);
   }
 }
 
-Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config,
-                        std::vector<float>* scratch) {
+Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config) {
   Clustering out;
   out.head_dim = d;
-  std::vector<float> local;
-  std::vector<float>& unit = scratch != nullptr ? *scratch : local;  // [n, d] L2-normalised keys
-  if (unit.size() < static_cast<size_t>(n * d)) unit.resize(static_cast<size_t>(n * d));
+  std::vector<float> norms(static_cast<size_t>(n));  // [n] ||k_t||
 
   const int64_t k = std::clamp<int64_t>(config.chunks, 1, n);
   switch (config.prototypes) {
@@ -286,14 +288,14 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       // Algorithm 1 lines 1-7: deviation, irregular set O, regular prototypes.
       std::vector<float> sums(static_cast<size_t>(k * d)), deviation(static_cast<size_t>(n));
       const bool chunk_dev = config.deviation == Deviation::Chunk;
-      chunk_pass(keys, n, d, k, unit.data(), sums.data(), chunk_dev ? deviation.data() : nullptr);
+      chunk_pass(keys, n, d, k, norms.data(), sums.data(), chunk_dev ? deviation.data() : nullptr);
       if (!chunk_dev)
-        neighbourhood_outlier_degree(unit.data(), n, d, config.kappa, deviation.data());
+        neighbourhood_outlier_degree(keys, norms.data(), n, d, config.kappa, deviation.data());
       out.irregular = top_indices(deviation.data(), n, config.irregular);
       add_chunk_prototypes(keys, n, d, k, std::move(sums), out.irregular, out);
       out.n_regular = out.n_prototypes();
       // Lines 8-13: only the irregular tokens are hashed.
-      add_bucket_prototypes(keys, unit.data(), out.irregular, d, config.lsh_bits, config.gamma,
+      add_bucket_prototypes(keys, norms.data(), out.irregular, d, config.lsh_bits, config.gamma,
                             config.lsh_seed, out);
       break;
     }
@@ -301,7 +303,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       // Ablation: the same prototype count k + u, all from chunks, no irregular set.
       const int64_t chunks = std::min<int64_t>(n, k + config.buckets());
       std::vector<float> sums(static_cast<size_t>(chunks * d));
-      chunk_pass(keys, n, d, chunks, unit.data(), sums.data(), nullptr);
+      chunk_pass(keys, n, d, chunks, norms.data(), sums.data(), nullptr);
       add_chunk_prototypes(keys, n, d, chunks, std::move(sums), {}, out);
       out.n_regular = out.n_prototypes();
       break;
@@ -311,16 +313,16 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       const int bits = std::clamp(
           static_cast<int>(std::lround(std::log2(static_cast<double>(k + config.buckets())))), 1,
           12);
-      normalise_rows(keys, n, d, unit.data());
+      key_norms(keys, n, d, norms.data());
       std::vector<int32_t> all(static_cast<size_t>(n));
       std::iota(all.begin(), all.end(), 0);
-      add_bucket_prototypes(keys, unit.data(), all, d, bits, config.gamma, config.lsh_seed, out);
+      add_bucket_prototypes(keys, norms.data(), all, d, bits, config.gamma, config.lsh_seed, out);
       break;
     }
   }
   // Lines 14-17: every token to the prototype of highest cosine.
   out.assignment.resize(static_cast<size_t>(n));
-  assign_to_prototypes(unit.data(), n, d, out.prototypes.data(), out.n_prototypes(),
+  assign_to_prototypes(keys, n, d, out.prototypes.data(), out.n_prototypes(),
                        out.assignment.data());
   return out;
 }

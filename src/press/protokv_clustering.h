@@ -41,9 +41,12 @@ int64_t chunk_begin(int64_t m, int64_t n, int64_t k);
 // Rows of `in` [n, d] scaled to unit L2 norm (zero rows stay zero).
 void normalise_rows(const float* in, int64_t n, int d, float* out);
 
-// One pass over the keys, chunk by chunk (each chunk's rows stay in cache): unit keys [n, d],
-// raw key sums per chunk chunk_sums [k, d] and, if delta is not null, the Eq. 10 deviations [n].
-void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* unit_keys, float* chunk_sums,
+// ||k_t|| for every row of keys [n, d]: out [n].
+void key_norms(const float* keys, int64_t n, int d, float* norms);
+
+// One pass over the keys, chunk by chunk (each chunk's rows stay in cache): key norms [n], raw key
+// sums per chunk chunk_sums [k, d] and, if delta is not null, the Eq. 10 deviations [n].
+void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
                 float* delta);
 
 // ProtoKV Eq. 10: delta_t = (1 - cos(k_t, mu_m)) / ||sigma_m||_2 over k chunks; out [n].
@@ -52,8 +55,9 @@ void chunk_deviation(const float* keys, int64_t n, int d, int64_t k, float* delt
 
 // Paper 002: S(i) = mean cos(k_i, k_j) over the neighbours j in [i - kappa, i + kappa], j != i,
 // inside the prefix; out [n] = Theta(i) = -(S(i) - mean S) / std S, so that high = irregular.
-void neighbourhood_outlier_degree(const float* unit_keys, int64_t n, int d, int kappa,
-                                  float* theta);
+// keys [n, d], norms [n] their L2 norms.
+void neighbourhood_outlier_degree(const float* keys, const float* norms, int64_t n, int d,
+                                  int kappa, float* theta);
 
 // Indices of the p largest values (ties: lower index), ascending.
 std::vector<int32_t> top_indices(const float* values, int64_t n, int64_t p);
@@ -73,15 +77,15 @@ int32_t lsh_bucket(const LshProjection& lsh, const float* unit_key);
 // Seed of the LSH projection of (layer, kv head): independent per head, reproducible.
 uint64_t lsh_seed_for(uint64_t seed, int layer, int kv_head);
 
-// ProtoKV Eq. 17: index of the prototype of highest cosine for every unit key, computed as a
-// blocked GEMM unit_keys [n, d] x prototypes^T [d, count]; ties go to the lower index.
-void assign_to_prototypes(const float* unit_keys, int64_t n, int d, const float* prototypes,
-                          int count, int32_t* out);
+// ProtoKV Eq. 17: index of the prototype of highest cosine for every key, computed as a blocked
+// GEMM keys [n, d] x prototypes^T [d, count]. The prototypes are unit vectors, so k . c is the
+// cosine times ||k||: the same argmax, and the keys need no normalisation. Ties go to the lower
+// index.
+void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prototypes, int count,
+                          int32_t* out);
 
 // Builds the prototypes of `config.prototypes` from keys [n, d] (raw, post-RoPE) and assigns every
-// token. With no usable prototype (all keys zero) every token lands in cluster 0. `scratch`
-// (optional) holds the normalised keys between calls, sparing a fresh n x d allocation per head.
-Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config,
-                        std::vector<float>* scratch = nullptr);
+// token. With no usable prototype (all keys zero) every token lands in cluster 0.
+Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config);
 
 }  // namespace protokv::press
