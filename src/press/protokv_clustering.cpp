@@ -23,9 +23,11 @@ class SplitMix64 {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
   }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double normal() {                                                           // Box-Muller
-    const double u1 = 1.0 - uniform();                                        // (0, 1]
+  // Uniform in [0, 1) from the top 53 bits.
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  // Standard normal by Box-Muller; 1 - uniform() lies in (0, 1], so the log is finite.
+  double normal() {
+    const double u1 = 1.0 - uniform();
     const double u2 = uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
   }
