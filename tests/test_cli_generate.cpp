@@ -28,9 +28,11 @@ constexpr const char* kStoriesGreedy200 =
     "do.\"\n"
     "Lily didn't want to help her mom, so she";
 
-std::string stories_args() {
+// One thread keeps the suite fast on a busy machine; the golden test below runs with the default
+// thread count, so the parallel paths are covered too.
+std::string stories_args(const std::string& threads = " -t 1") {
   return "-m '" + (stories_dir() / "stories260K.bin").string() + "' -z '" +
-         (stories_dir() / "tok512.bin").string() + "'";
+         (stories_dir() / "tok512.bin").string() + "'" + threads;
 }
 
 void write_text(const std::filesystem::path& path, const std::string& text) {
@@ -52,7 +54,7 @@ void expect_one_line_error(const std::string& args, const std::string& needle) {
 
 TEST(CliGenerate, Stories260kGreedyMatchesPublishedOutput) {
   PROTOKV_REQUIRE_STORIES();
-  const auto r = run_protokv("generate " + stories_args() + " -n 200 --temp 0");
+  const auto r = run_protokv("generate " + stories_args("") + " -n 200 --temp 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, kStoriesGreedy200);
   // One summary line on stderr.
@@ -86,7 +88,7 @@ TEST(CliGenerate, ConvertedGgufGivesThePublishedOutput) {
 
 TEST(CliGenerate, JsonRecordsConfigurationTokensAndMemory) {
   PROTOKV_REQUIRE_STORIES();
-  const auto r = run_protokv("generate " + stories_args() + " -n 200 --temp 0 -t 1 --json");
+  const auto r = run_protokv("generate " + stories_args() + " -n 200 --temp 0 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["text"], kStoriesGreedy200);
@@ -95,7 +97,7 @@ TEST(CliGenerate, JsonRecordsConfigurationTokensAndMemory) {
   EXPECT_EQ(j["config"]["press"]["name"], "full");
   EXPECT_EQ(j["config"]["mode"], "query-aware");
   EXPECT_EQ(j["config"]["sampler"]["kind"], "greedy");
-  EXPECT_EQ(j["config"]["threads"], 1);
+  EXPECT_EQ(j["config"]["threads"], 1);  // -t 1
   EXPECT_EQ(j["config"]["model"]["n_kv_heads"], 4);
   // stories260K: 5 layers x 4 KV heads x 8 dims x (K + V) x 4 bytes = 1280 bytes per token.
   EXPECT_EQ(j["kv_bytes_after_prefill"], 1280);
