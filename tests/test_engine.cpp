@@ -39,6 +39,16 @@ void expect_close(std::span<const float> actual, const std::vector<float>& expec
                         << expected[worst_i];
 }
 
+// ‖a − b‖ / ‖a‖ over n values.
+double relative_error(const float* a, const float* b, int64_t n) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(a[i]) * a[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
 std::vector<float> to_vector(std::span<const float> s) {
   return std::vector<float>(s.begin(), s.end());
 }
@@ -66,10 +76,18 @@ TEST_P(SessionDtypes, PrefillEqualsTokenByTokenDecodeAndReference) {
   std::span<const float> last;
   for (size_t i = 1; i < tokens.size(); ++i) last = stepwise.decode(tokens[i]);
   EXPECT_EQ(stepwise.n_past(), 23);
-  expect_close(last, prefilled, 1e-4f);
+  // Q8_0 matvec rounds its input to int8 blocks (ggml semantics, kernels.h: ~0.3% relative error
+  // per product) while prefill GEMMs of 4+ rows use F32 inputs; over 3 layers of a random model
+  // the logits then differ by a few percent (measured: up to 0.05), so Q8_0 gets a loose bound
+  // that still catches any wiring error (those give errors of order 1).
+  const bool q8 = spec.type == DType::Q8_0;
+  const float logit_tol = q8 ? 0.15f : 1e-4f;
+  const double cache_tol = q8 ? 3e-2 : 1e-5;
+  expect_close(last, prefilled, logit_tol);
 
   // Both paths against the naive reference, which dequantizes the same weights.
-  expect_close(prefilled, reference_logits(model.weights, tokens), 1e-4f);
+  expect_close(prefilled, reference_logits(model.weights, tokens), logit_tol);
+  expect_close(last, reference_logits(model.weights, tokens), logit_tol);
 
   // Caches hold the same post-RoPE keys and values.
   for (int l = 0; l < spec.n_layers; ++l)
@@ -78,10 +96,9 @@ TEST_P(SessionDtypes, PrefillEqualsTokenByTokenDecodeAndReference) {
       const HeadCache& b = stepwise.cache().layer(l).heads[static_cast<size_t>(h)];
       ASSERT_EQ(a.size(), 23);
       ASSERT_EQ(b.size(), 23);
-      for (int64_t i = 0; i < a.size() * a.head_dim(); ++i) {
-        ASSERT_NEAR(a.keys()[i], b.keys()[i], 1e-4f * std::max(1.0f, std::fabs(a.keys()[i])));
-        ASSERT_NEAR(a.values()[i], b.values()[i], 1e-4f * std::max(1.0f, std::fabs(a.values()[i])));
-      }
+      const int64_t count = a.size() * a.head_dim();
+      EXPECT_LE(relative_error(a.keys(), b.keys(), count), cache_tol) << l << " " << h;
+      EXPECT_LE(relative_error(a.values(), b.values(), count), cache_tol) << l << " " << h;
       for (int64_t i = 0; i < a.size(); ++i) EXPECT_EQ(a.positions()[static_cast<size_t>(i)], i);
     }
 }
