@@ -32,21 +32,6 @@ std::vector<Shape> shapes_for(DType type) {
 
 const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
 
-// Bound on |W x - W x̂| when x is replaced by its Q8 quantisation x̂ (per 32-block, scale
-// amax/127, each value off by at most half a step), plus F32 accumulation slack.
-double q8_activation_error_bound(const float* w_row, const float* x, int64_t cols) {
-  double bound = 0;
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    double amax = 0, abs_w = 0;
-    for (int j = 0; j < 32; ++j) {
-      amax = std::max(amax, std::fabs(static_cast<double>(x[b * 32 + j])));
-      abs_w += std::fabs(w_row[b * 32 + j]);
-    }
-    bound += amax / 127.0 * 0.5 * abs_w;
-  }
-  return bound * 1.001 + 1e-5 * ref_abs_dot(w_row, x, cols);
-}
-
 double f32_tolerance(const float* w_row, const float* x, int64_t cols) {
   return 1e-5 * ref_abs_dot(w_row, x, cols) + 1e-6;
 }
@@ -65,9 +50,7 @@ TEST(KernelsMatvec, EveryDtypeMatchesDequantisedReference) {
         const auto expected = ref_matmul(w, x.data(), 1);
         for (int64_t r = 0; r < s.rows; ++r) {
           const float* w_row = w.values.data() + r * s.cols;
-          const double tolerance = type == DType::Q8_0
-                                       ? q8_activation_error_bound(w_row, x.data(), s.cols)
-                                       : f32_tolerance(w_row, x.data(), s.cols);
+          const double tolerance = f32_tolerance(w_row, x.data(), s.cols);
           ASSERT_NEAR(y[r], expected[r], tolerance) << "row " << r;
         }
       }
@@ -75,47 +58,7 @@ TEST(KernelsMatvec, EveryDtypeMatchesDequantisedReference) {
   }
 }
 
-// Q8_0 quantises x exactly as ggml does (scale amax/127, round to nearest even), then sums
-// int8 products exactly: against that same arithmetic done here in double, only F32 rounding
-// of the per-block scaling remains.
-TEST(KernelsMatvec, Q8UsesExactIntegerBlockProductsOfQuantisedActivations) {
-  std::mt19937 rng(11);
-  const int64_t rows = 19, cols = 1024;
-  const TestWeight w = random_weight(rng, DType::Q8_0, rows, cols);
-  auto x = random_vector(rng, cols);
-  x[5] = 0;
-  for (int j = 64; j < 96; ++j) x[j] = 0;  // an all-zero block (scale 0)
-  std::vector<int> xq(cols);
-  std::vector<double> x_scale(cols / 32);
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
-    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-    x_scale[b] = amax / 127.0f;
-    for (int j = 0; j < 32; ++j)
-      xq[b * 32 + j] = static_cast<int>(std::nearbyint(x[b * 32 + j] * inv));
-  }
-  const auto* blocks = reinterpret_cast<const BlockQ8_0*>(w.bytes.data());
-  for (Isa isa : compiled_isas()) {
-    SCOPED_TRACE(isa_name(isa));
-    std::vector<float> y(rows);
-    matvec(isa, w.matrix, x.data(), y.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      double expected = 0, magnitude = 0;
-      for (int64_t b = 0; b < cols / 32; ++b) {
-        const BlockQ8_0& block = blocks[r * (cols / 32) + b];
-        int64_t sum = 0;
-        for (int j = 0; j < 32; ++j) sum += int64_t{block.quants[j]} * xq[b * 32 + j];
-        const double scale = static_cast<double>(f16_to_f32(block.scale)) * x_scale[b];
-        expected += scale * static_cast<double>(sum);
-        magnitude += std::fabs(scale * static_cast<double>(sum));
-      }
-      EXPECT_NEAR(y[r], expected, 1e-6 * magnitude + 1e-6) << "row " << r;
-    }
-  }
-}
-
-// Quantisers other than ours may emit -128; the sign trick must still multiply it correctly.
+// Quantisers other than ours may emit -128 (the full int8 range must convert correctly).
 TEST(KernelsMatvec, Q8HandlesMinus128Weights) {
   const int64_t rows = 3, cols = 64;
   std::vector<BlockQ8_0> blocks(rows * 2);
@@ -125,7 +68,7 @@ TEST(KernelsMatvec, Q8HandlesMinus128Weights) {
   }
   const WeightMatrix w{DType::Q8_0, blocks.data(), rows, cols};
   std::vector<float> x(cols);
-  for (int64_t i = 0; i < cols; ++i) x[i] = (i % 3 == 0 ? -1.0f : 1.0f);  // exactly ±127 in Q8
+  for (int64_t i = 0; i < cols; ++i) x[i] = (i % 3 == 0 ? -1.0f : 1.0f);
   std::vector<float> dense(cols);
   for (Isa isa : compiled_isas()) {
     SCOPED_TRACE(isa_name(isa));
@@ -157,14 +100,11 @@ TEST(KernelsMatmul, EveryDtypeMatchesDequantisedReference) {
         std::vector<float> y(static_cast<size_t>(c.n * c.rows), NAN);
         matmul(isa, w.matrix, x.data(), c.n, y.data());
         const auto expected = ref_matmul(w, x.data(), c.n);
-        // Below 4 tokens matmul is matvec per token, which quantises x for Q8_0.
-        const bool quantised_x = type == DType::Q8_0 && c.n < 4;
         for (int64_t i = 0; i < c.n; ++i) {
           for (int64_t r = 0; r < c.rows; ++r) {
             const float* w_row = w.values.data() + r * c.cols;
             const float* x_row = x.data() + i * c.cols;
-            const double tolerance = quantised_x ? q8_activation_error_bound(w_row, x_row, c.cols)
-                                                 : f32_tolerance(w_row, x_row, c.cols);
+            const double tolerance = f32_tolerance(w_row, x_row, c.cols);
             ASSERT_NEAR(y[i * c.rows + r], expected[i * c.rows + r], tolerance)
                 << "token " << i << " row " << r;
           }

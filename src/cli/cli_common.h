@@ -17,6 +17,10 @@
 #include "protokv/press.h"
 #include "protokv/sampler.h"
 
+namespace protokv {
+class Tokenizer;
+}
+
 namespace protokv::cli {
 
 // -m/--model, -z/--tokenizer, -t/--threads.
@@ -55,6 +59,18 @@ struct PressSetup {
 };
 // Builds the press named by `options.press` through the registry and validates budget and mode.
 PressSetup make_press_setup(const PressOptions& options);
+
+// The token protocol of both modes: BOS + context, then "\n" + question encoded on its own (no
+// BOS), so query-aware and query-agnostic runs see exactly the same tokens and differ only in what
+// is compressed. Query-aware: everything is prefilled (and compressed) together, `fed_after` is
+// empty; query-agnostic: the context alone is prefilled, the question is fed through decode.
+struct PromptTokens {
+  std::vector<int32_t> prefill;
+  std::vector<int32_t> fed_after;
+  int64_t total() const { return static_cast<int64_t>(prefill.size() + fed_after.size()); }
+};
+PromptTokens build_prompt(const Tokenizer& tokenizer, const std::string& context,
+                          const std::string& question, bool query_agnostic);
 
 // --temp, --top-k, --top-p, --seed; `options` holds the defaults.
 void add_sampler_options(CLI::App& cmd, SamplerOptions& options);

@@ -107,10 +107,12 @@ void measure_bandwidth(MachineReference& ref) {
     for (int c = 0; c < chunks; ++c) {
       const size_t begin = static_cast<size_t>(c) * per_chunk;
       const size_t end = std::min(count, begin + per_chunk);
+      const float* p = dst.get() + begin;
+      const size_t length = end > begin ? end - begin : 0;
       float partial = 0.0f;
       // simd reduction: lets the compiler reassociate, so the loop is bound by memory, not adds.
 #pragma omp simd reduction(+ : partial)
-      for (size_t i = begin; i < end; ++i) partial += dst[i];
+      for (size_t i = 0; i < length; ++i) partial += p[i];
       total += partial;
     }
     best_read = std::min(best_read, t.ms());

@@ -59,18 +59,11 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
   const Tokenizer& tokenizer = *model.tokenizer;
   const ModelConfig& config = model.weights.config;
 
-  // The sequence starts with BOS. The question is encoded on its own (after a newline) so that
-  // both modes see exactly the same tokens and differ only in what is compressed.
-  std::vector<int32_t> prompt = tokenizer.encode(context, /*add_bos=*/true);
-  std::vector<int32_t> question;
-  if (!o.question.empty()) question = tokenizer.encode("\n" + o.question, /*add_bos=*/false);
-  if (!setup.query_agnostic) {
-    prompt.insert(prompt.end(), question.begin(), question.end());
-    question.clear();
-  }
-  const auto total_input = static_cast<int64_t>(prompt.size() + question.size());
-  PROTOKV_CHECK(total_input <= config.context_length,
-                "prompt of {} tokens is longer than the model's context ({} tokens)", total_input,
+  const PromptTokens input = build_prompt(tokenizer, context, o.question, setup.query_agnostic);
+  const std::vector<int32_t>& prompt = input.prefill;
+  const std::vector<int32_t>& question = input.fed_after;
+  PROTOKV_CHECK(input.total() <= config.context_length,
+                "prompt of {} tokens is longer than the model's context ({} tokens)", input.total(),
                 config.context_length);
 
   Session session(model.weights, setup.session_options());

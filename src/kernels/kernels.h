@@ -41,15 +41,14 @@ void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, in
                const int32_t* positions, float theta, bool neox);
 
 // y[rows] = W[rows, cols] · x[cols], W in any supported dtype. Parallel over rows.
-// Q8_0 (like ggml): x is first quantised to int8 blocks of 32 with an F32 scale each, and each
-// block product is summed exactly in int32; the result differs from the F32 product of the
-// dequantised weights by that activation rounding (relative error around 1e-3).
+// Q8_0: weights are dequantised in registers and multiplied with F32 activations (unlike ggml,
+// which quantises x too), so decode computes what prefill's dequantise + sgemm computes and the
+// two paths agree to F32 rounding.
 void matvec(const WeightMatrix& w, const float* x, float* y);
 
 // Y[n, rows] = X[n, cols] · W^T (prefill projections), W in any supported dtype, through BLAS.
 // F32 calls sgemm directly; other dtypes convert W in panels of rows to F32 scratch (per thread,
-// never the whole matrix) and run one sgemm per panel, x unquantised. n < 4 uses matvec per row
-// (so Q8_0 then quantises x as matvec does).
+// never the whole matrix) and run one sgemm per panel. n < 4 uses matvec per row.
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
 
 // Causal attention of one query head over its KV head, all n tokens of a prefill:

@@ -40,15 +40,8 @@ void matvec_impl(const WeightMatrix& w, const float* x, float* y) {
       return;
     case DType::Q8_0: {
       const int64_t n_blocks = cols / kQ8BlockSize;
-      // Reused across calls: decode calls matvec several times per layer and token.
-      thread_local std::vector<int8_t> quants;
-      thread_local std::vector<float> scales;
-      quants.resize(static_cast<size_t>(n_blocks * kQ8BlockSize));
-      scales.resize(static_cast<size_t>(n_blocks));
-      Ops::quantize_q8(x, quants.data(), scales.data(), n_blocks);
-      const QuantizedActivations xq{quants.data(), scales.data()};
       for_each_row(w, y, [&](const void* row) {
-        return Ops::dot_q8(static_cast<const BlockQ8_0*>(row), xq, n_blocks);
+        return Ops::dot_q8(static_cast<const BlockQ8_0*>(row), x, n_blocks);
       });
       return;
     }

@@ -36,13 +36,6 @@
 
 namespace protokv::kernels {
 
-// Activations quantised for the Q8_0 dot product (as ggml does): blocks of 32 int8 with one F32
-// scale each, scale = amax / 127, round to nearest even.
-struct QuantizedActivations {
-  const int8_t* quants;  // [n_blocks * 32]
-  const float* scales;   // [n_blocks]
-};
-
 // F16 -> F32 for every half bit pattern (256 KB, built on first use): the portable path's
 // conversion, one load instead of f16_to_f32's branches.
 const float* f16_table();
@@ -83,29 +76,23 @@ struct ScalarOps {
     return s;
   }
 
-  static float dot_q8(const BlockQ8_0* w, QuantizedActivations x, int64_t n_blocks) {
+  // Q8_0 weights against F32 activations: the same arithmetic as prefill's dequantise + GEMM,
+  // so prefill and token-by-token decode agree (ggml instead quantises the activations too).
+  static float dot_q8(const BlockQ8_0* w, const float* x, int64_t n_blocks) {
     const float* f16 = f16_table();
     float s = 0;
     for (int64_t b = 0; b < n_blocks; ++b) {
-      int32_t block_sum = 0;
-      const int8_t* xq = x.quants + b * kQ8BlockSize;
-      for (int j = 0; j < kQ8BlockSize; ++j) block_sum += int32_t{w[b].quants[j]} * xq[j];
-      s += static_cast<float>(block_sum) * (f16[w[b].scale] * x.scales[b]);
+      const float* xb = x + b * kQ8BlockSize;
+      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int j = 0; j < kQ8BlockSize; j += 4) {
+        s0 += static_cast<float>(w[b].quants[j]) * xb[j];
+        s1 += static_cast<float>(w[b].quants[j + 1]) * xb[j + 1];
+        s2 += static_cast<float>(w[b].quants[j + 2]) * xb[j + 2];
+        s3 += static_cast<float>(w[b].quants[j + 3]) * xb[j + 3];
+      }
+      s += ((s0 + s1) + (s2 + s3)) * f16[w[b].scale];
     }
     return s;
-  }
-
-  static void quantize_q8(const float* x, int8_t* quants, float* scales, int64_t n_blocks) {
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const float* xb = x + b * kQ8BlockSize;
-      float amax = 0;
-      for (int j = 0; j < kQ8BlockSize; ++j) amax = std::max(amax, std::fabs(xb[j]));
-      const float scale = amax / 127.0f;
-      const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-      scales[b] = scale;
-      for (int j = 0; j < kQ8BlockSize; ++j)
-        quants[b * kQ8BlockSize + j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
-    }
   }
 
   // Weights of any dtype to F32 (n a multiple of the block size for Q8_0).
@@ -241,60 +228,25 @@ struct Avx2Ops {
     return s;
   }
 
-  // Sum over 32 lanes of w[j] * x[j] as 8 int32 partial sums. maddubs needs an unsigned
-  // operand: |w| times x with w's sign moved onto x. |w| <= 128 and |x| <= 127 keep each int16
-  // pair sum (<= 2 * 128 * 127) below saturation.
-  static __m256i block_dot_i8(__m256i w, __m256i x) {
-    const __m256i products = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-    return _mm256_madd_epi16(products, _mm256_set1_epi16(1));
-  }
-
-  static float dot_q8(const BlockQ8_0* w, QuantizedActivations x, int64_t n_blocks) {
+  // Q8_0 weights against F32 activations (see ScalarOps::dot_q8).
+  static float dot_q8(const BlockQ8_0* w, const float* x, int64_t n_blocks) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= n_blocks; b += 2) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].quants));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b + 1].quants));
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.quants + b * 32));
-      const __m256i x1 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.quants + (b + 1) * 32));
-      const __m256 d0 = _mm256_set1_ps(_cvtsh_ss(w[b].scale) * x.scales[b]);
-      const __m256 d1 = _mm256_set1_ps(_cvtsh_ss(w[b + 1].scale) * x.scales[b + 1]);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_i8(w0, x0)), d0, acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_i8(w1, x1)), d1, acc1);
-    }
-    if (b < n_blocks) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].quants));
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.quants + b * 32));
-      const __m256 d0 = _mm256_set1_ps(_cvtsh_ss(w[b].scale) * x.scales[b]);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_i8(w0, x0)), d0, acc0);
-    }
-    return hsum(_mm256_add_ps(acc0, acc1));
-  }
-
-  static void quantize_q8(const float* x, int8_t* quants, float* scales, int64_t n_blocks) {
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t b = 0; b < n_blocks; ++b) {
       const float* xb = x + b * kQ8BlockSize;
-      __m256 v[4];
-      __m256 amax = _mm256_setzero_ps();
-      for (int k = 0; k < 4; ++k) {
-        v[k] = _mm256_loadu_ps(xb + 8 * k);
-        amax = _mm256_max_ps(amax, _mm256_and_ps(v[k], abs_mask));
+      __m256 block0 = _mm256_setzero_ps(), block1 = _mm256_setzero_ps();
+      for (int k = 0; k < 4; k += 2) {
+        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[b].quants + 8 * k))));
+        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[b].quants + 8 * k + 8))));
+        block0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xb + 8 * k), block0);
+        block1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xb + 8 * k + 8), block1);
       }
-      const float m = hmax(amax);
-      scales[b] = m / 127.0f;
-      const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
-      __m256i q[4];
-      // cvtps rounds to nearest even, like std::nearbyint in the scalar path.
-      for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], inv));
-      // packs works within 128-bit lanes; the permute restores element order.
-      const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
-      const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
-      __m256i bytes = _mm256_packs_epi16(p01, p23);
-      bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(quants + b * kQ8BlockSize), bytes);
+      const __m256 scale = _mm256_set1_ps(_cvtsh_ss(w[b].scale));
+      acc0 = _mm256_fmadd_ps(block0, scale, acc0);
+      acc1 = _mm256_fmadd_ps(block1, scale, acc1);
     }
+    return hsum(_mm256_add_ps(acc0, acc1));
   }
 
   static void to_f32(DType type, const void* src, float* dst, int64_t n) {
@@ -547,54 +499,20 @@ struct Avx512Ops {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
   }
 
-  // 8 int32 partial sums of w[j] * x[j] over one block of 32 (sign of w moved onto x so that
-  // the unsigned-by-signed instructions apply; |w| <= 128 fits the unsigned operand).
-  static __m256i block_dot_i8(__m256i w, __m256i x) {
-    const __m256i abs_w = _mm256_abs_epi8(w);
-    const __m256i signed_x = _mm256_sign_epi8(x, w);
-#if defined(__AVX512VNNI__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), abs_w, signed_x);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, signed_x), _mm256_set1_epi16(1));
-#endif
-  }
-
-  static float dot_q8(const BlockQ8_0* w, QuantizedActivations x, int64_t n_blocks) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= n_blocks; b += 2) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].quants));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b + 1].quants));
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.quants + b * 32));
-      const __m256i x1 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.quants + (b + 1) * 32));
-      const __m256 d0 = _mm256_set1_ps(_cvtsh_ss(w[b].scale) * x.scales[b]);
-      const __m256 d1 = _mm256_set1_ps(_cvtsh_ss(w[b + 1].scale) * x.scales[b + 1]);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_i8(w0, x0)), d0, acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_i8(w1, x1)), d1, acc1);
-    }
-    if (b < n_blocks) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].quants));
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.quants + b * 32));
-      const __m256 d0 = _mm256_set1_ps(_cvtsh_ss(w[b].scale) * x.scales[b]);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot_i8(w0, x0)), d0, acc0);
-    }
-    return Avx2Ops::hsum(_mm256_add_ps(acc0, acc1));
-  }
-
-  static void quantize_q8(const float* x, int8_t* quants, float* scales, int64_t n_blocks) {
+  // Q8_0 weights against F32 activations (see ScalarOps::dot_q8).
+  static float dot_q8(const BlockQ8_0* w, const float* x, int64_t n_blocks) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (int64_t b = 0; b < n_blocks; ++b) {
       const float* xb = x + b * kQ8BlockSize;
-      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-      const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      scales[b] = m / 127.0f;
-      const __m512 inv = _mm512_set1_ps(m > 0 ? 127.0f / m : 0.0f);
-      // cvtps rounds to nearest even, like std::nearbyint in the scalar path.
-      const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)));
-      const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(quants + b * kQ8BlockSize), q0);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(quants + b * kQ8BlockSize + 16), q1);
+      const __m512 q0 = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].quants))));
+      const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].quants + 16))));
+      const __m512 scale = _mm512_set1_ps(_cvtsh_ss(w[b].scale));
+      acc0 = _mm512_fmadd_ps(_mm512_mul_ps(q0, _mm512_loadu_ps(xb)), scale, acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), scale, acc1);
     }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   }
 
   static void to_f32(DType type, const void* src, float* dst, int64_t n) {
@@ -767,9 +685,7 @@ struct Avx512Ops {
     return _mm512_scalef_ps(p, k);
   }
 
-  static float exp(float x) {
-    return _mm512_cvtss_f32(exp(_mm512_set1_ps(x)));
-  }
+  static float exp(float x) { return _mm512_cvtss_f32(exp(_mm512_set1_ps(x))); }
 
   static float exp_shifted_sum(float* x, float shift, int64_t n) {
     const __m512 vs = _mm512_set1_ps(shift);
@@ -792,9 +708,7 @@ struct Avx512Ops {
     return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
   }
 
-  static float sum_squares(const float* x, int64_t n) {
-    return dot(x, x, n);
-  }
+  static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
 
   static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {
     const __m512 vs = _mm512_set1_ps(s);

@@ -47,27 +47,33 @@ std::span<const float> Session::Impl::decode(int32_t token) {
                   s.v.data() + static_cast<int64_t>(h) * hd, pos);
       longest = std::max(longest, head.size());
     }
-    ensure_probs_capacity(longest);
+    if (want_probs) ensure_probs_capacity(longest);
 
-    // Short caches: the thread pool's wake-up costs more than the attention itself.
+    // One pass over each KV head's entries for its whole group of query heads. Short caches stay
+    // serial: waking the thread pool would cost more than the attention itself.
     constexpr int64_t kParallelMinWork = int64_t{1} << 15;
 #pragma omp parallel for schedule(static) if (longest * hd * n_heads >= kParallelMinWork)
-    for (int h = 0; h < n_heads; ++h) {
-      const HeadCache& head = layer_cache.heads[static_cast<size_t>(h / group)];
-      kernels::attention_decode(
-          s.q.data() + static_cast<int64_t>(h) * hd, head.keys(), head.values(),
+    for (int kv = 0; kv < n_kv; ++kv) {
+      const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
+      const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
+      kernels::attention_decode_group(
+          s.q.data() + first * hd, group, head.keys(), head.values(),
           head.has_log_weights() ? head.log_weights().data() : nullptr, head.size(), hd,
-          s.att.data() + static_cast<int64_t>(h) * hd, s.probs.data() + h * s.probs_stride);
+          s.att.data() + first * hd,
+          want_probs ? s.probs.data() + first * s.probs_stride : nullptr);
     }
     if (observer != nullptr) {
       observer->on_attention_output(l, s.att.data(), n_heads, hd);
       if (want_probs) {
         for (int h = 0; h < n_heads; ++h) {
-          const HeadCache& head = layer_cache.heads[static_cast<size_t>(h / group)];
-          observer->on_attention_probs(l, h,
-                                       std::span<const float>(s.probs.data() + h * s.probs_stride,
-                                                              static_cast<size_t>(head.size())),
-                                       head.positions());
+          const int kv = h / group;
+          const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
+          // The group kernel writes [group, size] rows from the group's first slot.
+          const float* probs = s.probs.data() + static_cast<int64_t>(kv) * group * s.probs_stride +
+                               static_cast<int64_t>(h - kv * group) * head.size();
+          observer->on_attention_probs(
+              l, h, std::span<const float>(probs, static_cast<size_t>(head.size())),
+              head.positions());
         }
       }
     }

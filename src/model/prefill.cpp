@@ -32,15 +32,18 @@ void rows_to_heads(const float* src, int64_t n, int n_heads, int head_dim, float
                   src + i * width + static_cast<int64_t>(h) * head_dim, row_bytes);
 }
 
-// Inverse of rows_to_heads.
-void heads_to_rows(const float* src, int64_t n, int n_heads, int head_dim, float* dst) {
+// RoPE at each token's position, token blocks in parallel. x [n, n_heads * head_dim].
+void rope_rows_parallel(float* x, int64_t n, int n_heads, int head_dim, const int32_t* positions,
+                        const ModelConfig& config) {
   const int64_t width = static_cast<int64_t>(n_heads) * head_dim;
-  const size_t row_bytes = static_cast<size_t>(head_dim) * sizeof(float);
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements)
-  for (int64_t i = 0; i < n; ++i)
-    for (int h = 0; h < n_heads; ++h)
-      std::memcpy(dst + i * width + static_cast<int64_t>(h) * head_dim,
-                  src + (static_cast<int64_t>(h) * n + i) * head_dim, row_bytes);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t t0 = b * kBlock;
+    kernels::rope_rows(x + t0 * width, std::min(kBlock, n - t0), width, n_heads, head_dim,
+                       positions + t0, config.rope_theta, config.rope_neox);
+  }
 }
 
 void add_bias_rows(float* x, const float* bias, int64_t n, int64_t width) {
@@ -70,7 +73,6 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
   const int hd = config.head_dim();
   const int n_heads = config.n_heads;
   const int n_kv = config.n_kv_heads;
-  const int group = config.group_size();
   const int64_t q_dim = static_cast<int64_t>(n_heads) * hd;
   const int64_t kv_dim = static_cast<int64_t>(n_kv) * hd;
   const int64_t hidden = config.hidden_dim;
@@ -97,15 +99,16 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
   std::vector<int32_t> positions(static_cast<size_t>(n));  // [n] true token positions
   std::iota(positions.begin(), positions.end(), 0);
 
-  std::vector<float> x(static_cast<size_t>(n * dim));            // [n, dim] residual stream
-  std::vector<float> xb(static_cast<size_t>(n * dim));           // [n, dim] normalised / projected
-  std::vector<float> q_rows(static_cast<size_t>(n * q_dim));     // [n, n_heads * hd]
-  std::vector<float> k_rows(static_cast<size_t>(n * kv_dim));    // [n, n_kv_heads * hd]
-  std::vector<float> v_rows(static_cast<size_t>(n * kv_dim));    // [n, n_kv_heads * hd]
-  std::vector<float> q_heads(static_cast<size_t>(n * q_dim));    // [n_heads, n, hd]
-  std::vector<float> k_heads(static_cast<size_t>(n * kv_dim));   // [n_kv_heads, n, hd]
-  std::vector<float> v_heads(static_cast<size_t>(n * kv_dim));   // [n_kv_heads, n, hd]
-  std::vector<float> att_heads(static_cast<size_t>(n * q_dim));  // [n_heads, n, hd]
+  std::vector<float> x(static_cast<size_t>(n * dim));           // [n, dim] residual stream
+  std::vector<float> xb(static_cast<size_t>(n * dim));          // [n, dim] normalised / projected
+  std::vector<float> q_rows(static_cast<size_t>(n * q_dim));    // [n, n_heads * hd]
+  std::vector<float> k_rows(static_cast<size_t>(n * kv_dim));   // [n, n_kv_heads * hd]
+  std::vector<float> v_rows(static_cast<size_t>(n * kv_dim));   // [n, n_kv_heads * hd]
+  std::vector<float> k_heads(static_cast<size_t>(n * kv_dim));  // [n_kv_heads, n, hd]
+  std::vector<float> v_heads(static_cast<size_t>(n * kv_dim));  // [n_kv_heads, n, hd]
+  std::vector<float> att_rows(static_cast<size_t>(n * q_dim));  // [n, n_heads * hd]
+  // [n_heads, n, hd]: the press's view of the queries, only needed when compressing.
+  std::vector<float> q_heads(compress ? static_cast<size_t>(n * q_dim) : 0);
   const int64_t chunk = std::min(n, kFfnChunkRows);
   std::vector<float> gate(static_cast<size_t>(chunk * hidden));  // [chunk, hidden]
   std::vector<float> up(static_cast<size_t>(chunk * hidden));    // [chunk, hidden]
@@ -129,25 +132,17 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
     add_bias_rows(q_rows.data(), lw.bq, n, q_dim);
     add_bias_rows(k_rows.data(), lw.bk, n, kv_dim);
     add_bias_rows(v_rows.data(), lw.bv, n, kv_dim);
-#pragma omp parallel for schedule(static) if (n * (q_dim + kv_dim) >= kParallelMinElements)
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t pos = positions[static_cast<size_t>(i)];
-      kernels::rope(q_rows.data() + i * q_dim, n_heads, hd, pos, config.rope_theta,
-                    config.rope_neox);
-      kernels::rope(k_rows.data() + i * kv_dim, n_kv, hd, pos, config.rope_theta, config.rope_neox);
-    }
-    rows_to_heads(q_rows.data(), n, n_heads, hd, q_heads.data());
+    rope_rows_parallel(q_rows.data(), n, n_heads, hd, positions.data(), config);
+    rope_rows_parallel(k_rows.data(), n, n_kv, hd, positions.data(), config);
     rows_to_heads(k_rows.data(), n, n_kv, hd, k_heads.data());
     rows_to_heads(v_rows.data(), n, n_kv, hd, v_heads.data());
+    if (compress) rows_to_heads(q_rows.data(), n, n_heads, hd, q_heads.data());
 
-    // GQA: query head h attends over KV head h / group.
-#pragma omp parallel for schedule(dynamic, 1) if (n * n * hd >= kParallelMinElements)
-    for (int h = 0; h < n_heads; ++h) {
-      const int64_t kv = h / group;
-      kernels::attention_prefill(q_heads.data() + h * n * hd, k_heads.data() + kv * n * hd,
-                                 v_heads.data() + kv * n * hd, n, hd,
-                                 att_heads.data() + h * n * hd);
-    }
+    // Causal attention of every query head (GQA: head h reads KV head h / group), written
+    // straight into token-major rows for the output projection.
+    kernels::attention_prefill_heads({q_rows.data(), q_dim, hd}, {k_heads.data(), hd, n * hd},
+                                     {v_heads.data(), hd, n * hd}, {att_rows.data(), q_dim, hd}, n,
+                                     /*n_past=*/0, n_heads, n_kv, hd);
 
     // The layer's K/V go to the cache (compressed or whole) while the full tensors are at hand.
     stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, done_kv_bytes + full_layer_kv_bytes);
@@ -181,8 +176,7 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
     }
     done_kv_bytes += layer_cache.kv_bytes();
 
-    heads_to_rows(att_heads.data(), n, n_heads, hd, q_rows.data());  // q_rows now [n, q_dim] = att
-    kernels::matmul(lw.wo, q_rows.data(), n, xb.data());
+    kernels::matmul(lw.wo, att_rows.data(), n, xb.data());
     add_rows(x.data(), xb.data(), n * dim);
 
     // Feed-forward block, `chunk` rows at a time (rows are independent).

@@ -13,16 +13,18 @@ namespace protokv {
 // Buffers of one decode step, allocated once per Session so that a step allocates nothing but
 // cache growth.
 struct DecodeScratch {
-  std::vector<float> x;      // [dim] residual stream
-  std::vector<float> xb;     // [dim] normalised input of a sub-block
-  std::vector<float> q;      // [n_heads * head_dim]
-  std::vector<float> k;      // [n_kv_heads * head_dim]
-  std::vector<float> v;      // [n_kv_heads * head_dim]
-  std::vector<float> att;    // [n_heads * head_dim] attention output before wo
-  std::vector<float> proj;   // [dim] output of wo / w_down
-  std::vector<float> gate;   // [hidden_dim]
-  std::vector<float> up;     // [hidden_dim]
-  std::vector<float> probs;  // [n_heads, probs_stride] softmax weights of each query head
+  std::vector<float> x;     // [dim] residual stream
+  std::vector<float> xb;    // [dim] normalised input of a sub-block
+  std::vector<float> q;     // [n_heads * head_dim]
+  std::vector<float> k;     // [n_kv_heads * head_dim]
+  std::vector<float> v;     // [n_kv_heads * head_dim]
+  std::vector<float> att;   // [n_heads * head_dim] attention output before wo
+  std::vector<float> proj;  // [dim] output of wo / w_down
+  std::vector<float> gate;  // [hidden_dim]
+  std::vector<float> up;    // [hidden_dim]
+  // Softmax weights for observers: KV head h owns slots [h * group, (h + 1) * group) of
+  // probs_stride floats each, filled as [group, entries] rows by the group attention kernel.
+  std::vector<float> probs;  // [n_heads * probs_stride]
   int64_t probs_stride = 0;
 };
 
