@@ -101,7 +101,9 @@ TEST(EvalFidelity, StreamingLlmRecallCountsOnlyWhatItKept) {
   // streaming_llm keeps sinks + the most recent tokens; a query attending mostly to the middle
   // of the prompt loses those: its recall is below 1 at budget 16 of 64.
   for (const auto& row : tiny_run().report.rows) {
-    if (row.press == "streaming_llm" && row.budget == 16) EXPECT_LT(row.recall.mean(), 1.0);
+    if (row.press == "streaming_llm" && row.budget == 16) {
+      EXPECT_LT(row.recall.mean(), 1.0);
+    }
   }
 }
 
@@ -130,7 +132,7 @@ TEST(EvalFidelityCli, SyntheticJsonAndOutputFolder) {
   TempDir dir;
   const auto result = run_protokv(
       "eval fidelity --synthetic --prompt-len 64 --continuation 8 --budget 16,32,64 "
-      "--press full,snapkv,protokv:prototypes=lsh --quiet --json -t 2 --out '" +
+      "--press full,snapkv,protokv:prototypes=lsh --quiet --json -t 1 --out '" +
       dir.path().string() + "'");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const auto json = nlohmann::json::parse(result.out);
@@ -145,7 +147,9 @@ TEST(EvalFidelityCli, SyntheticJsonAndOutputFolder) {
                             "recall", "kv_bytes", "compress_ms", "samples"}) {
       EXPECT_TRUE(r.contains(key)) << key;
     }
-    if (r["budget"] == 64) EXPECT_EQ(r["kl_mean"].get<double>(), 0.0) << r["press"];
+    if (r["budget"] == 64) {
+      EXPECT_EQ(r["kl_mean"].get<double>(), 0.0) << r["press"];
+    }
   }
   const auto out = dir.path() / "fidelity_synthetic_p64_c8_s1";
   ASSERT_TRUE(std::filesystem::is_directory(out)) << result.err;
@@ -193,14 +197,16 @@ TEST(EvalFidelityStories, TextSamplesFromTheRealModel) {
       "eval fidelity -m '" + (dir / "stories260K.bin").string() + "' -z '" +
       (dir / "tok512.bin").string() + "' -f '" + (tmp / "story.txt").string() +
       "' --prompt-len 96 --continuation 8 --samples 2 --budget 32,96 --press full,snapkv "
-      "--quiet --json -t 2");
+      "--quiet --json -t 1");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const auto json = nlohmann::json::parse(result.out);
   EXPECT_EQ(json["config"]["text_source"], "file");
   EXPECT_EQ(json["config"]["samples"], 2);
   for (const auto& r : json["results"]) {
     EXPECT_EQ(r["samples"], 2);
-    if (r["budget"] == 96 || r["press"] == "full") EXPECT_EQ(r["kl_mean"].get<double>(), 0.0);
+    if (r["budget"] == 96 || r["press"] == "full") {
+      EXPECT_EQ(r["kl_mean"].get<double>(), 0.0);
+    }
   }
   // Model-sampled prompts (no -f).
   const auto sampled = run_protokv("eval fidelity -m '" + (dir / "stories260K.bin").string() +
@@ -252,7 +258,7 @@ TEST(BenchCompress, MedianOfEvenAndOddSamples) {
 }
 
 TEST(Demo, TinyRunPrintsOneSyntheticTable) {
-  const auto result = run_protokv("demo --tiny --quiet -t 2 --budget 16,64");
+  const auto result = run_protokv("demo --tiny --quiet -t 1 --budget 16,64");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.out.find("SYNTHETIC"), std::string::npos);
   for (const char* press : {"full", "streaming_llm", "h2o", "snapkv", "pyramidkv", "protokv"}) {

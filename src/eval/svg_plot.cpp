@@ -11,9 +11,10 @@ namespace {
 
 // Colour-blind-friendly palette (Okabe–Ito), cycled.
 constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
-                                    "#56B4E9", "#000000", "#F0E442", "#999999"};
+                                    "#56B4E9", "#000000", "#882255", "#999999"};
 
-// "Nice" tick positions covering [lo, hi]: steps of 1, 2 or 5 times a power of ten.
+// "Nice" tick positions from at or below lo to at or above hi: steps of 1, 2 or 5 times a power
+// of ten, so the axis ends on a labelled tick.
 std::vector<double> nice_ticks(double lo, double hi, int target) {
   const double span = hi - lo;
   const double raw = span / std::max(target, 1);
@@ -24,7 +25,9 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
     if (raw <= step) break;
   }
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) {
+  const double first = std::floor(lo / step + 1e-9), last = std::ceil(hi / step - 1e-9);
+  for (double i = first; i <= last; i += 1.0) {
+    const double t = i * step;
     ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
   }
   return ticks;
@@ -67,9 +70,13 @@ std::string xml_escape(const std::string& text) {
 }
 
 std::string render_svg(const LinePlot& plot) {
-  const double width = plot.width, height = plot.height;
-  const double left = 70, right = 150, top = 40, bottom = 55;  // margins; legend on the right
-  const double plot_w = width - left - right, plot_h = height - top - bottom;
+  // The legend sits right of the plot area and widens the picture for long press specs.
+  size_t longest_name = 0;
+  for (const auto& s : plot.series) longest_name = std::max(longest_name, s.name.size());
+  const double left = 70, top = 40, bottom = 55;
+  const double right = std::max(150.0, 50.0 + 7.0 * static_cast<double>(longest_name));
+  const double plot_w = plot.width - 220.0, plot_h = plot.height - top - bottom;
+  const double width = left + plot_w + right, height = plot.height;
 
   const auto tx = [&](double x) { return plot.log2_x ? std::log2(x) : x; };
   double x_lo = INFINITY, x_hi = -INFINITY, y_lo = INFINITY, y_hi = -INFINITY;
@@ -86,6 +93,10 @@ std::string render_svg(const LinePlot& plot) {
   }
   if (x_values.empty()) x_lo = 0, x_hi = 1, y_lo = 0, y_hi = 1;
   if (x_hi == x_lo) x_lo -= 0.5, x_hi += 0.5;
+  // A little room so the end points do not sit on the axes.
+  const double x_pad = 0.04 * (x_hi - x_lo);
+  x_lo -= x_pad;
+  x_hi += x_pad;
   // Metrics are non-negative: start the y axis at 0 unless the data go below.
   y_lo = std::min(y_lo, 0.0);
   if (y_hi == y_lo) y_hi = y_lo + 1.0;
@@ -100,7 +111,7 @@ std::string render_svg(const LinePlot& plot) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
       "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-      plot.width, plot.height);
+      static_cast<int>(width), static_cast<int>(height));
   svg +=
       fmt::format("<text x=\"{:.1f}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
                   left + plot_w / 2, xml_escape(plot.title));
@@ -120,7 +131,9 @@ std::string render_svg(const LinePlot& plot) {
   if (plot.log2_x || x_values.size() <= 8) {
     x_ticks.assign(x_values.begin(), x_values.end());
   } else {
-    x_ticks = nice_ticks(x_lo, x_hi, 6);
+    for (double x : nice_ticks(x_lo, x_hi, 6)) {
+      if (x >= x_lo && x <= x_hi) x_ticks.push_back(x);
+    }
   }
   for (double x : x_ticks) {
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", px(x),
