@@ -309,9 +309,11 @@ void register_e2e(CLI::App& bench) {
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Measure cost: end-to-end speed (e2e)");
+  auto* bench = app.add_subcommand(
+      "bench", "Measure cost: end-to-end speed (e2e) and compression time alone (compress)");
   bench->require_subcommand(1);
   register_e2e(*bench);
+  register_bench_compress(*bench);
 }
 
 }  // namespace protokv::cli

@@ -1,0 +1,202 @@
+// `protokv eval fidelity`: every (press, budget) against the full cache on the same prompts.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "eval/fidelity.h"
+#include "eval/spec_list.h"
+#include "eval/synthetic.h"
+#include "protokv/error.h"
+#include "protokv/model.h"
+#include "protokv/press_registry.h"
+#include "protokv/threads.h"
+#include "protokv/tokenizer.h"
+
+namespace protokv::cli {
+namespace {
+
+struct FidelityArgs {
+  std::string model;
+  std::string tokenizer;
+  std::string text;
+  bool synthetic = false;
+  std::vector<std::string> presses;
+  std::string budgets;
+  std::string alloc;
+  std::string mode = "query-aware";
+  int64_t prompt_len = 448;
+  int64_t continuation = 64;
+  int samples = 1;
+  uint64_t seed = 42;
+  int threads = 0;
+  bool json = false;
+  std::string out_dir;
+  bool quiet = false;
+  bool greedy = false;
+  bool no_attention = false;
+};
+
+std::string read_text_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  PROTOKV_CHECK(!ec, "cannot read text file {}: {}", path, ec.message());
+  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 28;
+  PROTOKV_CHECK(size <= kMaxBytes, "text file {} is {} bytes; the limit is 256 MiB", path, size);
+  std::ifstream in(path, std::ios::binary);
+  PROTOKV_CHECK(in.good(), "cannot open text file {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void run_fidelity_command(const FidelityArgs& args) {
+  PROTOKV_CHECK(args.mode == "query-aware" || args.mode == "query-agnostic",
+                "--mode must be query-aware or query-agnostic, got '{}'", args.mode);
+  PROTOKV_CHECK(args.mode == "query-aware",
+                "--mode query-agnostic is not supported by eval fidelity yet: the teacher-forced "
+                "continuation has no separate question to append after compression");
+  PROTOKV_CHECK(args.synthetic != !args.model.empty(),
+                "give a model (-m MODEL) or --synthetic, not both and not neither");
+  PROTOKV_CHECK(!(args.synthetic && !args.text.empty()),
+                "--synthetic uses its own workload: drop -f");
+  PROTOKV_CHECK(args.samples >= 1 && args.samples <= 10000, "--samples must be in [1, 10000]");
+  PROTOKV_CHECK(args.prompt_len >= 2, "--prompt-len must be at least 2");
+  PROTOKV_CHECK(args.continuation >= 1, "--continuation must be at least 1");
+  set_threads(args.threads);
+
+  eval::FidelityOptions options;
+  options.presses = eval::split_press_specs(args.presses);
+  options.budgets = eval::parse_positive_list(args.budgets, "--budget");
+  options.alloc = args.alloc;
+  options.continuation = args.continuation;
+  options.attention_metrics = !args.no_attention;
+  options.progress = !args.quiet;
+
+  LoadedModel loaded;
+  std::string model_stem;
+  nlohmann::json source;
+  std::vector<eval::FidelitySample> samples;
+  if (args.synthetic) {
+    const eval::SyntheticModelSpec spec;
+    loaded.weights = eval::make_synthetic_model(spec);
+    loaded.path = "SYNTHETIC";
+    model_stem = "synthetic";
+    samples = eval::samples_synthetic(spec.vocab_size, args.prompt_len, args.samples, args.seed);
+    source = {{"model", "SYNTHETIC"},
+              {"model_description", spec.describe()},
+              {"text_source", "SYNTHETIC workload"}};
+  } else {
+    loaded = load_model(args.model, args.tokenizer);
+    model_stem = std::filesystem::path(args.model).stem().string();
+    source = {{"model", args.model},
+              {"model_format", loaded.format},
+              {"tokenizer",
+               args.tokenizer.empty() ? (loaded.tokenizer ? "embedded" : "none") : args.tokenizer}};
+    if (!args.text.empty()) {
+      PROTOKV_CHECK(loaded.tokenizer != nullptr,
+                    "-f needs a tokenizer: the model file has none, give one with -z");
+      samples = eval::samples_from_text(*loaded.tokenizer, read_text_file(args.text),
+                                        args.prompt_len, args.continuation, args.samples);
+      source["text"] = args.text;
+      source["text_source"] = "file";
+    } else {
+      // llama convention when the model carries no tokenizer: BOS 1, EOS 2.
+      const int32_t bos = loaded.tokenizer ? loaded.tokenizer->bos_id() : 1;
+      const int32_t eos = loaded.tokenizer ? loaded.tokenizer->eos_id() : 2;
+      samples = eval::samples_from_model(loaded.weights, bos, eos, args.prompt_len,
+                                         args.continuation, args.samples, args.seed);
+      source["text_source"] = "model-sampled (temperature 1, full cache, from BOS)";
+    }
+  }
+  if (args.greedy) {
+    for (auto& s : samples) s.continuation.clear();
+  }
+
+  eval::FidelityReport report = eval::run_fidelity(loaded.weights, samples, options);
+  for (auto& [key, value] : source.items()) report.config[key] = value;
+  report.config["seed"] = args.seed;
+  report.config["threads"] = num_threads();
+
+  if (args.json) {
+    std::printf("%s\n", eval::to_json(report).dump(2).c_str());
+  } else {
+    if (args.synthetic) std::printf("SYNTHETIC model and workload (random weights)\n");
+    std::printf(
+        "eval fidelity: %s, prompt %lld tokens, continuation %lld (%s), %d sample%s, "
+        "mode query-aware\n",
+        report.config["model"].get<std::string>().c_str(), static_cast<long long>(args.prompt_len),
+        static_cast<long long>(args.continuation),
+        report.config["continuation_source"].get<std::string>().c_str(), args.samples,
+        args.samples == 1 ? "" : "s");
+    std::printf("%s", eval::render_table(report).c_str());
+  }
+  if (!args.out_dir.empty()) {
+    const std::string name = fmt::format("fidelity_{}_p{}_c{}_s{}", model_stem, args.prompt_len,
+                                         args.continuation, args.samples);
+    const std::string dir = (std::filesystem::path(args.out_dir) / name).string();
+    eval::write_report_dir(report, dir);
+    std::fprintf(args.json ? stderr : stdout, "wrote %s\n", dir.c_str());
+  }
+}
+
+}  // namespace
+
+void register_eval(CLI::App& app) {
+  auto* eval = app.add_subcommand("eval", "Evaluate KV-cache compression methods");
+  eval->require_subcommand(1);
+  auto args = std::make_shared<FidelityArgs>();
+  auto* cmd = eval->add_subcommand(
+      "fidelity",
+      "Every (press, budget) against the full cache on the same prompts, teacher-forced over the "
+      "same continuation: next-token KL(full||press) mean/max, top-1 agreement, perplexity, "
+      "attention-output relative error per layer (ProtoKV Eq. 2; per query head, mean over heads "
+      "and continuation queries), top-B attention recall (full's B most-attended prompt "
+      "positions per continuation query, layer and query head; share kept in that head's KV "
+      "head after prefill), KV bytes, compression ms. Prompts: -f TEXT (cut at evenly spread "
+      "offsets, one per sample, continuation = the text's own), the model's own sampled text "
+      "(default), or --synthetic. Mode: query-aware only (the whole prompt is compressed).");
+  cmd->add_option("-m,--model", args->model, "GGUF file or llama2.c checkpoint");
+  cmd->add_option("-z,--tokenizer", args->tokenizer, "llama2.c tokenizer.bin (for -f)");
+  cmd->add_option("-f,--file", args->text, "UTF-8 text to cut prompts and continuations from");
+  cmd->add_flag("--synthetic", args->synthetic,
+                "use the built-in SYNTHETIC model and workload (no model file)");
+  cmd->add_option("--press", args->presses,
+                  "comma-separated press specs, e.g. full,snapkv,protokv:prototypes=lsh")
+      ->required();
+  cmd->add_option("--budget", args->budgets, "comma-separated budgets (entries per KV head)")
+      ->required();
+  cmd->add_option("--alloc", args->alloc,
+                  "budget allocator for scoring presses: uniform|pyramid|adakv");
+  cmd->add_option("--mode", args->mode, "query-aware (query-agnostic: not supported here yet)")
+      ->capture_default_str();
+  cmd->add_option("--prompt-len", args->prompt_len, "prompt tokens (BOS included)")
+      ->capture_default_str();
+  cmd->add_option("--continuation", args->continuation, "teacher-forced continuation tokens")
+      ->capture_default_str();
+  cmd->add_option("--samples", args->samples, "prompts (text offsets or sampled stories)")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "seed of sampled/synthetic prompts (sample s: seed+s)")
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", args->threads, "threads (0: all cores)")->capture_default_str();
+  cmd->add_flag("--greedy", args->greedy,
+                "force the full cache's greedy output instead of the text's continuation");
+  cmd->add_flag("--no-attention-metrics", args->no_attention,
+                "skip attention-output error and recall (faster on large models)");
+  cmd->add_flag("--json", args->json,
+                "JSON on stdout: {config, full, results: [{press, budget, kl_mean, kl_max, top1, "
+                "ppl, attn_err[layer], recall, kv_bytes, compress_ms, samples, ...}]}");
+  cmd->add_option("--out", args->out_dir,
+                  "write DIR/fidelity_<model>_p<P>_c<M>_s<S>/ with results.json, config.json and "
+                  "SVG plots");
+  cmd->add_flag("--quiet", args->quiet, "no progress bar");
+  cmd->footer("Presses:\n" + press_help());
+  cmd->callback([args] { run_fidelity_command(*args); });
+}
+
+}  // namespace protokv::cli

@@ -1,0 +1,104 @@
+#pragma once
+// `eval fidelity` as a library (DESIGN §6): every (press, budget) against the full cache on the
+// same prompts, teacher-forced over the same continuation.
+//
+// Per sample, the full-cache run prefills the prompt and decodes the M continuation tokens,
+// recording the next-token logits of every step (the prefill's last logits predict token 0, the
+// decode of token t-1 predicts token t), the attention output of every layer for every
+// continuation query, and each query head's attention weights. Each press then prefills the same
+// prompt with compression and decodes the same M tokens. Metrics:
+//  - KL(full ‖ press) of the next-token distributions (softmax in double), mean and max over the
+//    M steps; top-1 agreement; perplexity of the continuation under the press and under full;
+//  - attention-output relative error ‖o − õ‖/‖o‖ per layer (ProtoKV Eq. 2): per query head,
+//    then the mean over heads and over the M continuation queries;
+//  - top-B attention recall: for every continuation query, layer and query head, the B prompt
+//    positions that full attended most (B = the budget); the share of them the press kept in that
+//    head's KV head after prefill; averaged over queries, heads and layers;
+//  - KV bytes after prefill and time spent in the press.
+// With teacher forcing both runs see identical tokens, so differences come from the cache alone.
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "eval/metrics.h"
+#include "protokv/model.h"
+
+namespace protokv {
+class Tokenizer;
+}
+
+namespace protokv::eval {
+
+// One prompt and the continuation it is teacher-forced over.
+struct FidelitySample {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> continuation;  // empty: use the full cache's greedy output
+  nlohmann::json origin;              // where it came from (offset, seed), recorded in config
+};
+
+struct FidelityOptions {
+  std::vector<std::string> presses;  // specs: "snapkv", "protokv:prototypes=lsh", "full"
+  std::vector<int64_t> budgets;      // entries per KV head per layer
+  std::string alloc;                 // allocator for scoring presses; empty: method default
+  int64_t continuation = 64;         // M: tokens teacher-forced after the prompt
+  bool attention_metrics = true;     // attention-output error and top-B recall
+  bool progress = true;
+};
+
+// Metrics of one (press, budget) over all samples; each RunningStats holds one value per sample.
+struct FidelityRow {
+  std::string press;  // spec as given
+  nlohmann::json press_config;
+  int64_t budget = 0;
+  std::string error;  // non-empty: the press refused this budget (nothing measured)
+  RunningStats kl_mean, top1, ppl, ppl_full, recall, attn_err_mean;
+  RunningStats kv_bytes, compress_ms, prefill_ms, decode_ms_per_token;
+  double kl_max = 0.0;                       // over every step of every sample
+  std::vector<RunningStats> attn_err_layer;  // [n_layers]
+};
+
+// The full-cache runs' own numbers, per sample.
+struct FidelityReference {
+  RunningStats ppl, kv_bytes, prefill_ms, decode_ms_per_token;
+};
+
+struct FidelityReport {
+  nlohmann::json config;
+  std::vector<FidelityRow> rows;  // press-major, budgets in the given order
+  FidelityReference reference;
+  std::vector<std::vector<int32_t>> continuations;  // the tokens actually forced, per sample
+};
+
+// Runs every sample. Throws Error for an unknown press, a prompt plus continuation beyond the
+// context, or bad budgets; a press that refuses one budget (e.g. below its window) gets a row
+// with `error` set instead.
+FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<FidelitySample>& samples,
+                            const FidelityOptions& options);
+
+// Samples cut from `text` at `count` evenly spread offsets: prompt = BOS + prompt_len - 1 text
+// tokens, continuation = the next `continuation` text tokens.
+std::vector<FidelitySample> samples_from_text(const Tokenizer& tokenizer, const std::string& text,
+                                              int64_t prompt_len, int64_t continuation, int count);
+
+// The model's own text: sampled at temperature 1 (no top-k/top-p) with the full cache from BOS,
+// restarting from BOS at EOS/BOS or when the context fills, concatenated up to prompt_len +
+// continuation tokens. Sample s uses seed + s.
+std::vector<FidelitySample> samples_from_model(const ModelWeights& weights, int32_t bos,
+                                               int32_t eos, int64_t prompt_len,
+                                               int64_t continuation, int count, uint64_t seed);
+
+// SYNTHETIC workload prompts (eval/synthetic.h); continuations are the full cache's greedy output.
+std::vector<FidelitySample> samples_synthetic(int vocab_size, int64_t prompt_len, int count,
+                                              uint64_t seed);
+
+// {"config": ..., "results": [...]}; see the --help of `eval fidelity` for the fields.
+nlohmann::json to_json(const FidelityReport& report);
+std::string render_table(const FidelityReport& report);
+
+// Writes results.json, config.json and one SVG per metric (metric vs budget, one line per
+// press) into `dir` (created). Returns the files written.
+std::vector<std::string> write_report_dir(const FidelityReport& report, const std::string& dir);
+
+}  // namespace protokv::eval

@@ -1,0 +1,30 @@
+#pragma once
+// Minimal SVG line charts for reports: one polyline per series, axes with ticks, a legend.
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace protokv::eval {
+
+struct PlotSeries {
+  std::string name;
+  std::vector<std::pair<double, double>> points;  // (x, y); non-finite y values are skipped
+};
+
+struct LinePlot {
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  bool log2_x = false;  // budgets: ticks at the data's x values, spaced by log2
+  std::vector<PlotSeries> series;
+  int width = 640;
+  int height = 400;
+};
+
+// A complete, standalone SVG document.
+std::string render_svg(const LinePlot& plot);
+
+// Escapes &, <, >, " for SVG text and attributes.
+std::string xml_escape(const std::string& text);
+
+}  // namespace protokv::eval

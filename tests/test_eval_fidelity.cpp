@@ -1,0 +1,286 @@
+// eval fidelity, bench compress and demo on the SYNTHETIC model: end to end, at tiny sizes.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "eval/compress_bench.h"
+#include "eval/demo.h"
+#include "eval/fidelity.h"
+#include "eval/synthetic.h"
+#include "protokv/error.h"
+#include "test_util.h"
+
+namespace protokv::eval {
+namespace {
+
+using protokv::testing::run_protokv;
+using protokv::testing::TempDir;
+
+const std::vector<std::string> kAllPresses = {"full",      "streaming_llm", "h2o",    "snapkv",
+                                              "pyramidkv", "adakv",         "protokv"};
+
+struct TinyRun {
+  FidelityReport report;
+  int64_t prompt_len = 64;
+};
+
+const TinyRun& tiny_run() {
+  static const TinyRun run = [] {
+    TinyRun r;
+    const ModelWeights weights = make_synthetic_model(SyntheticModelSpec::tiny());
+    FidelityOptions options;
+    options.presses = kAllPresses;
+    options.budgets = {16, 32, r.prompt_len};  // the last one keeps everything
+    options.continuation = 8;
+    options.progress = false;
+    const auto samples = samples_synthetic(weights.config.vocab_size, r.prompt_len, 2, 5);
+    r.report = run_fidelity(weights, samples, options);
+    return r;
+  }();
+  return run;
+}
+
+TEST(EvalFidelity, BudgetCoveringThePromptGivesExactlyZeroKlForEveryPress) {
+  const auto& run = tiny_run();
+  ASSERT_EQ(run.report.rows.size(), kAllPresses.size() * 3);
+  for (const auto& row : run.report.rows) {
+    ASSERT_TRUE(row.error.empty()) << row.press << " @ " << row.budget << ": " << row.error;
+    EXPECT_EQ(row.kl_mean.count(), 2);
+    if (row.budget < run.prompt_len) continue;
+    EXPECT_EQ(row.kl_mean.mean(), 0.0) << row.press;
+    EXPECT_EQ(row.kl_max, 0.0) << row.press;
+    EXPECT_EQ(row.top1.mean(), 1.0) << row.press;
+    EXPECT_EQ(row.recall.mean(), 1.0) << row.press;
+    EXPECT_EQ(row.attn_err_mean.mean(), 0.0) << row.press;
+    EXPECT_EQ(row.ppl.mean(), row.ppl_full.mean()) << row.press;
+    EXPECT_EQ(row.kv_bytes.mean(), run.report.reference.kv_bytes.mean()) << row.press;
+  }
+}
+
+TEST(EvalFidelity, FullPressMatchesTheReferenceAtEveryBudget) {
+  for (const auto& row : tiny_run().report.rows) {
+    if (row.press != "full") continue;
+    EXPECT_EQ(row.kl_mean.mean(), 0.0) << row.budget;
+    EXPECT_EQ(row.top1.mean(), 1.0) << row.budget;
+    EXPECT_EQ(row.recall.mean(), 1.0) << row.budget;
+  }
+}
+
+TEST(EvalFidelity, CompressionKeepsTheBudgetAndChangesTheOutput) {
+  const auto& run = tiny_run();
+  const ModelConfig config = make_synthetic_model(SyntheticModelSpec::tiny()).config;
+  bool some_kl = false;
+  for (const auto& row : run.report.rows) {
+    if (row.press == "full" || row.budget >= run.prompt_len) continue;
+    // Uniform presses keep exactly `budget` entries per head; adakv/pyramidkv redistribute
+    // but keep the same total on average, never more than the full cache.
+    const double full_bytes = run.report.reference.kv_bytes.mean();
+    EXPECT_LT(row.kv_bytes.mean(), full_bytes) << row.press;
+    if (row.press == "snapkv" || row.press == "streaming_llm" || row.press == "h2o") {
+      const double expected =
+          2.0 * 4.0 * row.budget * config.head_dim() * config.n_kv_heads * config.n_layers;
+      EXPECT_EQ(row.kv_bytes.mean(), expected) << row.press;
+    }
+    EXPECT_GE(row.kl_mean.mean(), 0.0);
+    EXPECT_LE(row.kl_mean.mean(), row.kl_max + 1e-12);
+    EXPECT_GE(row.top1.mean(), 0.0);
+    EXPECT_LE(row.top1.mean(), 1.0);
+    EXPECT_GE(row.recall.mean(), 0.0);
+    EXPECT_LE(row.recall.mean(), 1.0);
+    EXPECT_EQ(row.attn_err_layer.size(), static_cast<size_t>(config.n_layers));
+    some_kl = some_kl || row.kl_mean.mean() > 0.0;
+  }
+  EXPECT_TRUE(some_kl) << "no press changed the next-token distribution at a quarter budget";
+}
+
+TEST(EvalFidelity, StreamingLlmRecallCountsOnlyWhatItKept) {
+  // streaming_llm keeps sinks + the most recent tokens; a query attending mostly to the middle
+  // of the prompt loses those: its recall is below 1 at budget 16 of 64.
+  for (const auto& row : tiny_run().report.rows) {
+    if (row.press == "streaming_llm" && row.budget == 16) {
+      EXPECT_LT(row.recall.mean(), 1.0);
+    }
+  }
+}
+
+TEST(EvalFidelity, RefusesPromptsBeyondTheContextAndUnknownPresses) {
+  const ModelWeights weights = make_synthetic_model(SyntheticModelSpec::tiny());
+  FidelityOptions options;
+  options.presses = {"snapkv"};
+  options.budgets = {16};
+  options.continuation = 8;
+  options.progress = false;
+  const auto too_long = samples_synthetic(weights.config.vocab_size, 510, 1, 1);
+  EXPECT_THROW(run_fidelity(weights, too_long, options), Error);
+  options.presses = {"no_such_press"};
+  const auto ok = samples_synthetic(weights.config.vocab_size, 32, 1, 1);
+  EXPECT_THROW(run_fidelity(weights, ok, options), Error);
+}
+
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(EvalFidelityCli, SyntheticJsonAndOutputFolder) {
+  TempDir dir;
+  const auto result = run_protokv(
+      "eval fidelity --synthetic --prompt-len 64 --continuation 8 --budget 16,32,64 "
+      "--press full,snapkv,protokv:prototypes=lsh --quiet --json -t 1 --out '" +
+      dir.path().string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json["config"]["prompt_len"], 64);
+  EXPECT_EQ(json["config"]["continuation"], 8);
+  EXPECT_EQ(json["config"]["model"], "SYNTHETIC");
+  EXPECT_EQ(json["config"]["mode"], "query-aware");
+  EXPECT_EQ(json["config"]["presses"].size(), 3u);
+  ASSERT_EQ(json["results"].size(), 9u);
+  for (const auto& r : json["results"]) {
+    for (const char* key : {"press", "budget", "kl_mean", "kl_max", "top1", "ppl", "attn_err",
+                            "recall", "kv_bytes", "compress_ms", "samples"}) {
+      EXPECT_TRUE(r.contains(key)) << key;
+    }
+    if (r["budget"] == 64) {
+      EXPECT_EQ(r["kl_mean"].get<double>(), 0.0) << r["press"];
+    }
+  }
+  const auto out = dir.path() / "fidelity_synthetic_p64_c8_s1";
+  ASSERT_TRUE(std::filesystem::is_directory(out)) << result.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(out / "results.json"))["results"].size(), 9u);
+  EXPECT_EQ(nlohmann::json::parse(slurp(out / "config.json"))["prompt_len"], 64);
+  for (const char* svg : {"kl_mean.svg", "top1.svg", "ppl.svg", "recall.svg", "attn_err.svg"}) {
+    const std::string text = slurp(out / svg);
+    EXPECT_EQ(text.rfind("<svg", 0), 0u) << svg;
+    EXPECT_NE(text.find("<polyline"), std::string::npos) << svg;
+    EXPECT_NE(text.find("</svg>"), std::string::npos) << svg;
+  }
+}
+
+TEST(EvalFidelityCli, TableAndErrors) {
+  const auto table = run_protokv(
+      "eval fidelity --synthetic --prompt-len 48 --continuation 4 --budget 16 --press snapkv "
+      "--quiet -t 1");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("SYNTHETIC"), std::string::npos);
+  EXPECT_NE(table.out.find("snapkv"), std::string::npos);
+  EXPECT_NE(table.out.find("KL mean"), std::string::npos);
+  const auto agnostic =
+      run_protokv("eval fidelity --synthetic --budget 16 --press snapkv --mode query-agnostic");
+  EXPECT_EQ(agnostic.exit_code, 1);
+  EXPECT_NE(agnostic.err.find("not supported"), std::string::npos);
+  const auto no_model = run_protokv("eval fidelity --budget 16 --press snapkv");
+  EXPECT_EQ(no_model.exit_code, 1);
+  EXPECT_NE(no_model.err.find("protokv: error:"), std::string::npos);
+  const auto bad_budget = run_protokv("eval fidelity --synthetic --budget 16,x --press snapkv");
+  EXPECT_EQ(bad_budget.exit_code, 1);
+}
+
+TEST(EvalFidelityStories, TextSamplesFromTheRealModel) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto dir = protokv::testing::stories_dir();
+  TempDir tmp;
+  {
+    std::ofstream text(tmp / "story.txt");
+    for (int i = 0; i < 12; ++i) {
+      text << "Once upon a time, there was a little girl named Lily. She loved to play outside in "
+              "the park. One day, she saw a big, red ball. ";
+    }
+  }
+  const auto result = run_protokv(
+      "eval fidelity -m '" + (dir / "stories260K.bin").string() + "' -z '" +
+      (dir / "tok512.bin").string() + "' -f '" + (tmp / "story.txt").string() +
+      "' --prompt-len 96 --continuation 8 --samples 2 --budget 32,96 --press full,snapkv "
+      "--quiet --json -t 1");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto json = nlohmann::json::parse(result.out);
+  EXPECT_EQ(json["config"]["text_source"], "file");
+  EXPECT_EQ(json["config"]["samples"], 2);
+  for (const auto& r : json["results"]) {
+    EXPECT_EQ(r["samples"], 2);
+    if (r["budget"] == 96 || r["press"] == "full") {
+      EXPECT_EQ(r["kl_mean"].get<double>(), 0.0);
+    }
+  }
+  // Model-sampled prompts (no -f).
+  const auto sampled = run_protokv("eval fidelity -m '" + (dir / "stories260K.bin").string() +
+                                   "' --prompt-len 64 --continuation 8 --budget 16 --press "
+                                   "snapkv --quiet --json -t 1");
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.err;
+  EXPECT_EQ(nlohmann::json::parse(sampled.out)["config"]["sample_origins"][0]["source"],
+            "model-sampled");
+}
+
+TEST(BenchCompress, TinyTensorsGiveSaneResults) {
+  CompressBenchOptions options;
+  options.n_layers = 2;
+  options.n_kv_heads = 2;
+  options.group_size = 2;
+  options.head_dim = 32;
+  options.lengths = {256};
+  options.presses = {"streaming_llm", "h2o", "protokv"};
+  options.budget.entries = 64;
+  options.reps = 2;
+  options.progress = false;
+  const auto report = run_compress_bench(options);
+  ASSERT_EQ(report.results.size(), 4u);  // snapkv added first as the reference
+  EXPECT_EQ(report.results[0].press, "snapkv");
+  EXPECT_EQ(report.results[0].ratio_to_snapkv, 1.0);
+  for (const auto& r : report.results) {
+    EXPECT_EQ(r.n, 256);
+    EXPECT_EQ(r.times_ms.size(), 2u);
+    EXPECT_LE(r.min_ms, r.median_ms);
+    EXPECT_GE(r.min_ms, 0.0);
+    EXPECT_EQ(r.kept_entries, 64 * 2 * 2) << r.press;  // budget × KV heads × layers
+  }
+  const auto json = to_json(report);
+  EXPECT_EQ(json["results"].size(), 4u);
+  EXPECT_EQ(json["config"]["reference"], "snapkv");
+  EXPECT_NE(render_table(report).find("x snapkv"), std::string::npos);
+
+  options.budget.entries = 256;  // keeps everything
+  EXPECT_THROW(run_compress_bench(options), Error);
+  options.budget.entries = 64;
+  options.presses = {"full"};
+  EXPECT_THROW(run_compress_bench(options), Error);
+}
+
+TEST(BenchCompress, MedianOfEvenAndOddSamples) {
+  EXPECT_EQ(median({3.0, 1.0, 2.0}), 2.0);
+  EXPECT_EQ(median({4.0, 1.0, 3.0, 2.0}), 2.5);
+  EXPECT_THROW(median({}), Error);
+}
+
+TEST(Demo, TinyRunPrintsOneSyntheticTable) {
+  const auto result = run_protokv("demo --tiny --quiet -t 1 --budget 16,64");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("SYNTHETIC"), std::string::npos);
+  for (const char* press : {"full", "streaming_llm", "h2o", "snapkv", "pyramidkv", "protokv"}) {
+    EXPECT_NE(result.out.find(press), std::string::npos) << press;
+  }
+  EXPECT_NE(result.out.find("KL vs full"), std::string::npos);
+  EXPECT_NE(result.out.find("protokv eval fidelity -m"), std::string::npos);
+}
+
+TEST(Demo, LibraryReportHasEveryPressAndBudget) {
+  DemoOptions options;
+  options.tiny = true;
+  options.budgets = {16, 32};
+  options.progress = false;
+  const DemoReport report = run_demo(options);
+  EXPECT_EQ(report.fidelity.rows.size(), options.presses.size() * 2);
+  for (const auto& row : report.fidelity.rows) {
+    EXPECT_TRUE(row.error.empty()) << row.press << ": " << row.error;
+    EXPECT_GT(row.kv_bytes.mean(), 0.0);
+  }
+  EXPECT_EQ(demo_json(report)["synthetic"], true);
+}
+
+}  // namespace
+}  // namespace protokv::eval
