@@ -327,6 +327,35 @@ TEST(Session, InvalidBudgetWithPressIsAnError) {
 }
 
 // Records what decode reports: attention outputs per layer and softmax weights per query head.
+// Fails in the middle of a prefill, as a press rejecting its input would.
+class FailingPress final : public Press {
+ public:
+  std::string name() const override { return "failing-test"; }
+  nlohmann::json config() const override { return {{"name", name()}}; }
+  void begin(const SequenceInfo&, const Budget&) override {}
+  void compress_prefill(const LayerView& layer, LayerCache& out) override {
+    if (layer.layer == 1) fail("cannot compress layer {}", layer.layer);
+    std::vector<int32_t> first = {0};
+    for (int h = 0; h < layer.n_kv_heads; ++h)
+      out.heads[static_cast<size_t>(h)].assign_rows(layer.k_head(h), layer.v_head(h),
+                                                    layer.positions, first);
+  }
+};
+
+TEST(Session, FailedPrefillLeavesAnEmptySession) {
+  const auto model = make_random_model({});
+  FailingPress press;
+  SessionOptions options;
+  options.press = &press;
+  options.budget.entries = 1;
+  Session session(model.weights, options);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4};
+  EXPECT_THROW(session.prefill(tokens), Error);
+  EXPECT_EQ(session.n_past(), 0);
+  EXPECT_EQ(session.cache().total_entries(), 0);
+  EXPECT_EQ(session.prefill_stats().n_tokens, 0);
+}
+
 class RecordingObserver final : public DecodeObserver {
  public:
   void on_attention_output(int layer, const float* out, int n_heads, int head_dim) override {

@@ -100,7 +100,12 @@ Session::Session(const ModelWeights& weights, SessionOptions options)
 Session::~Session() = default;
 
 std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
-  return impl_->prefill(tokens);
+  try {
+    return impl_->prefill(tokens);
+  } catch (...) {
+    impl_->reset();  // a press or allocation failure must not leave a half-filled cache behind
+    throw;
+  }
 }
 
 std::span<const float> Session::decode(int32_t token) {
