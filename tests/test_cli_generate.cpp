@@ -258,7 +258,8 @@ TEST(CliBench, E2eReportsEveryContext) {
   TempDir dir;
   testing::write_llama2c(model, dir / "model.bin");
   const std::string m = "-m '" + (dir / "model.bin").string() + "'";
-  const auto r = run_protokv("bench e2e " + m + " -c 16,100 -n 4 -t 1 --json");
+  const auto r =
+      run_protokv("bench e2e " + m + " -c 16,100 -n 4 -t 1 --json --gemm-size 256 --copy-mib 16");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["results"].size(), 2u);
@@ -267,11 +268,14 @@ TEST(CliBench, E2eReportsEveryContext) {
   EXPECT_EQ(j["results"][1]["decode_steps"], 4);
   // KV bytes after prefill: layers x KV heads x head_dim x (K + V) x 4 bytes per token.
   EXPECT_EQ(j["results"][1]["kv_bytes_after_prefill"], 100 * 2 * 2 * 32 * 2 * 4);
+  EXPECT_EQ(j["machine"]["sgemm_size"], 256);
+  EXPECT_EQ(j["machine"]["copy_bytes"], 16 << 20);
   EXPECT_GT(j["machine"]["sgemm_gflops"].get<double>(), 0.0);
   EXPECT_GT(j["machine"]["copy_gbs_read_plus_write"].get<double>(), 0.0);
   EXPECT_GT(j["results"][0]["prefill_gflops"].get<double>(), 0.0);
 
-  const auto table = run_protokv("bench e2e " + m + " -c 16 -n 2 -t 1");
+  const auto table =
+      run_protokv("bench e2e " + m + " -c 16 -n 2 -t 1 --gemm-size 128 --copy-mib 8");
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("decode ms/t"), std::string::npos) << table.out;
 

@@ -40,6 +40,8 @@ struct E2eOptions {
   int reps = 1;
   uint64_t seed = 42;
   bool json = false;
+  int64_t gemm_size = 1024;
+  int64_t copy_mib = 256;
 };
 
 struct MachineReference {
@@ -208,7 +210,11 @@ void run_e2e(const E2eOptions& o) {
                   config.context_length);
   }
 
+  PROTOKV_CHECK(o.gemm_size >= 16 && o.gemm_size <= 8192, "--gemm-size must be in [16, 8192]");
+  PROTOKV_CHECK(o.copy_mib >= 1 && o.copy_mib <= 16384, "--copy-mib must be in [1, 16384]");
   MachineReference ref;
+  ref.sgemm_size = o.gemm_size;
+  ref.copy_bytes = static_cast<size_t>(o.copy_mib) << 20;
   ref.sgemm_gflops = measure_sgemm_gflops(ref.sgemm_size);
   measure_bandwidth(ref);
 
@@ -298,6 +304,11 @@ void register_e2e(CLI::App& bench) {
   cmd->add_option("-n,--decode-steps", options->decode_steps, "Decode steps per context")
       ->capture_default_str();
   cmd->add_option("--reps", options->reps, "Repetitions per context (median reported)")
+      ->capture_default_str();
+  cmd->add_option("--gemm-size", options->gemm_size, "Reference sgemm: M = N = K = this size")
+      ->capture_default_str();
+  cmd->add_option("--copy-mib", options->copy_mib,
+                  "Reference copy/read bandwidth buffer size in MiB (far larger than the caches)")
       ->capture_default_str();
   cmd->add_option("--seed", options->seed, "Seed of the random prompt tokens")
       ->capture_default_str();
