@@ -4,6 +4,7 @@
 // relative to the data section, which starts at the first multiple of general.alignment
 // (default 32) after the tensor infos.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -104,6 +105,10 @@ class GgufWriter {
   // dims in ggml order; data is copied at write time (must stay valid until write()).
   void add_tensor(const std::string& name, std::vector<int64_t> dims, DType type, const void* data,
                   size_t nbytes);
+  // Same, but the bytes are produced at write time: `fill` gets a buffer of exactly the tensor's
+  // size. Lets a large model be streamed to disk one tensor at a time, never held whole.
+  using TensorFill = std::function<void(void* dst, size_t nbytes)>;
+  void add_tensor(const std::string& name, std::vector<int64_t> dims, DType type, TensorFill fill);
   // Writes GGUF v3 with general.alignment (default 32). Throws Error on I/O failure.
   void write(const std::string& path) const;
 
@@ -115,6 +120,7 @@ class GgufWriter {
     DType type;
     const void* data;
     size_t nbytes;
+    TensorFill fill;  // used instead of `data` when set
   };
   std::vector<PendingTensor> tensors_;
 };

@@ -1,12 +1,69 @@
-// Placeholder registration until the subcommand lands (skeleton commit only).
+// `protokv convert`: llama2.c checkpoint + tokenizer.bin -> GGUF, or GGUF -> GGUF of another
+// tensor type.
+#include <fmt/format.h>
+
+#include <filesystem>
+
 #include "cli/commands.h"
+#include "cli/human_units.h"
+#include "model/gguf_export.h"
 #include "protokv/error.h"
+#include "protokv/model.h"
+#include "protokv/threads.h"
+#include "protokv/timer.h"
 
 namespace protokv::cli {
+namespace {
+
+struct ConvertOptions {
+  std::string input;
+  std::string tokenizer;
+  std::string output;
+  std::string type = "f32";
+  std::string name;
+  int threads = 0;
+};
+
+void run_convert(const ConvertOptions& o) {
+  const DType type = dtype_from_name(o.type);
+  set_threads(o.threads);
+  Timer timer;
+  const LoadedModel model = load_model(o.input, o.tokenizer);
+  if (model.format == "llama2c" && !model.tokenizer) {
+    fail("converting a llama2.c checkpoint needs its tokenizer.bin as the second argument");
+  }
+  GgufExportOptions export_options;
+  export_options.type = type;
+  export_options.name = o.name.empty() ? std::filesystem::path(o.input).stem().string() : o.name;
+  const auto notes = export_gguf(model.weights, model.tokenizer.get(), o.output, export_options);
+  for (const auto& note : notes) fmt::print(stderr, "protokv: note: {}\n", note);
+
+  const ModelConfig& c = model.weights.config;
+  fmt::print("wrote {}: {} {}, dim {}, {} layers, {} heads ({} kv), vocab {}, {}, {} in {:.2f} s\n",
+             o.output, c.architecture, human_count(model.weights.parameter_count()), c.dim,
+             c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, dtype_name(type),
+             human_bytes(std::filesystem::file_size(o.output)), timer.ms() / 1000.0);
+}
+
+}  // namespace
 
 void register_convert(CLI::App& app) {
-  auto* cmd = app.add_subcommand("convert", "(not yet available)");
-  cmd->callback([] { fail("'convert' is not available in this build yet"); });
+  auto o = std::make_shared<ConvertOptions>();
+  auto* cmd = app.add_subcommand(
+      "convert",
+      "Convert a llama2.c checkpoint (with its tokenizer.bin) or a GGUF model to a GGUF file. "
+      "Norm vectors stay f32; with q8_0, matrices whose rows are not a multiple of 32 are "
+      "stored as f16 instead (listed on stderr), as llama.cpp does.");
+  cmd->add_option("input", o->input, "llama2.c checkpoint (.bin) or GGUF model")->required();
+  cmd->add_option("tokenizer", o->tokenizer,
+                  "llama2.c tokenizer.bin (required for llama2.c checkpoints; replaces a GGUF "
+                  "model's own tokenizer)");
+  cmd->add_option("-o,--output", o->output, "GGUF file to write")->required();
+  cmd->add_option("--type", o->type, "Type of the weight matrices: f32, f16, bf16 or q8_0")
+      ->capture_default_str();
+  cmd->add_option("--name", o->name, "general.name (default: the input file's stem)");
+  cmd->add_option("-t,--threads", o->threads, "Threads (0 = all cores)")->capture_default_str();
+  cmd->callback([o] { run_convert(*o); });
 }
 
 }  // namespace protokv::cli

@@ -1,12 +1,189 @@
-// Placeholder registration until the subcommand lands (skeleton commit only).
+// `protokv generate`: prefill a prompt (compressing the KV cache with a press), then sample.
+// stdout carries only the generated text, streamed token by token; the summary goes to stderr.
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "protokv/engine.h"
 #include "protokv/error.h"
+#include "protokv/sampler.h"
+#include "protokv/threads.h"
+#include "protokv/timer.h"
+#include "protokv/tokenizer.h"
 
 namespace protokv::cli {
+namespace {
+
+struct GenerateOptions {
+  ModelOptions model;
+  PressOptions press;
+  SamplerOptions sampler;
+  std::string prompt;
+  std::string prompt_file;
+  std::string question;
+  int n_predict = 256;
+  bool json = false;
+  bool ignore_eos = false;
+};
+
+// The context text: -p, -f, or none (generation then starts right after BOS).
+std::string context_text(const GenerateOptions& o, const CLI::App& cmd) {
+  if (cmd.count("--prompt") > 0) {
+    PROTOKV_CHECK(!o.prompt.empty(), "empty prompt: -p was given an empty string");
+    return o.prompt;
+  }
+  if (cmd.count("--file") > 0) {
+    std::string text = read_text_file(o.prompt_file);
+    PROTOKV_CHECK(!text.empty(), "empty prompt: {} is empty", o.prompt_file);
+    return text;
+  }
+  return "";
+}
+
+void write_stdout(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
+  PROTOKV_CHECK(o.n_predict >= 0, "-n must be >= 0, got {}", o.n_predict);
+  Sampler sampler(o.sampler);  // validates the sampler options
+  PressSetup setup = make_press_setup(o.press);
+  const std::string context = context_text(o, cmd);
+  const LoadedModel model = load_model_from_options(o.model, /*require_tokenizer=*/true);
+  const Tokenizer& tokenizer = *model.tokenizer;
+  const ModelConfig& config = model.weights.config;
+
+  const PromptTokens input = build_prompt(tokenizer, context, o.question, setup.query_agnostic);
+  const std::vector<int32_t>& prompt = input.prefill;
+  const std::vector<int32_t>& question = input.fed_after;
+  PROTOKV_CHECK(input.total() <= config.context_length,
+                "prompt of {} tokens is longer than the model's context ({} tokens)", input.total(),
+                config.context_length);
+
+  Session session(model.weights, setup.session_options());
+  std::span<const float> logits = session.prefill(prompt);
+  const PrefillStats prefill = session.prefill_stats();
+
+  const Timer question_timer;
+  for (int32_t token : question) logits = session.decode(token);
+  const double question_ms = question_timer.ms();
+
+  const bool tty = isatty(fileno(stdout)) != 0;
+  const bool stream = !o.json;
+  int32_t prev = question.empty() ? prompt.back() : question.back();
+  std::vector<int32_t> generated;
+  std::string text;
+  double decode_ms = 0.0;
+  int64_t decode_steps = 0;
+  bool context_full = false;
+  for (int i = 0; i < o.n_predict; ++i) {
+    const int32_t next = sampler.sample(logits);
+    if (next == tokenizer.eos_id() && !o.ignore_eos) break;
+    generated.push_back(next);
+    const std::string piece = tokenizer.decode(prev, next);
+    text += piece;
+    if (stream) write_stdout(piece);
+    prev = next;
+    if (i + 1 == o.n_predict) break;  // the last token needs no forward pass
+    if (session.n_past() >= config.context_length) {
+      context_full = true;
+      break;
+    }
+    const Timer step;
+    logits = session.decode(next);
+    decode_ms += step.ms();
+    ++decode_steps;
+  }
+  if (stream && tty) write_stdout("\n");
+
+  const double ms_per_token =
+      decode_steps > 0 ? decode_ms / static_cast<double>(decode_steps) : 0.0;
+  const size_t kv_end = session.cache().kv_bytes();
+  if (o.json) {
+    nlohmann::json config_json;
+    config_json["model"] = model_json(model);
+    const nlohmann::json press_json = setup.to_json();
+    for (const auto& [key, value] : press_json.items()) config_json[key] = value;
+    config_json["sampler"] = sampler_json(o.sampler);
+    config_json["threads"] = num_threads();
+    config_json["max_new_tokens"] = o.n_predict;
+    config_json["stop_at_eos"] = !o.ignore_eos;
+    nlohmann::json out;
+    out["config"] = config_json;
+    out["prompt_tokens"] = prompt.size();
+    out["question_tokens"] =
+        setup.query_agnostic ? nlohmann::json(question.size()) : nlohmann::json(nullptr);
+    out["question_ms"] =
+        setup.query_agnostic ? nlohmann::json(question_ms) : nlohmann::json(nullptr);
+    out["generated_tokens"] = generated;
+    out["text"] = text;
+    out["stopped"] = context_full                                       ? "context_full"
+                     : static_cast<int>(generated.size()) < o.n_predict ? "eos"
+                                                                        : "max_tokens";
+    out["prefill_ms"] = prefill.prefill_ms;
+    out["compress_ms"] = prefill.compress_ms;
+    out["decode_ms_per_token"] =
+        decode_steps > 0 ? nlohmann::json(ms_per_token) : nlohmann::json(nullptr);
+    out["decode_steps"] = decode_steps;
+    out["kv_bytes_after_prefill"] = prefill.kv_bytes;
+    out["kv_bytes_peak_prefill"] = prefill.peak_kv_bytes;
+    out["kv_bytes_end"] = kv_end;
+    // Byte-fallback tokens can split a UTF-8 sequence: replace invalid bytes instead of failing.
+    std::string dumped = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    write_stdout(dumped + "\n");
+  }
+
+  const double prefill_tok_s =
+      prefill.prefill_ms > 0 ? 1000.0 * static_cast<double>(prompt.size()) / prefill.prefill_ms
+                             : 0.0;
+  std::string summary =
+      fmt::format("prompt {} tokens, prefill {:.1f} ms ({:.0f} tok/s, compress {:.1f} ms)",
+                  prompt.size(), prefill.prefill_ms, prefill_tok_s, prefill.compress_ms);
+  if (!question.empty())
+    summary += fmt::format(", question {} tokens {:.1f} ms", question.size(), question_ms);
+  summary += fmt::format(" | generated {} tokens", generated.size());
+  if (decode_steps > 0)
+    summary +=
+        fmt::format(", decode {:.3f} ms/token ({:.1f} tok/s)", ms_per_token, 1000.0 / ms_per_token);
+  summary += fmt::format(" | KV {} after prefill (peak {}), {} at end | {} threads",
+                         format_bytes(prefill.kv_bytes), format_bytes(prefill.peak_kv_bytes),
+                         format_bytes(kv_end), num_threads());
+  if (context_full) summary += " | stopped: context full";
+  std::fprintf(stderr, "%s\n", summary.c_str());
+}
+
+}  // namespace
 
 void register_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "(not yet available)");
-  cmd->callback([] { fail("'generate' is not available in this build yet"); });
+  auto options = std::make_shared<GenerateOptions>();
+  auto* cmd = app.add_subcommand(
+      "generate",
+      "Generate text from a prompt, with the KV cache compressed by a press. stdout: the "
+      "generated text only (streamed); stderr: one summary line.");
+  add_model_options(*cmd, options->model);
+  auto* prompt = cmd->add_option("-p,--prompt", options->prompt,
+                                 "Prompt text (default: none, generation starts after BOS)");
+  auto* file =
+      cmd->add_option("-f,--file", options->prompt_file, "Read the prompt (context) from a file");
+  prompt->excludes(file);
+  cmd->add_option("--question", options->question,
+                  "Question appended after the context (a newline between); see --mode");
+  cmd->add_option("-n,--n-predict", options->n_predict, "Tokens to generate")
+      ->capture_default_str();
+  add_sampler_options(*cmd, options->sampler);
+  add_press_options(*cmd, options->press);
+  cmd->add_flag("--ignore-eos", options->ignore_eos,
+                "Keep generating after the end-of-sequence token");
+  cmd->add_flag("--json", options->json,
+                "Print one JSON object (configuration, tokens, text, timings, KV bytes) instead of "
+                "streaming the text");
+  cmd->callback([options, cmd] { run_generate(*options, *cmd); });
 }
 
 }  // namespace protokv::cli

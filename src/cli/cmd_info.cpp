@@ -1,12 +1,164 @@
-// Placeholder registration until the subcommand lands (skeleton commit only).
+// `protokv info`: what a model file holds (shapes, types, sizes, tokenizer), as text or JSON.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
 #include "cli/commands.h"
+#include "cli/human_units.h"
 #include "protokv/error.h"
+#include "protokv/gguf.h"
+#include "protokv/model.h"
+#include "protokv/tokenizer.h"
 
 namespace protokv::cli {
+namespace {
+
+struct InfoOptions {
+  std::string model_path;
+  std::string tokenizer_path;
+  bool json = false;
+  bool metadata = false;
+};
+
+// Tensor count per stored type: from the file's tensor list for GGUF (what is on disk), from
+// the loaded weights otherwise.
+std::map<std::string, int> tensor_type_counts(const LoadedModel& model, const GgufFile* gguf) {
+  std::map<std::string, int> counts;
+  if (gguf) {
+    for (const auto& t : gguf->tensors()) ++counts[std::string(dtype_name(t.type))];
+    return counts;
+  }
+  const ModelWeights& w = model.weights;
+  auto count = [&](const WeightMatrix& m) { ++counts[std::string(dtype_name(m.type))]; };
+  count(w.token_embd);
+  if (!w.config.shared_classifier) count(w.output);
+  counts["f32"] += 1 + 2 * static_cast<int>(w.layers.size());  // norm vectors
+  for (const auto& l : w.layers) {
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      count(*m);
+    }
+  }
+  return counts;
+}
+
+nlohmann::json describe(const InfoOptions& options) {
+  const LoadedModel model = load_model(options.model_path, options.tokenizer_path);
+  std::optional<GgufFile> gguf;
+  if (model.format == "gguf") gguf = GgufFile::open(options.model_path);
+  const ModelConfig& c = model.weights.config;
+
+  nlohmann::json j;
+  j["path"] = options.model_path;
+  j["format"] = model.format;
+  j["file_bytes"] = std::filesystem::file_size(options.model_path);
+  j["architecture"] = c.architecture;
+  j["dim"] = c.dim;
+  j["hidden_dim"] = c.hidden_dim;
+  j["n_layers"] = c.n_layers;
+  j["n_heads"] = c.n_heads;
+  j["n_kv_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim();
+  j["vocab_size"] = c.vocab_size;
+  j["context_length"] = c.context_length;
+  // Floats through their shortest decimal form, so 1e-5f prints as 1e-05.
+  j["rope_theta"] = std::stod(fmt::format("{}", c.rope_theta));
+  j["norm_eps"] = std::stod(fmt::format("{}", c.norm_eps));
+  j["rope_neox"] = c.rope_neox;
+  j["shared_classifier"] = c.shared_classifier;
+  j["tensor_types"] = tensor_type_counts(model, gguf ? &*gguf : nullptr);
+  j["parameters"] = model.weights.parameter_count();
+  j["weight_bytes"] = model.weights.weight_bytes();
+  if (model.tokenizer) {
+    j["tokenizer"] = {{"vocab_size", model.tokenizer->vocab_size()},
+                      {"bos_id", model.tokenizer->bos_id()},
+                      {"eos_id", model.tokenizer->eos_id()},
+                      {"unk_id", model.tokenizer->unk_id()}};
+  } else {
+    j["tokenizer"] = nullptr;
+  }
+  if (gguf) {
+    j["gguf"] = {{"version", gguf->version()},
+                 {"alignment", gguf->alignment()},
+                 {"tensor_count", gguf->tensors().size()},
+                 {"metadata_count", gguf->metadata().size()}};
+    if (options.metadata) j["gguf"]["metadata"] = gguf->metadata_json();
+  }
+  return j;
+}
+
+void print_text(const nlohmann::json& j) {
+  auto row = [](std::string_view label, const std::string& value) {
+    fmt::print("{:<14}{}\n", label, value);
+  };
+  auto str = [](const nlohmann::json& v) {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_number_float()) return fmt::format("{}", v.get<double>());
+    return v.dump();
+  };
+  row("path", str(j["path"]));
+  std::string format = str(j["format"]);
+  if (j.contains("gguf")) format += fmt::format(" v{}", j["gguf"]["version"].get<int>());
+  row("format", fmt::format("{} ({})", format, human_bytes(j["file_bytes"].get<uint64_t>())));
+  row("architecture", str(j["architecture"]));
+  row("dim", str(j["dim"]));
+  row("ffn dim", str(j["hidden_dim"]));
+  row("layers", str(j["n_layers"]));
+  row("heads", str(j["n_heads"]));
+  row("kv heads", str(j["n_kv_heads"]));
+  row("head dim", str(j["head_dim"]));
+  row("vocab", str(j["vocab_size"]));
+  row("context", str(j["context_length"]));
+  row("rope theta", str(j["rope_theta"]));
+  row("rope order", j["rope_neox"].get<bool>() ? "neox (i, i + d/2)" : "meta (2i, 2i+1)");
+  row("rms eps", str(j["norm_eps"]));
+  row("classifier", j["shared_classifier"].get<bool>() ? "shared with token embedding" : "own");
+  std::string types;
+  for (const auto& [name, count] : j["tensor_types"].items()) {
+    types += fmt::format("{}{}: {}", types.empty() ? "" : ", ", name, count.get<int>());
+  }
+  row("tensor types", types);
+  const auto params = j["parameters"].get<int64_t>();
+  row("parameters", fmt::format("{} ({})", human_count(params), params));
+  const auto bytes = j["weight_bytes"].get<uint64_t>();
+  row("weight bytes", fmt::format("{} ({})", human_bytes(bytes), bytes));
+  const auto& tok = j["tokenizer"];
+  row("tokenizer", tok.is_null()
+                       ? "none"
+                       : fmt::format("{} tokens (bos {}, eos {}, unk {})",
+                                     tok["vocab_size"].get<int>(), tok["bos_id"].get<int>(),
+                                     tok["eos_id"].get<int>(), tok["unk_id"].get<int>()));
+  if (j.contains("gguf") && j["gguf"].contains("metadata")) {
+    fmt::print("metadata:\n");
+    for (const auto& [key, value] : j["gguf"]["metadata"].items()) {
+      fmt::print("  {} = {}\n", key, value.dump());
+    }
+  }
+}
+
+}  // namespace
 
 void register_info(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "(not yet available)");
-  cmd->callback([] { fail("'info' is not available in this build yet"); });
+  auto options = std::make_shared<InfoOptions>();
+  auto* cmd = app.add_subcommand(
+      "info", "Show a model's architecture, shapes, tensor types, size and tokenizer");
+  cmd->add_option("-m,--model", options->model_path, "GGUF file or llama2.c checkpoint")
+      ->required();
+  cmd->add_option("--tokenizer", options->tokenizer_path,
+                  "llama2.c tokenizer.bin (llama2.c checkpoints carry none)");
+  cmd->add_flag("--json", options->json, "Print one JSON object instead of text");
+  cmd->add_flag("--metadata", options->metadata,
+                "Also list the GGUF metadata (long arrays summarised)");
+  cmd->callback([options] {
+    const nlohmann::json j = describe(*options);
+    if (options->json) {
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      print_text(j);
+    }
+  });
 }
 
 }  // namespace protokv::cli

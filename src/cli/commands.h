@@ -8,16 +8,18 @@ void register_generate(CLI::App& app);
 void register_info(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_make_model(CLI::App& app);
+void register_bench(CLI::App& app);
+// `bench compress`, added to the `bench` subcommand by register_bench.
+void register_bench_compress(CLI::App& bench);
 void register_eval(CLI::App& app);
 void register_demo(CLI::App& app);
-// `bench compress`, added to the `bench` subcommand (whose owner calls this).
-void register_bench_compress(CLI::App& bench);
 
 inline void register_all(CLI::App& app) {
   register_generate(app);
   register_info(app);
   register_convert(app);
   register_make_model(app);
+  register_bench(app);
   register_eval(app);
   register_demo(app);
 }

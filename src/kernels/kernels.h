@@ -1,5 +1,18 @@
 #pragma once
 // CPU kernels. Each has a naive reference in tests/. Shapes are in the comments; all math is F32.
+//
+// Threading (one level at a time, DESIGN §3):
+// - matvec, matmul, rmsnorm_rows and attention_prefill_heads parallelise inside (OpenMP, and
+//   OpenBLAS which shares the OpenMP pool). Call them from serial code.
+// - dot, rmsnorm, softmax, rope, attention_prefill, attention_decode and attention_decode_group
+//   are single-threaded: call them from the caller's own `#pragma omp parallel for` (e.g. over
+//   heads). BLAS calls inside then run single-threaded, as OpenBLAS does inside a parallel
+//   region.
+// - Any of them may be called from inside a parallel region; the parallel ones then run on the
+//   calling thread only (nested parallelism stays off).
+//
+// Each kernel exists once per compiled instruction set (scalar, AVX2, AVX-512); these functions
+// use the best one. kernels/isa.h exposes the variants for tests and benchmarks.
 #include <cstdint>
 
 #include "protokv/model.h"
@@ -14,29 +27,70 @@ void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float e
 void rmsnorm_rows(float* out, const float* x, const float* weight, int64_t rows, int64_t n,
                   float eps);
 
-// In-place softmax over n values (max-subtracted, F32).
+// In-place softmax over n values (max-subtracted, F32). Logits of any finite magnitude give
+// finite results; if every value is -inf the output is all zeros (nothing to attend to).
 void softmax(float* x, int64_t n);
 
 // Rotary embedding in place for one token: x [n_heads, head_dim] at token position `pos`.
 // neox=false rotates pairs (2i, 2i+1) (Meta/llama order); neox=true rotates (i, i + d/2).
+// Pair i turns by the angle pos * theta^(-2i/head_dim) (computed in double).
 void rope(float* x, int n_heads, int head_dim, int32_t pos, float theta, bool neox);
+// Same for n_tokens tokens: token t's heads start at x + t * token_stride, at positions[t].
+// Single-threaded.
+void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim,
+               const int32_t* positions, float theta, bool neox);
 
-// y[rows] = W[rows, cols] · x[cols], W in any supported dtype.
+// y[rows] = W[rows, cols] · x[cols], W in any supported dtype. Parallel over rows.
+// Q8_0: weights are dequantised in registers and multiplied with F32 activations (unlike ggml,
+// which quantises x too), so decode computes what prefill's dequantise + sgemm computes and the
+// two paths agree to F32 rounding.
 void matvec(const WeightMatrix& w, const float* x, float* y);
 
 // Y[n, rows] = X[n, cols] · W^T (prefill projections), W in any supported dtype, through BLAS.
+// F32 calls sgemm directly; other dtypes convert W in panels of rows to F32 scratch (per thread,
+// never the whole matrix) and run one sgemm per panel. n < 4 uses matvec per row.
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
 
 // Causal attention of one query head over its KV head, all n tokens of a prefill:
 // q, k, v [n, d]; out [n, d]; query i sees keys 0..i. Tiled with online softmax: never
-// materialises an n×n matrix. Logits scaled by 1/sqrt(d).
+// materialises an n×n matrix. Logits scaled by 1/sqrt(d). Single-threaded.
 void attention_prefill(const float* q, const float* k, const float* v, int64_t n, int d,
                        float* out);
 
+// Rows of several heads inside one tensor: element c of head h at token t is
+// data[t * token_stride + h * head_stride + c]. E.g. the Q projection output [n, n_heads * d]
+// is {q, n_heads * d, d}; a per-head cache [n_kv_heads][n, d] is {k, d, n * d}.
+struct HeadsView {
+  const float* data = nullptr;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+};
+struct MutableHeadsView {
+  float* data = nullptr;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+};
+
+// Causal attention of all heads of one layer over a prefill chunk: n_queries query tokens at
+// positions n_past .. n_past + n_queries - 1 over keys/values of tokens 0 .. n_past + n_queries - 1
+// (query token t sees keys 0 .. n_past + t). Query head h uses KV head h / (n_heads / n_kv_heads);
+// the group of query heads sharing a KV head is processed together (stacked as GEMM rows) so
+// each K/V tile is read once per group. Parallel (OpenMP) over (KV head, query tile) work items;
+// BLAS runs single-threaded inside. out [n_queries] tokens x [n_heads] heads x head_dim.
+void attention_prefill_heads(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
+                             int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
+                             int head_dim);
+
 // One query q [d] over n cached entries keys/values [n, d]; log_weights [n] (nullable) added to
 // the scaled logits (Chelsea Eq. 2). out [d]. If probs is non-null, the softmax weights [n] are
-// written there.
+// written there. Single-threaded.
 void attention_decode(const float* q, const float* keys, const float* values,
                       const float* log_weights, int64_t n, int d, float* out, float* probs);
+
+// The `group` query heads that share one KV head, in one pass over its keys and values (each
+// read once instead of `group` times): q [group, d], out [group, d], probs [group, n] (nullable),
+// same semantics as attention_decode per head. Single-threaded.
+void attention_decode_group(const float* q, int group, const float* keys, const float* values,
+                            const float* log_weights, int64_t n, int d, float* out, float* probs);
 
 }  // namespace protokv::kernels

@@ -1,0 +1,166 @@
+#include "cli/cli_common.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "protokv/dtype.h"
+#include "protokv/error.h"
+#include "protokv/press_registry.h"
+#include "protokv/threads.h"
+#include "protokv/tokenizer.h"
+
+namespace protokv::cli {
+
+void add_model_options(CLI::App& cmd, ModelOptions& options) {
+  cmd.add_option("-m,--model", options.model_path, "Model file: GGUF or llama2.c checkpoint (.bin)")
+      ->required();
+  cmd.add_option("-z,--tokenizer", options.tokenizer_path,
+                 "llama2.c tokenizer.bin (default: the tokenizer stored in a GGUF model)");
+  cmd.add_option("-t,--threads", options.threads, "Threads (default: all hardware threads)");
+}
+
+LoadedModel load_model_from_options(const ModelOptions& options, bool require_tokenizer) {
+  set_threads(options.threads);
+  LoadedModel model = load_model(options.model_path, options.tokenizer_path);
+  if (require_tokenizer) {
+    if (model.tokenizer == nullptr) {
+      fail("{} has no tokenizer: give one with -z (e.g. tokenizer.bin of llama2.c)",
+           options.model_path);
+    }
+    PROTOKV_CHECK(model.tokenizer->vocab_size() <= model.weights.config.vocab_size,
+                  "tokenizer has {} tokens but the model only {}", model.tokenizer->vocab_size(),
+                  model.weights.config.vocab_size);
+  }
+  return model;
+}
+
+nlohmann::json model_json(const LoadedModel& model) {
+  const ModelConfig& c = model.weights.config;
+  nlohmann::json j;
+  j["path"] = model.path;
+  j["format"] = model.format;
+  j["architecture"] = c.architecture;
+  j["dim"] = c.dim;
+  j["hidden_dim"] = c.hidden_dim;
+  j["n_layers"] = c.n_layers;
+  j["n_heads"] = c.n_heads;
+  j["n_kv_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim();
+  j["vocab_size"] = c.vocab_size;
+  j["context_length"] = c.context_length;
+  j["rope_theta"] = c.rope_theta;
+  j["weight_type"] = model.weights.layers.empty()
+                         ? std::string("f32")
+                         : std::string(dtype_name(model.weights.layers[0].wq.type));
+  j["parameters"] = model.weights.parameter_count();
+  j["weight_bytes"] = model.weights.weight_bytes();
+  return j;
+}
+
+void add_press_options(CLI::App& cmd, PressOptions& options) {
+  cmd.add_option("--press", options.press,
+                 "KV-cache compression: NAME[:key=value,...] (default full = no compression). "
+                 "Methods:\n" +
+                     press_help());
+  cmd.add_option("--budget", options.budget,
+                 "KV entries kept per KV head per layer (window and sinks included)");
+  cmd.add_option("--ratio", options.ratio,
+                 "Kept share of the prompt in (0, 1]: max(1, floor(n * ratio)) entries per head");
+  cmd.add_option("--alloc", options.alloc,
+                 "Budget allocation across layers/heads: uniform|pyramid|adakv "
+                 "(default: the method's own)");
+  cmd.add_option("--mode", options.mode,
+                 "query-aware (default): compress context + question together; query-agnostic: "
+                 "compress the context alone, then feed the question and generate");
+}
+
+PressSetup make_press_setup(const PressOptions& options) {
+  PressSetup setup;
+  PROTOKV_CHECK(options.mode == "query-aware" || options.mode == "query-agnostic",
+                "--mode must be query-aware or query-agnostic, got '{}'", options.mode);
+  setup.query_agnostic = options.mode == "query-agnostic";
+  setup.alloc = options.alloc;
+  PROTOKV_CHECK(options.budget >= 0, "--budget must be a positive number of entries, got {}",
+                options.budget);
+  setup.budget.entries = options.budget;
+  setup.budget.ratio = options.ratio;
+  const bool budget_given = options.budget != 0 || options.ratio != 0.0;
+  if (budget_given) setup.budget.validate();
+
+  std::unique_ptr<Press> press = make_press(options.press, options.alloc);
+  if (press->name() == "full" && !budget_given) return setup;  // nothing to compress
+  PROTOKV_CHECK(budget_given, "--press {} needs --budget N or --ratio R", options.press);
+  setup.press = std::move(press);
+  return setup;
+}
+
+SessionOptions PressSetup::session_options() const {
+  SessionOptions options;
+  options.press = press.get();
+  options.budget = budget;
+  return options;
+}
+
+nlohmann::json PressSetup::to_json() const {
+  nlohmann::json j;
+  j["press"] = press ? press->config() : nlohmann::json{{"name", "full"}};
+  j["budget"] = budget.is_set() ? nlohmann::json(budget.to_string()) : nlohmann::json(nullptr);
+  if (budget.entries > 0) j["budget_entries"] = budget.entries;
+  if (budget.ratio > 0.0) j["budget_ratio"] = budget.ratio;
+  j["alloc"] = alloc.empty() ? nlohmann::json("default") : nlohmann::json(alloc);
+  j["mode"] = query_agnostic ? "query-agnostic" : "query-aware";
+  return j;
+}
+
+PromptTokens build_prompt(const Tokenizer& tokenizer, const std::string& context,
+                          const std::string& question, bool query_agnostic) {
+  PromptTokens tokens;
+  tokens.prefill = tokenizer.encode(context, /*add_bos=*/true);
+  if (question.empty()) return tokens;
+  std::vector<int32_t> q = tokenizer.encode("\n" + question, /*add_bos=*/false);
+  auto& target = query_agnostic ? tokens.fed_after : tokens.prefill;
+  target.insert(target.end(), q.begin(), q.end());
+  return tokens;
+}
+
+void add_sampler_options(CLI::App& cmd, SamplerOptions& options) {
+  cmd.add_option("--temp", options.temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd.add_option("--top-k", options.top_k, "Keep the k most likely tokens; 0 = off")
+      ->capture_default_str();
+  cmd.add_option("--top-p", options.top_p, "Nucleus sampling threshold; 1 = off")
+      ->capture_default_str();
+  cmd.add_option("--seed", options.seed, "Random seed of the sampler")->capture_default_str();
+}
+
+nlohmann::json sampler_json(const SamplerOptions& options) {
+  if (options.temperature == 0.0f) return {{"kind", "greedy"}};
+  return {{"kind", "sample"},
+          {"temperature", options.temperature},
+          {"top_k", options.top_k},
+          {"top_p", options.top_p},
+          {"seed", options.seed}};
+}
+
+std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  PROTOKV_CHECK(std::filesystem::is_regular_file(path, ec), "file not found: {}", path);
+  std::ifstream in(path, std::ios::binary);
+  PROTOKV_CHECK(in.good(), "cannot read {}", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string format_bytes(size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+}  // namespace protokv::cli

@@ -1,0 +1,85 @@
+#pragma once
+// Flag plumbing shared by the subcommands that run a model (generate, bench, eval, demo):
+// model + tokenizer loading, threads, press / budget / allocator / mode flags, sampler flags, and
+// the JSON record of a run's resolved configuration.
+//
+// CLI11 validators are avoided for values a user commonly gets wrong: their errors print two
+// lines; ours go through protokv::Error (one "protokv: error: ..." line, exit code 1).
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "protokv/engine.h"
+#include "protokv/model.h"
+#include "protokv/press.h"
+#include "protokv/sampler.h"
+
+namespace protokv {
+class Tokenizer;
+}
+
+namespace protokv::cli {
+
+// -m/--model, -z/--tokenizer, -t/--threads.
+struct ModelOptions {
+  std::string model_path;
+  std::string tokenizer_path;  // llama2.c tokenizer.bin; empty: the model file's own
+  int threads = 0;             // <= 0: all hardware threads
+};
+void add_model_options(CLI::App& cmd, ModelOptions& options);
+// Applies the thread count, then loads the model. With `require_tokenizer`, fails unless -z or
+// the model file provides a tokenizer (and checks it fits the model's vocabulary).
+LoadedModel load_model_from_options(const ModelOptions& options, bool require_tokenizer);
+// The model's identity and shape for --json records.
+nlohmann::json model_json(const LoadedModel& model);
+
+// --press, --budget, --ratio, --alloc, --mode.
+struct PressOptions {
+  std::string press = "full";  // NAME[:key=value,...]
+  int64_t budget = 0;          // entries kept per KV head per layer; 0: unset
+  double ratio = 0.0;          // kept share of the prompt; 0: unset
+  std::string alloc;           // uniform|pyramid|adakv; empty: the method's default
+  std::string mode = "query-aware";
+};
+void add_press_options(CLI::App& cmd, PressOptions& options);
+
+// A validated press configuration. `press` is null for "full" without a budget (nothing to do).
+struct PressSetup {
+  std::unique_ptr<Press> press;
+  Budget budget;
+  bool query_agnostic = false;
+  std::string alloc;
+
+  SessionOptions session_options() const;
+  // {"press": <press->config()>, "budget": ..., "alloc": ..., "mode": ...}
+  nlohmann::json to_json() const;
+};
+// Builds the press named by `options.press` through the registry and validates budget and mode.
+PressSetup make_press_setup(const PressOptions& options);
+
+// The token protocol of both modes: BOS + context, then "\n" + question encoded on its own (no
+// BOS), so query-aware and query-agnostic runs see exactly the same tokens and differ only in what
+// is compressed. Query-aware: everything is prefilled (and compressed) together, `fed_after` is
+// empty; query-agnostic: the context alone is prefilled, the question is fed through decode.
+struct PromptTokens {
+  std::vector<int32_t> prefill;
+  std::vector<int32_t> fed_after;
+  int64_t total() const { return static_cast<int64_t>(prefill.size() + fed_after.size()); }
+};
+PromptTokens build_prompt(const Tokenizer& tokenizer, const std::string& context,
+                          const std::string& question, bool query_agnostic);
+
+// --temp, --top-k, --top-p, --seed; `options` holds the defaults.
+void add_sampler_options(CLI::App& cmd, SamplerOptions& options);
+nlohmann::json sampler_json(const SamplerOptions& options);
+
+// Reads a whole text file (prompt or context); Error when unreadable.
+std::string read_text_file(const std::string& path);
+
+// Bytes as "12.3 MiB" etc. for human-readable summaries.
+std::string format_bytes(size_t bytes);
+
+}  // namespace protokv::cli

@@ -1,0 +1,319 @@
+// `protokv bench e2e`: prefill and decode speed against the machine's own reference numbers
+// (OpenBLAS sgemm GFLOP/s and memory copy bandwidth), measured in the same run.
+//
+// Formulas (documented in --help too):
+//   prefill FLOPs = 2 * n * P_proj + 2 * L * H * d * n * (n + 1) + 2 * V * D
+//     P_proj: parameters of the per-layer projections (q, k, v, o, gate, up, down) over all
+//     layers; the second term is causal attention (q·k and p·v, n(n+1)/2 pairs per head, d each);
+//     the last the classifier of the last token (norms, RoPE and softmax are not counted).
+//   decode bytes per token = weights streamed + KV bytes in the cache at that step
+//     weights streamed: every matrix but the token embedding (one row is read), which is counted
+//     when it doubles as the classifier; KV: keys + values of every layer and KV head, read once.
+//   copy GB/s counts bytes read + written (the STREAM convention); read GB/s bytes read.
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/cli_common.h"
+#include "cli/commands.h"
+#include "protokv/engine.h"
+#include "protokv/error.h"
+#include "protokv/sampler.h"
+#include "protokv/threads.h"
+#include "protokv/timer.h"
+
+namespace protokv::cli {
+namespace {
+
+struct E2eOptions {
+  ModelOptions model;
+  PressOptions press;
+  std::vector<int64_t> contexts = {512, 2048, 8192};
+  int decode_steps = 32;
+  int reps = 1;
+  uint64_t seed = 42;
+  bool json = false;
+};
+
+struct MachineReference {
+  double sgemm_gflops = 0.0;
+  int64_t sgemm_size = 1024;
+  double copy_gbs = 0.0;  // read + write
+  double read_gbs = 0.0;
+  size_t copy_bytes = size_t{256} << 20;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Best of repeated square sgemms (at least 3 runs and 0.3 s), after one warm-up.
+double measure_sgemm_gflops(int64_t size) {
+  const auto n = static_cast<size_t>(size * size);
+  std::vector<float> a(n), b(n), c(n);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (size_t i = 0; i < n; ++i) a[i] = dist(rng), b[i] = dist(rng);
+  const int s = static_cast<int>(size);
+  auto run = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, s, 1.0f, a.data(), s, b.data(), s,
+                0.0f, c.data(), s);
+  };
+  run();
+  double best = 1e300, total = 0.0;
+  for (int i = 0; i < 3 || total < 300.0; ++i) {
+    const Timer t;
+    run();
+    const double ms = t.ms();
+    best = std::min(best, ms);
+    total += ms;
+  }
+  return 2.0 * static_cast<double>(size) * size * size / (best * 1e6);
+}
+
+// Best of 5 parallel copies / reads of a buffer far larger than any cache.
+void measure_bandwidth(MachineReference& ref) {
+  const size_t count = ref.copy_bytes / sizeof(float);
+  std::unique_ptr<float[]> src(new float[count]), dst(new float[count]);
+  // First touch from the same threads that will copy (page placement), and no lazy zero pages.
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < count; ++i) src[i] = static_cast<float>(i & 1023), dst[i] = 0.0f;
+  const int chunks = std::max(1, num_threads()) * 4;
+  const size_t per_chunk = (count + static_cast<size_t>(chunks) - 1) / static_cast<size_t>(chunks);
+  double best_copy = 1e300, best_read = 1e300;
+  float sink = 0.0f;
+  for (int rep = 0; rep < 5; ++rep) {
+    Timer t;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < chunks; ++c) {
+      const size_t begin = static_cast<size_t>(c) * per_chunk;
+      const size_t end = std::min(count, begin + per_chunk);
+      if (begin < end)
+        std::memcpy(dst.get() + begin, src.get() + begin, (end - begin) * sizeof(float));
+    }
+    best_copy = std::min(best_copy, t.ms());
+    t.reset();
+    float total = 0.0f;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (int c = 0; c < chunks; ++c) {
+      const size_t begin = static_cast<size_t>(c) * per_chunk;
+      const size_t end = std::min(count, begin + per_chunk);
+      const float* p = dst.get() + begin;
+      const size_t length = end > begin ? end - begin : 0;
+      float partial = 0.0f;
+      // simd reduction: lets the compiler reassociate, so the loop is bound by memory, not adds.
+#pragma omp simd reduction(+ : partial)
+      for (size_t i = 0; i < length; ++i) partial += p[i];
+      total += partial;
+    }
+    best_read = std::min(best_read, t.ms());
+    sink += total;
+  }
+  if (sink == -1.0f) std::fputc(' ', stderr);  // keeps the reads from being optimised away
+  ref.copy_gbs = 2.0 * static_cast<double>(ref.copy_bytes) / (best_copy * 1e6);
+  ref.read_gbs = static_cast<double>(ref.copy_bytes) / (best_read * 1e6);
+}
+
+double prefill_flops(const ModelWeights& w, int64_t n) {
+  const ModelConfig& c = w.config;
+  double proj = 0.0;
+  for (const auto& l : w.layers) {
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      proj += static_cast<double>(m->rows) * static_cast<double>(m->cols);
+  }
+  const double nn = static_cast<double>(n);
+  const double attention = 2.0 * c.n_layers * c.n_heads * c.head_dim() * nn * (nn + 1.0);
+  const double classifier = 2.0 * static_cast<double>(c.vocab_size) * c.dim;
+  return 2.0 * nn * proj + attention + classifier;
+}
+
+size_t streamed_weight_bytes(const ModelWeights& w) {
+  size_t bytes = w.weight_bytes();
+  if (!w.config.shared_classifier) bytes -= w.token_embd.bytes();
+  return bytes;
+}
+
+struct ContextResult {
+  int64_t context = 0;
+  double prefill_ms = 0.0;
+  double compress_ms = 0.0;
+  size_t kv_bytes_after_prefill = 0;
+  size_t kv_bytes_peak_prefill = 0;
+  int decode_steps = 0;
+  double decode_ms_per_token = 0.0;
+  double decode_bytes_per_token = 0.0;  // weights + mean KV bytes
+};
+
+ContextResult bench_context(const LoadedModel& model, const PressSetup& setup, int64_t context,
+                            const E2eOptions& o) {
+  const ModelConfig& config = model.weights.config;
+  std::mt19937_64 rng(o.seed + static_cast<uint64_t>(context));
+  std::uniform_int_distribution<int32_t> dist(0, config.vocab_size - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(context));
+  for (auto& t : tokens) t = dist(rng);
+
+  ContextResult r;
+  r.context = context;
+  r.decode_steps =
+      static_cast<int>(std::min<int64_t>(o.decode_steps, config.context_length - context));
+  std::vector<double> prefill_ms, compress_ms, step_ms;
+  double kv_read = 0.0;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    Session session(model.weights, setup.session_options());
+    std::span<const float> logits = session.prefill(tokens);
+    prefill_ms.push_back(session.prefill_stats().prefill_ms);
+    compress_ms.push_back(session.prefill_stats().compress_ms);
+    r.kv_bytes_after_prefill = session.prefill_stats().kv_bytes;
+    r.kv_bytes_peak_prefill = session.prefill_stats().peak_kv_bytes;
+    double decode_total = 0.0, kv_total = 0.0;
+    for (int i = 0; i < r.decode_steps; ++i) {
+      const int32_t next = argmax(logits);
+      const Timer t;
+      logits = session.decode(next);
+      decode_total += t.ms();
+      kv_total += static_cast<double>(session.cache().kv_bytes());
+    }
+    if (r.decode_steps > 0) {
+      step_ms.push_back(decode_total / r.decode_steps);
+      kv_read = kv_total / r.decode_steps;
+    }
+  }
+  r.prefill_ms = median(prefill_ms);
+  r.compress_ms = median(compress_ms);
+  if (!step_ms.empty()) r.decode_ms_per_token = median(step_ms);
+  r.decode_bytes_per_token = static_cast<double>(streamed_weight_bytes(model.weights)) + kv_read;
+  return r;
+}
+
+void run_e2e(const E2eOptions& o) {
+  PROTOKV_CHECK(!o.contexts.empty(), "-c needs at least one context length");
+  PROTOKV_CHECK(o.decode_steps >= 0, "-n must be >= 0, got {}", o.decode_steps);
+  PROTOKV_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
+  PressSetup setup = make_press_setup(o.press);
+  const LoadedModel model = load_model_from_options(o.model, /*require_tokenizer=*/false);
+  const ModelConfig& config = model.weights.config;
+  for (int64_t c : o.contexts) {
+    PROTOKV_CHECK(c >= 1, "context lengths must be >= 1, got {}", c);
+    PROTOKV_CHECK(c <= config.context_length,
+                  "context length {} is longer than the model's context ({} tokens)", c,
+                  config.context_length);
+  }
+
+  MachineReference ref;
+  ref.sgemm_gflops = measure_sgemm_gflops(ref.sgemm_size);
+  measure_bandwidth(ref);
+
+  std::vector<ContextResult> results;
+  for (int64_t c : o.contexts) results.push_back(bench_context(model, setup, c, o));
+
+  auto prefill_gflops = [&](const ContextResult& r) {
+    return prefill_flops(model.weights, r.context) / (r.prefill_ms * 1e6);
+  };
+  auto decode_gbs = [](const ContextResult& r) {
+    return r.decode_ms_per_token > 0 ? r.decode_bytes_per_token / (r.decode_ms_per_token * 1e6)
+                                     : 0.0;
+  };
+
+  if (o.json) {
+    nlohmann::json out;
+    out["config"]["model"] = model_json(model);
+    const nlohmann::json press_json = setup.to_json();
+    for (const auto& [key, value] : press_json.items()) out["config"][key] = value;
+    out["config"]["threads"] = num_threads();
+    out["config"]["decode_steps"] = o.decode_steps;
+    out["config"]["reps"] = o.reps;
+    out["config"]["seed"] = o.seed;
+    out["machine"] = {{"sgemm_size", ref.sgemm_size},
+                      {"sgemm_gflops", ref.sgemm_gflops},
+                      {"copy_bytes", ref.copy_bytes},
+                      {"copy_gbs_read_plus_write", ref.copy_gbs},
+                      {"read_gbs", ref.read_gbs}};
+    for (const ContextResult& r : results) {
+      nlohmann::json j;
+      j["context"] = r.context;
+      j["prefill_ms"] = r.prefill_ms;
+      j["prefill_tokens_per_s"] = 1000.0 * static_cast<double>(r.context) / r.prefill_ms;
+      j["prefill_gflops"] = prefill_gflops(r);
+      j["prefill_fraction_of_sgemm"] = prefill_gflops(r) / ref.sgemm_gflops;
+      j["compress_ms"] = r.compress_ms;
+      j["compress_share_of_prefill"] = r.compress_ms / r.prefill_ms;
+      j["kv_bytes_after_prefill"] = r.kv_bytes_after_prefill;
+      j["kv_bytes_peak_prefill"] = r.kv_bytes_peak_prefill;
+      j["decode_steps"] = r.decode_steps;
+      j["decode_ms_per_token"] =
+          r.decode_steps > 0 ? nlohmann::json(r.decode_ms_per_token) : nlohmann::json(nullptr);
+      j["decode_bytes_per_token"] = r.decode_bytes_per_token;
+      j["decode_gbs"] = decode_gbs(r);
+      j["decode_fraction_of_copy"] = decode_gbs(r) / ref.copy_gbs;
+      out["results"].push_back(j);
+    }
+    fmt::print("{}\n", out.dump(2));
+    return;
+  }
+
+  fmt::print("model: {} ({}, dim {}, {} layers, {} heads / {} KV heads, {:.2f} M parameters, {})\n",
+             model.path, model.format, config.dim, config.n_layers, config.n_heads,
+             config.n_kv_heads, static_cast<double>(model.weights.parameter_count()) / 1e6,
+             format_bytes(model.weights.weight_bytes()));
+  fmt::print("press: {} | threads {} | decode steps {} | reps {} (median)\n",
+             setup.to_json()["press"].dump(), num_threads(), o.decode_steps, o.reps);
+  fmt::print(
+      "machine: sgemm {}^3 {:.1f} GFLOP/s | copy {} {:.1f} GB/s (read+write), read {:.1f} GB/s\n",
+      ref.sgemm_size, ref.sgemm_gflops, format_bytes(ref.copy_bytes), ref.copy_gbs, ref.read_gbs);
+  fmt::print("{:>8} {:>11} {:>10} {:>9} {:>7} {:>11} {:>7} {:>11} {:>11} {:>10} {:>7}\n", "context",
+             "prefill ms", "tok/s", "GFLOP/s", "%sgemm", "compress ms", "%pref", "KV prefill",
+             "decode ms/t", "dec GB/s", "%copy");
+  for (const ContextResult& r : results) {
+    fmt::print(
+        "{:>8} {:>11.1f} {:>10.1f} {:>9.2f} {:>6.1f}% {:>11.2f} {:>6.1f}% {:>11} {:>11.3f} "
+        "{:>10.2f} {:>6.1f}%\n",
+        r.context, r.prefill_ms, 1000.0 * static_cast<double>(r.context) / r.prefill_ms,
+        prefill_gflops(r), 100.0 * prefill_gflops(r) / ref.sgemm_gflops, r.compress_ms,
+        100.0 * r.compress_ms / r.prefill_ms, format_bytes(r.kv_bytes_after_prefill),
+        r.decode_ms_per_token, decode_gbs(r), 100.0 * decode_gbs(r) / ref.copy_gbs);
+  }
+}
+
+void register_e2e(CLI::App& bench) {
+  auto options = std::make_shared<E2eOptions>();
+  auto* cmd = bench.add_subcommand(
+      "e2e",
+      "Prefill tokens/s and decode ms/token per context length (random token ids), against "
+      "sgemm GFLOP/s and copy bandwidth measured in the same run. Prefill FLOPs = 2 n P_proj + "
+      "2 L H d n(n+1) + 2 V D; decode bytes/token = weights (without the embedding table unless "
+      "shared with the classifier) + KV bytes held; copy GB/s counts read + write.");
+  add_model_options(*cmd, options->model);
+  cmd->add_option("-c,--context", options->contexts, "Context lengths, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("-n,--decode-steps", options->decode_steps, "Decode steps per context")
+      ->capture_default_str();
+  cmd->add_option("--reps", options->reps, "Repetitions per context (median reported)")
+      ->capture_default_str();
+  cmd->add_option("--seed", options->seed, "Seed of the random prompt tokens")
+      ->capture_default_str();
+  add_press_options(*cmd, options->press);
+  cmd->add_flag("--json", options->json, "Print JSON instead of a table");
+  cmd->callback([options] { run_e2e(*options); });
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand(
+      "bench", "Measure cost: end-to-end speed (e2e) and compression time alone (compress)");
+  bench->require_subcommand(1);
+  register_e2e(*bench);
+  register_bench_compress(*bench);
+}
+
+}  // namespace protokv::cli

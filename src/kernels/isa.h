@@ -1,0 +1,67 @@
+#pragma once
+// Instruction-set variants of the kernels. The public functions in kernels.h use the best set
+// compiled in (-march=native); tests and benchmarks call each compiled variant explicitly
+// through the Isa overloads below, so the portable scalar path is always exercised too.
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/simd.h"
+
+namespace protokv::kernels {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+inline constexpr Isa kBestIsa =
+#if defined(PROTOKV_HAVE_AVX512)
+    Isa::kAvx512;
+#elif defined(PROTOKV_HAVE_AVX2)
+    Isa::kAvx2;
+#else
+    Isa::kScalar;
+#endif
+
+#if defined(PROTOKV_HAVE_AVX512)
+using BestOps = Avx512Ops;
+#elif defined(PROTOKV_HAVE_AVX2)
+using BestOps = Avx2Ops;
+#else
+using BestOps = ScalarOps;
+#endif
+
+// Every variant built into this binary, scalar first.
+std::vector<Isa> compiled_isas();
+std::string_view isa_name(Isa isa);
+
+// Calls f(Ops{}) with the primitive struct of `isa` (scalar when `isa` was not compiled in).
+template <class F>
+decltype(auto) with_isa(Isa isa, F&& f) {
+  switch (isa) {
+#if defined(PROTOKV_HAVE_AVX512)
+    case Isa::kAvx512:
+      return f(Avx512Ops{});
+#endif
+#if defined(PROTOKV_HAVE_AVX2)
+    case Isa::kAvx2:
+      return f(Avx2Ops{});
+#endif
+    default:
+      return f(ScalarOps{});
+  }
+}
+
+// Same contracts as the functions of the same names in kernels.h.
+float dot(Isa isa, const float* a, const float* b, int64_t n);
+void rmsnorm(Isa isa, float* out, const float* x, const float* weight, int64_t n, float eps);
+void softmax(Isa isa, float* x, int64_t n);
+void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y);
+void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
+void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
+                             int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
+                             int head_dim);
+void attention_decode_group(Isa isa, const float* q, int group, const float* keys,
+                            const float* values, const float* log_weights, int64_t n, int d,
+                            float* out, float* probs);
+
+}  // namespace protokv::kernels

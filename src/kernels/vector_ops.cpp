@@ -1,0 +1,140 @@
+// Element-wise and reduction kernels: dot, RMSNorm, softmax, RoPE.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/isa.h"
+#include "kernels/kernels.h"
+
+namespace protokv::kernels {
+
+std::vector<Isa> compiled_isas() {
+  std::vector<Isa> isas{Isa::kScalar};
+#if defined(PROTOKV_HAVE_AVX2)
+  isas.push_back(Isa::kAvx2);
+#endif
+#if defined(PROTOKV_HAVE_AVX512)
+  isas.push_back(Isa::kAvx512);
+#endif
+  return isas;
+}
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(size_t{1} << 16);
+    for (uint32_t h = 0; h < t.size(); ++h) t[h] = f16_to_f32(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
+}
+
+namespace {
+
+template <class Ops>
+void rmsnorm_impl(float* out, const float* x, const float* weight, int64_t n, float eps) {
+  const float mean_square = Ops::sum_squares(x, n) / static_cast<float>(n);
+  Ops::scaled_mul(out, x, 1.0f / std::sqrt(mean_square + eps), weight, n);
+}
+
+// cos/sin of pos * theta^(-2i/head_dim) for the head_dim/2 pairs of one position.
+void rope_angles(int32_t pos, const std::vector<double>& inv_freq, float* cos_out, float* sin_out) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double angle = static_cast<double>(pos) * inv_freq[i];
+    cos_out[i] = static_cast<float>(std::cos(angle));
+    sin_out[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s, bool neox) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* head = x + static_cast<int64_t>(h) * head_dim;
+    if (neox) {
+      float* a = head;
+      float* b = head + half;
+      for (int i = 0; i < half; ++i) {
+        const float x0 = a[i], x1 = b[i];
+        a[i] = x0 * c[i] - x1 * s[i];
+        b[i] = x0 * s[i] + x1 * c[i];
+      }
+    } else {
+      for (int i = 0; i < half; ++i) {
+        const float x0 = head[2 * i], x1 = head[2 * i + 1];
+        head[2 * i] = x0 * c[i] - x1 * s[i];
+        head[2 * i + 1] = x0 * s[i] + x1 * c[i];
+      }
+    }
+  }
+}
+
+std::vector<double> rope_inverse_frequencies(int head_dim, float theta) {
+  std::vector<double> inv_freq(static_cast<size_t>(head_dim / 2));
+  const double log_theta = std::log(static_cast<double>(theta));
+  for (size_t i = 0; i < inv_freq.size(); ++i)
+    inv_freq[i] = std::exp(-2.0 * static_cast<double>(i) / head_dim * log_theta);
+  return inv_freq;
+}
+
+}  // namespace
+
+float dot(Isa isa, const float* a, const float* b, int64_t n) {
+  return with_isa(isa, [&](auto ops) { return decltype(ops)::dot(a, b, n); });
+}
+
+void rmsnorm(Isa isa, float* out, const float* x, const float* weight, int64_t n, float eps) {
+  with_isa(isa, [&](auto ops) { rmsnorm_impl<decltype(ops)>(out, x, weight, n, eps); });
+}
+
+void softmax(Isa isa, float* x, int64_t n) {
+  with_isa(isa, [&](auto ops) { softmax_with<decltype(ops)>(x, n); });
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  return dot(kBestIsa, a, b, n);
+}
+
+void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps) {
+  rmsnorm(kBestIsa, out, x, weight, n, eps);
+}
+
+void rmsnorm_rows(float* out, const float* x, const float* weight, int64_t rows, int64_t n,
+                  float eps) {
+  // Rows are cheap (O(n)); threads only pay off for a prefill's worth of them.
+#pragma omp parallel for schedule(static) if (rows * n >= (1 << 16))
+  for (int64_t r = 0; r < rows; ++r) rmsnorm(out + r * n, x + r * n, weight, n, eps);
+}
+
+void softmax(float* x, int64_t n) {
+  softmax(kBestIsa, x, n);
+}
+
+void rope(float* x, int n_heads, int head_dim, int32_t pos, float theta, bool neox) {
+  rope_rows(x, 1, 0, n_heads, head_dim, &pos, theta, neox);
+}
+
+void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim,
+               const int32_t* positions, float theta, bool neox) {
+  const std::vector<double> inv_freq = rope_inverse_frequencies(head_dim, theta);
+  std::vector<float> cos_sin(2 * inv_freq.size());
+  float* c = cos_sin.data();
+  float* s = c + inv_freq.size();
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    rope_angles(positions[t], inv_freq, c, s);
+    rope_apply(x + t * token_stride, n_heads, head_dim, c, s, neox);
+  }
+}
+
+}  // namespace protokv::kernels

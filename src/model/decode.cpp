@@ -1,0 +1,101 @@
+// Decode (DESIGN §3): one token at position n_past. Its K/V are appended to every KV head of each
+// layer, each query head attends over all entries of its KV head (heads may hold different
+// numbers of entries after compression), then the press sees the step.
+#include <algorithm>
+
+#include "kernels/kernels.h"
+#include "model/session_impl.h"
+#include "protokv/error.h"
+
+namespace protokv {
+
+std::span<const float> Session::Impl::decode(int32_t token) {
+  check_token(token);
+  PROTOKV_CHECK(n_past < config.context_length,
+                "context is full: position {} is past the model's context of {} tokens", n_past,
+                config.context_length);
+  const auto pos = static_cast<int32_t>(n_past);
+  const int dim = config.dim;
+  const int hd = config.head_dim();
+  const int n_heads = config.n_heads;
+  const int n_kv = config.n_kv_heads;
+  const int group = config.group_size();
+  DecodeScratch& s = scratch;
+  Press* press = press_begun ? options.press : nullptr;
+  const bool want_probs = observer != nullptr && observer->wants_probabilities();
+
+  dequantize_row(weights.token_embd.type, weights.token_embd.row(token), s.x.data(), dim);
+
+  for (int l = 0; l < config.n_layers; ++l) {
+    const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
+    LayerCache& layer_cache = cache.layer(l);
+
+    kernels::rmsnorm(s.xb.data(), s.x.data(), lw.attn_norm, dim, config.norm_eps);
+    kernels::matvec(lw.wq, s.xb.data(), s.q.data());
+    kernels::matvec(lw.wk, s.xb.data(), s.k.data());
+    kernels::matvec(lw.wv, s.xb.data(), s.v.data());
+    add_bias(s.q.data(), lw.bq, static_cast<int64_t>(s.q.size()));
+    add_bias(s.k.data(), lw.bk, static_cast<int64_t>(s.k.size()));
+    add_bias(s.v.data(), lw.bv, static_cast<int64_t>(s.v.size()));
+    kernels::rope(s.q.data(), n_heads, hd, pos, config.rope_theta, config.rope_neox);
+    kernels::rope(s.k.data(), n_kv, hd, pos, config.rope_theta, config.rope_neox);
+
+    int64_t longest = 0;
+    for (int h = 0; h < n_kv; ++h) {
+      HeadCache& head = layer_cache.heads[static_cast<size_t>(h)];
+      head.append(s.k.data() + static_cast<int64_t>(h) * hd,
+                  s.v.data() + static_cast<int64_t>(h) * hd, pos);
+      longest = std::max(longest, head.size());
+    }
+    if (want_probs) ensure_probs_capacity(longest);
+
+    // One pass over each KV head's entries for its whole group of query heads. Short caches stay
+    // serial: waking the thread pool would cost more than the attention itself.
+    constexpr int64_t kParallelMinWork = int64_t{1} << 15;
+#pragma omp parallel for schedule(static) if (longest * hd * n_heads >= kParallelMinWork)
+    for (int kv = 0; kv < n_kv; ++kv) {
+      const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
+      const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
+      kernels::attention_decode_group(
+          s.q.data() + first * hd, group, head.keys(), head.values(),
+          head.has_log_weights() ? head.log_weights().data() : nullptr, head.size(), hd,
+          s.att.data() + first * hd,
+          want_probs ? s.probs.data() + first * s.probs_stride : nullptr);
+    }
+    if (observer != nullptr) {
+      observer->on_attention_output(l, s.att.data(), n_heads, hd);
+      if (want_probs) {
+        for (int h = 0; h < n_heads; ++h) {
+          const int kv = h / group;
+          const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
+          // The group kernel writes [group, size] rows from the group's first slot.
+          const float* probs = s.probs.data() + static_cast<int64_t>(kv) * group * s.probs_stride +
+                               static_cast<int64_t>(h - kv * group) * head.size();
+          observer->on_attention_probs(
+              l, h, std::span<const float>(probs, static_cast<size_t>(head.size())),
+              head.positions());
+        }
+      }
+    }
+    // The press sees the step after this layer's attention, so what it evicts affects later
+    // steps only.
+    if (press != nullptr) press->on_decode(l, s.q.data(), pos, layer_cache);
+
+    kernels::matvec(lw.wo, s.att.data(), s.proj.data());
+    for (int i = 0; i < dim; ++i) s.x[static_cast<size_t>(i)] += s.proj[static_cast<size_t>(i)];
+
+    kernels::rmsnorm(s.xb.data(), s.x.data(), lw.ffn_norm, dim, config.norm_eps);
+    kernels::matvec(lw.w_gate, s.xb.data(), s.gate.data());
+    kernels::matvec(lw.w_up, s.xb.data(), s.up.data());
+    swiglu(s.gate.data(), s.up.data(), config.hidden_dim);
+    kernels::matvec(lw.w_down, s.gate.data(), s.proj.data());
+    for (int i = 0; i < dim; ++i) s.x[static_cast<size_t>(i)] += s.proj[static_cast<size_t>(i)];
+  }
+
+  kernels::rmsnorm(s.xb.data(), s.x.data(), weights.output_norm, dim, config.norm_eps);
+  kernels::matvec(weights.output, s.xb.data(), logits.data());
+  ++n_past;
+  return logits;
+}
+
+}  // namespace protokv

@@ -1,0 +1,196 @@
+#include "model/gguf_export.h"
+
+#include <cstring>
+
+#include "model/gguf_names.h"
+#include "protokv/error.h"
+#include "protokv/gguf.h"
+#include "protokv/tokenizer.h"
+
+namespace protokv {
+namespace {
+
+namespace names = gguf_names;
+
+uint32_t file_type_of(DType requested) {
+  switch (requested) {
+    case DType::F32:
+      return names::kFileTypeAllF32;
+    case DType::F16:
+      return names::kFileTypeMostlyF16;
+    case DType::BF16:
+      return names::kFileTypeMostlyBF16;
+    case DType::Q8_0:
+      return names::kFileTypeMostlyQ8_0;
+  }
+  return names::kFileTypeAllF32;
+}
+
+std::vector<int64_t> gguf_dims(const LlamaTensorSpec& spec) {
+  if (spec.is_vector()) return {spec.cols};
+  return {spec.cols, spec.rows};
+}
+
+// Converts `src` row by row into `type` at `dst` (threads over rows).
+void convert_rows(const WeightMatrix& src, DType type, void* dst) {
+  if (src.type == type) {
+    std::memcpy(dst, src.data, src.bytes());
+    return;
+  }
+  const size_t dst_row_bytes = dtype_row_bytes(type, src.cols);
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(src.cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < src.rows; ++r) {
+      dequantize_row(src.type, src.row(r), row.data(), src.cols);
+      quantize_row(type, row.data(),
+                   static_cast<char*>(dst) + static_cast<size_t>(r) * dst_row_bytes, src.cols);
+    }
+  }
+}
+
+}  // namespace
+
+WeightMatrix llama_tensor_view(const ModelWeights& w, const LlamaTensorSpec& spec) {
+  auto vector = [&](const float* data) { return WeightMatrix{DType::F32, data, 1, spec.cols}; };
+  const LayerWeights* l = spec.layer >= 0 ? &w.layers.at(static_cast<size_t>(spec.layer)) : nullptr;
+  switch (spec.kind) {
+    case LlamaTensor::kTokenEmbd:
+      return w.token_embd;
+    case LlamaTensor::kOutputNorm:
+      return vector(w.output_norm);
+    case LlamaTensor::kOutput:
+      return w.output;
+    case LlamaTensor::kAttnNorm:
+      return vector(l->attn_norm);
+    case LlamaTensor::kAttnQ:
+      return l->wq;
+    case LlamaTensor::kAttnK:
+      return l->wk;
+    case LlamaTensor::kAttnV:
+      return l->wv;
+    case LlamaTensor::kAttnOutput:
+      return l->wo;
+    case LlamaTensor::kFfnNorm:
+      return vector(l->ffn_norm);
+    case LlamaTensor::kFfnGate:
+      return l->w_gate;
+    case LlamaTensor::kFfnUp:
+      return l->w_up;
+    case LlamaTensor::kFfnDown:
+      return l->w_down;
+  }
+  fail("unknown tensor kind");
+}
+
+std::vector<LlamaTensorSpec> llama_tensor_specs(const ModelConfig& c) {
+  const int64_t dim = c.dim, hidden = c.hidden_dim, vocab = c.vocab_size;
+  const int64_t q_dim = int64_t{c.n_heads} * c.head_dim();
+  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim();
+  std::vector<LlamaTensorSpec> specs;
+  specs.push_back({LlamaTensor::kTokenEmbd, -1, std::string(names::kTokenEmbd), vocab, dim});
+  specs.push_back({LlamaTensor::kOutputNorm, -1, std::string(names::kOutputNorm), 1, dim});
+  if (!c.shared_classifier) {
+    specs.push_back({LlamaTensor::kOutput, -1, std::string(names::kOutput), vocab, dim});
+  }
+  using names::LayerTensor;
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto add = [&](LlamaTensor kind, LayerTensor name, int64_t rows, int64_t cols) {
+      specs.push_back({kind, i, names::layer_tensor(i, name), rows, cols});
+    };
+    add(LlamaTensor::kAttnNorm, LayerTensor::kAttnNorm, 1, dim);
+    add(LlamaTensor::kAttnQ, LayerTensor::kAttnQ, q_dim, dim);
+    add(LlamaTensor::kAttnK, LayerTensor::kAttnK, kv_dim, dim);
+    add(LlamaTensor::kAttnV, LayerTensor::kAttnV, kv_dim, dim);
+    add(LlamaTensor::kAttnOutput, LayerTensor::kAttnOutput, dim, q_dim);
+    add(LlamaTensor::kFfnNorm, LayerTensor::kFfnNorm, 1, dim);
+    add(LlamaTensor::kFfnGate, LayerTensor::kFfnGate, hidden, dim);
+    add(LlamaTensor::kFfnUp, LayerTensor::kFfnUp, hidden, dim);
+    add(LlamaTensor::kFfnDown, LayerTensor::kFfnDown, dim, hidden);
+  }
+  return specs;
+}
+
+DType storage_type(const LlamaTensorSpec& spec, DType requested) {
+  if (spec.is_vector()) return DType::F32;
+  if (spec.cols % dtype_block_size(requested) != 0) return DType::F16;
+  return requested;
+}
+
+std::vector<std::string> storage_notes(const ModelConfig& config, DType requested) {
+  std::vector<std::string> notes;
+  for (const auto& spec : llama_tensor_specs(config)) {
+    const DType stored = storage_type(spec, requested);
+    if (spec.is_vector() || stored == requested) continue;
+    notes.push_back(
+        fmt::format("{}: rows of {} values are not a multiple of {}, stored as {} "
+                    "instead of {}",
+                    spec.name, spec.cols, dtype_block_size(requested), dtype_name(stored),
+                    dtype_name(requested)));
+  }
+  return notes;
+}
+
+uint64_t llama_file_bytes(const ModelConfig& config, DType requested) {
+  uint64_t total = 0;
+  for (const auto& spec : llama_tensor_specs(config)) {
+    total += static_cast<uint64_t>(spec.rows) *
+             dtype_row_bytes(storage_type(spec, requested), spec.cols);
+  }
+  return total;
+}
+
+void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
+                        const std::string& name) {
+  const std::string& arch = c.architecture;
+  PROTOKV_CHECK(arch == names::kArchLlama, "cannot write architecture '{}' as GGUF", arch);
+  auto u32 = [](int v) { return static_cast<uint32_t>(v); };
+  w.set_string(std::string(names::kArchitecture), arch);
+  w.set_string(std::string(names::kName), name);
+  w.set_u32(std::string(names::kAlignment), names::kDefaultAlignment);
+  w.set_u32(std::string(names::kFileType), file_type_of(requested));
+  if (dtype_block_size(requested) > 1) {
+    w.set_u32(std::string(names::kQuantizationVersion), names::kQuantizationVersionValue);
+  }
+  w.set_u32(names::arch_key(arch, names::kContextLength), u32(c.context_length));
+  w.set_u32(names::arch_key(arch, names::kEmbeddingLength), u32(c.dim));
+  w.set_u32(names::arch_key(arch, names::kBlockCount), u32(c.n_layers));
+  w.set_u32(names::arch_key(arch, names::kFeedForwardLength), u32(c.hidden_dim));
+  w.set_u32(names::arch_key(arch, names::kRopeDimensionCount), u32(c.head_dim()));
+  w.set_u32(names::arch_key(arch, names::kHeadCount), u32(c.n_heads));
+  w.set_u32(names::arch_key(arch, names::kHeadCountKv), u32(c.n_kv_heads));
+  w.set_f32(names::arch_key(arch, names::kRmsNormEps), c.norm_eps);
+  w.set_f32(names::arch_key(arch, names::kRopeFreqBase), c.rope_theta);
+  w.set_u32(names::arch_key(arch, names::kVocabSize), u32(c.vocab_size));
+}
+
+std::vector<std::string> export_gguf(const ModelWeights& weights, const Tokenizer* tokenizer,
+                                     const std::string& path, const GgufExportOptions& options) {
+  const ModelConfig& c = weights.config;
+  c.validate();
+  PROTOKV_CHECK(!c.rope_neox, "cannot export a NEOX-RoPE model as a GGUF llama model");
+  PROTOKV_CHECK(static_cast<int>(weights.layers.size()) == c.n_layers,
+                "model has {} layers but its config says {}", weights.layers.size(), c.n_layers);
+  if (tokenizer) {
+    PROTOKV_CHECK(tokenizer->vocab_size() == c.vocab_size,
+                  "tokenizer has {} tokens but the model's vocabulary is {}",
+                  tokenizer->vocab_size(), c.vocab_size);
+  }
+  GgufWriter writer;
+  set_llama_metadata(writer, c, options.type, options.name);
+  if (tokenizer) tokenizer->write_gguf(writer);
+
+  for (const auto& spec : llama_tensor_specs(c)) {
+    const WeightMatrix src = llama_tensor_view(weights, spec);
+    PROTOKV_CHECK(src.data != nullptr && src.rows == spec.rows && src.cols == spec.cols,
+                  "model tensor {} is missing or has the wrong shape", spec.name);
+    const DType type = storage_type(spec, options.type);
+    writer.add_tensor(spec.name, gguf_dims(spec), type,
+                      [src, type](void* dst, size_t) { convert_rows(src, type, dst); });
+  }
+  writer.write(path);
+  return storage_notes(c, options.type);
+}
+
+}  // namespace protokv

@@ -1,0 +1,109 @@
+#pragma once
+// The one table of GGUF metadata keys and tensor names protokv reads and writes, so that the
+// reader, the model loader and the exporters hold no raw strings. Names follow llama.cpp's
+// gguf-py constants so files we write load there and files it writes load here.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace protokv::gguf_names {
+
+// --- container-level keys ---------------------------------------------------------------------
+inline constexpr std::string_view kAlignment = "general.alignment";
+inline constexpr uint32_t kDefaultAlignment = 32;
+
+// --- general.* --------------------------------------------------------------------------------
+inline constexpr std::string_view kArchitecture = "general.architecture";
+inline constexpr std::string_view kName = "general.name";
+inline constexpr std::string_view kFileType = "general.file_type";
+inline constexpr std::string_view kQuantizationVersion = "general.quantization_version";
+// ggml's current quantisation format version (written with quantised files, as llama.cpp does).
+inline constexpr uint32_t kQuantizationVersionValue = 2;
+
+// llama_ftype values of general.file_type (what most tensors are stored as).
+inline constexpr uint32_t kFileTypeAllF32 = 0;
+inline constexpr uint32_t kFileTypeMostlyF16 = 1;
+inline constexpr uint32_t kFileTypeMostlyQ8_0 = 7;
+inline constexpr uint32_t kFileTypeMostlyBF16 = 32;
+
+// --- architectures ----------------------------------------------------------------------------
+inline constexpr std::string_view kArchLlama = "llama";
+
+// --- per-architecture hyper-parameters: "<arch>.<suffix>" -------------------------------------
+inline constexpr std::string_view kContextLength = "context_length";
+inline constexpr std::string_view kEmbeddingLength = "embedding_length";
+inline constexpr std::string_view kBlockCount = "block_count";
+inline constexpr std::string_view kFeedForwardLength = "feed_forward_length";
+inline constexpr std::string_view kHeadCount = "attention.head_count";
+inline constexpr std::string_view kHeadCountKv = "attention.head_count_kv";
+inline constexpr std::string_view kRmsNormEps = "attention.layer_norm_rms_epsilon";
+inline constexpr std::string_view kRopeFreqBase = "rope.freq_base";
+inline constexpr std::string_view kRopeDimensionCount = "rope.dimension_count";
+inline constexpr std::string_view kRopeScalingType = "rope.scaling.type";
+inline constexpr std::string_view kVocabSize = "vocab_size";
+
+inline std::string arch_key(std::string_view arch, std::string_view suffix) {
+  return fmt::format("{}.{}", arch, suffix);
+}
+
+// --- tokenizer.ggml.* -------------------------------------------------------------------------
+inline constexpr std::string_view kTokenizerModel = "tokenizer.ggml.model";
+inline constexpr std::string_view kTokenizerTokens = "tokenizer.ggml.tokens";
+inline constexpr std::string_view kTokenizerScores = "tokenizer.ggml.scores";
+inline constexpr std::string_view kTokenizerTokenType = "tokenizer.ggml.token_type";
+inline constexpr std::string_view kTokenizerBosId = "tokenizer.ggml.bos_token_id";
+inline constexpr std::string_view kTokenizerEosId = "tokenizer.ggml.eos_token_id";
+inline constexpr std::string_view kTokenizerUnkId = "tokenizer.ggml.unknown_token_id";
+inline constexpr std::string_view kTokenizerModelLlama = "llama";
+
+// --- tensors ----------------------------------------------------------------------------------
+inline constexpr std::string_view kTokenEmbd = "token_embd.weight";
+inline constexpr std::string_view kOutputNorm = "output_norm.weight";
+inline constexpr std::string_view kOutput = "output.weight";
+// Llama 3.1 RoPE frequency factors; not applied yet, so its presence is rejected.
+inline constexpr std::string_view kRopeFreqs = "rope_freqs.weight";
+
+// Per-block tensors: "blk.<layer>.<name>.weight".
+enum class LayerTensor {
+  kAttnNorm,
+  kAttnQ,
+  kAttnK,
+  kAttnV,
+  kAttnOutput,
+  kFfnNorm,
+  kFfnGate,
+  kFfnUp,
+  kFfnDown,
+};
+
+inline constexpr std::string_view layer_tensor_stem(LayerTensor tensor) {
+  switch (tensor) {
+    case LayerTensor::kAttnNorm:
+      return "attn_norm";
+    case LayerTensor::kAttnQ:
+      return "attn_q";
+    case LayerTensor::kAttnK:
+      return "attn_k";
+    case LayerTensor::kAttnV:
+      return "attn_v";
+    case LayerTensor::kAttnOutput:
+      return "attn_output";
+    case LayerTensor::kFfnNorm:
+      return "ffn_norm";
+    case LayerTensor::kFfnGate:
+      return "ffn_gate";
+    case LayerTensor::kFfnUp:
+      return "ffn_up";
+    case LayerTensor::kFfnDown:
+      return "ffn_down";
+  }
+  return "";
+}
+
+inline std::string layer_tensor(int layer, LayerTensor tensor) {
+  return fmt::format("blk.{}.{}.weight", layer, layer_tensor_stem(tensor));
+}
+
+}  // namespace protokv::gguf_names

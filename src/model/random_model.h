@@ -1,0 +1,62 @@
+#pragma once
+// Random-weight Llama models of any shape, for tests, demos and benchmarks: written as standard
+// GGUF files (loadable by llama.cpp too) or built in memory. The same (config, seed) gives the
+// same values either way, whatever the thread count.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/gguf_export.h"
+#include "protokv/dtype.h"
+#include "protokv/model.h"
+
+namespace protokv {
+
+class Tokenizer;
+
+struct RandomModelOptions {
+  ModelConfig config;  // architecture "llama"; shared_classifier is honoured
+  DType type = DType::F32;
+  uint64_t seed = 0;
+  std::string name = "protokv-random";
+};
+
+// The smallest vocabulary with the control and byte tokens: <unk>, <s>, </s>, <0x00>..<0xFF>.
+inline constexpr int kMinSyntheticVocab = 3 + 256;
+// Refuses to generate models larger than this on disk.
+inline constexpr uint64_t kMaxRandomModelBytes = uint64_t{64} << 30;
+
+// Throws Error (one line) on any bad shape, a vocabulary below kMinSyntheticVocab, or a model
+// larger than kMaxRandomModelBytes.
+void validate_random_model(const RandomModelOptions& options);
+
+// A SentencePiece-style vocabulary that encodes any text: ids 0..2 = <unk>, <s>, </s> (types
+// unknown, control, control), then the 256 byte tokens (type byte), then normal pieces
+// ("▁", printable ASCII, "▁"+character, letter bigrams, "▁"+bigram, "▁"+common English word, ...)
+// with decreasing scores. bos = 1, eos = 2, unk = 0.
+struct SyntheticVocab {
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+};
+SyntheticVocab synthetic_vocab(int vocab_size);
+std::shared_ptr<Tokenizer> synthetic_tokenizer(int vocab_size);
+
+// Values of rows [row_begin, row_end) of `spec` as F32 into `out` ([rows, spec.cols]).
+// Matrices ~ zero-mean, approximately normal (Irwin-Hall sum of 4 uniforms) with standard
+// deviation 1/sqrt(cols); the residual-branch outputs (attn_output, ffn_down) are further scaled
+// by 1/sqrt(2 n_layers) as in GPT-2 so the residual stream stays O(1); token embeddings have
+// standard deviation 1; norm weights are 1.
+void random_tensor_rows(const LlamaTensorSpec& spec, const ModelConfig& config, uint64_t seed,
+                        int64_t row_begin, int64_t row_end, float* out);
+
+// Writes the model (with the synthetic tokenizer) as GGUF, streaming one tensor at a time.
+// Returns notes about tensors stored in another type (see storage_type()).
+std::vector<std::string> write_random_model(const RandomModelOptions& options,
+                                            const std::string& path);
+
+// The same model in memory, every tensor F32 (owned by ModelWeights::storage).
+ModelWeights random_model_weights(const ModelConfig& config, uint64_t seed);
+
+}  // namespace protokv

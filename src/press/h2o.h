@@ -1,0 +1,70 @@
+#pragma once
+// H2O (Zhang et al., "heavy hitters"): score = column sums of the full causal attention of every
+// prompt query, reduced over the GQA group (mean by default); keep the top B - w prefix entries
+// plus the last w. Option decode=1 adds H2O's decode-time policy: every decode step adds the new
+// query's attention to the scores of the entries it saw, and when a head is over its budget the
+// lowest-scored entry outside the recent window is evicted.
+#include <cstdint>
+#include <vector>
+
+#include "press/scoring_press.h"
+#include "press/window_scores.h"
+
+namespace protokv::press {
+
+// Column sums of the causal softmax attention of all n queries of one head over keys [0, limit):
+//   out[j] = sum_{i >= j} softmax_i(q_i . k_{0..i} / sqrt(d))[j]
+// computed `tile` query rows at a time (a [tile, n] block, never n x n). q, k: [n, d]; out [limit].
+void h2o_column_sums(const float* q, const float* k, int64_t n, int d, int64_t limit, int64_t tile,
+                     float* out);
+
+class H2oScorer final : public Scorer {
+ public:
+  static constexpr int64_t kDefaultTile = 64;
+
+  H2oScorer(GqaReduce gqa, bool keep_all_key_scores, int64_t tile = kDefaultTile)
+      : gqa_(gqa), keep_all_key_scores_(keep_all_key_scores), tile_(tile) {}
+  std::string name() const override { return "h2o"; }
+  void add_config(nlohmann::json& out) const override;
+  void score(const LayerView& layer, int64_t window, LayerScores& out) override;
+  // Scores of all n keys of the last scored layer, window included: [n_kv_heads, n]. Filled only
+  // when constructed with keep_all_key_scores.
+  const std::vector<float>& all_key_scores() const { return all_key_scores_; }
+
+ private:
+  GqaReduce gqa_;
+  bool keep_all_key_scores_;
+  int64_t tile_;
+  std::vector<float> all_key_scores_;
+};
+
+class H2oPress final : public ScoringPress {
+ public:
+  H2oPress(std::unique_ptr<H2oScorer> scorer, int64_t window, AllocatorConfig allocator,
+           bool decode_eviction, GqaReduce gqa);
+  nlohmann::json config() const override;
+  void begin(const SequenceInfo& info, const Budget& budget) override;
+  void on_decode(int layer, const float* q, int32_t position, LayerCache& cache) override;
+
+  // Accumulated scores of `layer`, head `h`, aligned with its cache entries (tests).
+  const std::vector<float>& decode_scores(int layer, int h) const;
+
+ protected:
+  void on_kept(int layer, int h, const std::vector<int32_t>& kept) override;
+
+ private:
+  struct HeadState {
+    bool active = false;        // set once the prefill of this head was compressed
+    int64_t capacity = 0;       // entries the head may hold (its prefill budget)
+    std::vector<float> scores;  // [cache size] accumulated attention per entry
+  };
+  HeadState& state(int layer, int h);
+
+  H2oScorer* h2o_;  // owned by the base class
+  bool decode_eviction_;
+  GqaReduce gqa_;
+  int n_kv_heads_ = 0;
+  std::vector<HeadState> states_;  // [n_layers, n_kv_heads]
+};
+
+}  // namespace protokv::press

@@ -1,0 +1,193 @@
+#include "press/protokv.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "press/options.h"
+#include "protokv/error.h"
+
+namespace protokv::press {
+namespace {
+
+std::string to_string(Deviation d) {
+  return d == Deviation::Chunk ? "chunk" : "neighbourhood";
+}
+std::string to_string(ClusterScore s) {
+  return s == ClusterScore::Mean ? "mean" : "sum_logits";
+}
+std::string to_string(Selection s) {
+  return s == Selection::Tokens ? "tokens" : "clusters";
+}
+std::string to_string(PrototypeSet p) {
+  switch (p) {
+    case PrototypeSet::Chunk:
+      return "chunk";
+    case PrototypeSet::Lsh:
+      return "lsh";
+    case PrototypeSet::Hybrid:
+      break;
+  }
+  return "hybrid";
+}
+
+// Sum over the group's window queries of q . k_t for every prefix token: the token's share of
+// psi (paper 002: psi(C) = (sum_m q_m) . (sum_{i in C} k_i) = sum_{i in C} (sum_m q_m) . k_i).
+void window_logit_sums(const LayerView& layer, int kv_head, int64_t window, float* out) {
+  const int64_t n = layer.n_tokens, n_prefix = n - window;
+  const int d = layer.head_dim, group = layer.group_size();
+  std::vector<float> query_sum(static_cast<size_t>(d), 0.0f);
+  for (int g = 0; g < group; ++g) {
+    const float* q = layer.q_head(kv_head * group + g);
+    for (int64_t i = n_prefix; i < n; ++i)
+      for (int c = 0; c < d; ++c) query_sum[static_cast<size_t>(c)] += q[i * d + c];
+  }
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n_prefix), d, 1.0f,
+              layer.k_head(kv_head), d, query_sum.data(), 1, 0.0f, out, 1);
+}
+
+}  // namespace
+
+int64_t ProtoKvConfig::resolve_chunks(int64_t n_prefix) const {
+  if (n_prefix <= 0) return 1;
+  int64_t k = chunks;
+  if (k <= 0) {
+    k = std::llround(static_cast<double>(n_prefix) / static_cast<double>(chunk_len));
+    k = std::clamp<int64_t>(k, 1, max_chunks);
+  }
+  return std::min(k, n_prefix);
+}
+
+ClusteringConfig ProtoKvConfig::clustering(int64_t n_prefix, int layer, int kv_head) const {
+  ClusteringConfig c;
+  c.chunks = resolve_chunks(n_prefix);
+  c.lsh_bits = lsh_bits;
+  c.irregular = std::min(irregular, n_prefix);
+  c.gamma = gamma;
+  c.lsh_seed = lsh_seed_for(seed, layer, kv_head);
+  c.deviation = deviation;
+  c.kappa = kappa;
+  c.prototypes = prototypes;
+  return c;
+}
+
+ProtoKvConfig read_protokv_options(OptionReader& options) {
+  ProtoKvConfig config;
+  const std::string prototypes =
+      options.get_choice("prototypes", "hybrid", {"hybrid", "chunk", "lsh"});
+  config.prototypes = prototypes == "chunk" ? PrototypeSet::Chunk
+                      : prototypes == "lsh" ? PrototypeSet::Lsh
+                                            : PrototypeSet::Hybrid;
+  config.score = options.get_choice("score", "mean", {"mean", "sum_logits"}) == "mean"
+                     ? ClusterScore::Mean
+                     : ClusterScore::SumLogits;
+  config.select = options.get_choice("select", "tokens", {"tokens", "clusters"}) == "tokens"
+                      ? Selection::Tokens
+                      : Selection::Clusters;
+  config.deviation = options.get_choice("deviation", "chunk", {"chunk", "neighbourhood"}) == "chunk"
+                         ? Deviation::Chunk
+                         : Deviation::Neighbourhood;
+  if (config.score == ClusterScore::Mean) {
+    config.window_scores = read_window_score_options(options);
+  } else {
+    config.window_scores.window = read_window_option(options);
+    for (const char* key : {"pool", "pool_type", "gqa"})
+      options.reject_if_given(key, "score=sum_logits (raw window logits: no softmax, no pooling)");
+  }
+  constexpr int64_t kLarge = int64_t{1} << 30;
+  config.chunks = options.get_int("chunks", 0, 1, kLarge);
+  config.chunk_len = options.get_int("chunk_len", ProtoKvConfig::kDefaultChunkLen, 1, kLarge);
+  config.max_chunks = options.get_int("max_chunks", ProtoKvConfig::kDefaultMaxChunks, 1, kLarge);
+  if (options.given("chunks")) {
+    options.reject_if_given("chunk_len", "an explicit chunks= count");
+    options.reject_if_given("max_chunks", "an explicit chunks= count");
+  }
+  config.lsh_bits =
+      static_cast<int>(options.get_int("lsh_bits", ProtoKvConfig::kDefaultLshBits, 1, 10));
+  config.irregular = options.get_int("irregular", 3 * (int64_t{1} << config.lsh_bits), 0, kLarge);
+  config.gamma = options.get_double("gamma", ProtoKvConfig::kDefaultGamma, 1e-6, 1e6);
+  config.seed = options.get_seed("seed", ProtoKvConfig::kDefaultSeed);
+  config.kappa = static_cast<int>(options.get_int("kappa", ProtoKvConfig::kDefaultKappa, 1, 4096));
+  if (config.deviation != Deviation::Neighbourhood)
+    options.reject_if_given("kappa", "deviation=chunk (kappa is the neighbourhood half-width)");
+  if (config.prototypes == PrototypeSet::Chunk) {
+    for (const char* key : {"deviation", "kappa", "irregular", "gamma", "seed"})
+      options.reject_if_given(key, "prototypes=chunk (no irregular set, no hashing)");
+  }
+  if (config.prototypes == PrototypeSet::Lsh) {
+    for (const char* key : {"deviation", "kappa", "irregular"})
+      options.reject_if_given(key, "prototypes=lsh (every key is hashed, no irregular set)");
+  }
+  return config;
+}
+
+void ProtoKvScorer::add_config(nlohmann::json& out) const {
+  const ProtoKvConfig& c = config_;
+  out["window"] = c.window_scores.window;
+  if (c.score == ClusterScore::Mean) add_window_score_config(c.window_scores, out);
+  if (c.chunks > 0) {
+    out["chunks"] = c.chunks;
+  } else {
+    out["chunks"] = "auto";
+    out["chunk_len"] = c.chunk_len;
+    out["max_chunks"] = c.max_chunks;
+  }
+  out["lsh_bits"] = c.lsh_bits;
+  out["buckets"] = 1 << c.lsh_bits;
+  out["prototypes"] = to_string(c.prototypes);
+  if (c.prototypes != PrototypeSet::Chunk) {
+    out["gamma"] = c.gamma;
+    out["seed"] = c.seed;
+  }
+  if (c.prototypes == PrototypeSet::Hybrid) {
+    out["irregular"] = c.irregular;
+    out["deviation"] = to_string(c.deviation);
+    if (c.deviation == Deviation::Neighbourhood) out["kappa"] = c.kappa;
+  }
+  out["score"] = to_string(c.score);
+  out["select"] = to_string(c.select);
+}
+
+void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& out) {
+  const int64_t n_prefix = layer.n_tokens - window;
+  const int d = layer.head_dim;
+  out.reset(layer.n_kv_heads, n_prefix, true, config_.select == Selection::Clusters);
+  WindowScoreConfig window_config = config_.window_scores;
+  window_config.window = window;
+#pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
+  for (int h = 0; h < layer.n_kv_heads; ++h) {
+    // The token's own score: pooled window attention (Eq. 4-5) or its window logit sum (psi).
+    float* own = out.head_tie(h);
+    if (config_.score == ClusterScore::Mean)
+      window_scores_kv_head(layer, h, window_config, own);
+    else
+      window_logit_sums(layer, h, window, own);
+
+    const Clustering clusters =
+        cluster_keys(layer.k_head(h), n_prefix, d, config_.clustering(n_prefix, layer.layer, h));
+    const int count = std::max(1, clusters.n_prototypes());
+    std::vector<double> sum(static_cast<size_t>(count), 0.0);
+    std::vector<int64_t> size(static_cast<size_t>(count), 0);
+    for (int64_t t = 0; t < n_prefix; ++t) {
+      const auto c = static_cast<size_t>(clusters.assignment[static_cast<size_t>(t)]);
+      sum[c] += own[t];
+      ++size[c];
+    }
+    // Eq. 18: the cluster mean; psi is the cluster sum.
+    std::vector<float> cluster_score(static_cast<size_t>(count), 0.0f);
+    for (size_t c = 0; c < cluster_score.size(); ++c) {
+      if (size[c] == 0) continue;
+      cluster_score[c] = static_cast<float>(
+          config_.score == ClusterScore::Mean ? sum[c] / static_cast<double>(size[c]) : sum[c]);
+    }
+    float* score = out.head_score(h);
+    for (int64_t t = 0; t < n_prefix; ++t)
+      score[t] = cluster_score[static_cast<size_t>(clusters.assignment[static_cast<size_t>(t)])];
+    if (config_.select == Selection::Clusters)
+      std::copy(clusters.assignment.begin(), clusters.assignment.end(), out.head_group(h));
+  }
+}
+
+}  // namespace protokv::press

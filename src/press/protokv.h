@@ -1,0 +1,64 @@
+#pragma once
+// ProtoKV (paper 000, Algorithm 1; variants from the ICLR version, paper 002). Per KV head, over
+// the prefix keys (positions < n - w): hybrid semantic prototypes (chunk means for regular tokens,
+// LSH buckets for the irregular ones), every token assigned to its nearest prototype, the
+// observation-window scores averaged over each cluster (Eq. 18), then the top B - w tokens by
+// that score (ties by the token's own score) plus the window.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "press/protokv_clustering.h"
+#include "press/scoring_press.h"
+#include "press/window_scores.h"
+
+namespace protokv::press {
+
+class OptionReader;
+
+enum class ClusterScore { Mean, SumLogits };
+enum class Selection { Tokens, Clusters };
+
+struct ProtoKvConfig {
+  static constexpr int64_t kDefaultChunkLen = 16;
+  static constexpr int64_t kDefaultMaxChunks = 496;
+  static constexpr int kDefaultLshBits = 2;
+  static constexpr double kDefaultGamma = 1.0;
+  static constexpr uint64_t kDefaultSeed = 0;
+  static constexpr int kDefaultKappa = 5;
+
+  WindowScoreConfig window_scores;
+  int64_t chunks = 0;  // 0: automatic, k = clamp(round(n_prefix / chunk_len), 1, max_chunks)
+  int64_t chunk_len = kDefaultChunkLen;
+  int64_t max_chunks = kDefaultMaxChunks;
+  int lsh_bits = kDefaultLshBits;
+  int64_t irregular = 3 * (1 << kDefaultLshBits);  // p = 3u by default (paper 000 §5.5)
+  double gamma = kDefaultGamma;
+  uint64_t seed = kDefaultSeed;
+  Deviation deviation = Deviation::Chunk;
+  int kappa = kDefaultKappa;
+  ClusterScore score = ClusterScore::Mean;
+  Selection select = Selection::Tokens;
+  PrototypeSet prototypes = PrototypeSet::Hybrid;
+
+  // k for a prefix of n_prefix tokens (never more than n_prefix).
+  int64_t resolve_chunks(int64_t n_prefix) const;
+  ClusteringConfig clustering(int64_t n_prefix, int layer, int kv_head) const;
+};
+
+// Reads every protokv option; throws Error for contradictory combinations.
+ProtoKvConfig read_protokv_options(OptionReader& options);
+
+class ProtoKvScorer final : public Scorer {
+ public:
+  explicit ProtoKvScorer(ProtoKvConfig config) : config_(config) {}
+  std::string name() const override { return "protokv"; }
+  void add_config(nlohmann::json& out) const override;
+  void score(const LayerView& layer, int64_t window, LayerScores& out) override;
+  const ProtoKvConfig& protokv_config() const { return config_; }
+
+ private:
+  ProtoKvConfig config_;
+};
+
+}  // namespace protokv::press

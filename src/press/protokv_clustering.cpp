@@ -1,0 +1,332 @@
+#include "press/protokv_clustering.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+
+#include "kernels/kernels.h"
+
+namespace protokv::press {
+namespace {
+
+// SplitMix64: a tiny, portable generator, so a seed gives the same W and b on every platform
+// (std::normal_distribution is implementation-defined).
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) from the top 53 bits.
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  // Standard normal by Box-Muller; 1 - uniform() lies in (0, 1], so the log is finite.
+  double normal() {
+    const double u1 = 1.0 - uniform();
+    const double u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// Appends normalise(sum) to the prototypes unless the sum is zero.
+void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
+  double norm = 0.0;
+  for (int c = 0; c < d; ++c) norm += static_cast<double>(sum[c]) * sum[c];
+  norm = std::sqrt(norm);
+  if (!(norm > 0.0)) return;
+  const auto inv = static_cast<float>(1.0 / norm);
+  for (int c = 0; c < d; ++c) out.prototypes.push_back(sum[c] * inv);
+  out.origin.push_back(origin);
+}
+
+// Chunk of token t (inverse of chunk_begin).
+int64_t chunk_of(int64_t t, int64_t n, int64_t k) {
+  int64_t m = (t * k) / n;  // never above the true chunk; step up at most once or twice
+  while (m + 1 < k && chunk_begin(m + 1, n, k) <= t) ++m;
+  while (m > 0 && chunk_begin(m, n, k) > t) --m;
+  return m;
+}
+
+// Regular prototypes (ProtoKV Eq. 11): normalised sum of each chunk's keys outside O, from the
+// chunk sums of chunk_pass minus the irregular keys; chunks left empty are dropped.
+void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, std::vector<float> sums,
+                          const std::vector<int32_t>& irregular, Clustering& out) {
+  std::vector<int64_t> remaining(static_cast<size_t>(k));
+  for (int64_t m = 0; m < k; ++m)
+    remaining[static_cast<size_t>(m)] = chunk_begin(m + 1, n, k) - chunk_begin(m, n, k);
+  for (const int32_t t : irregular) {
+    const int64_t m = chunk_of(t, n, k);
+    float* sum = sums.data() + m * d;
+    const float* key = keys + static_cast<int64_t>(t) * d;
+    for (int c = 0; c < d; ++c) sum[c] -= key[c];
+    --remaining[static_cast<size_t>(m)];
+  }
+  for (int64_t m = 0; m < k; ++m)
+    if (remaining[static_cast<size_t>(m)] > 0)
+      add_prototype(sums.data() + m * d, d, static_cast<int32_t>(m), out);
+}
+
+// Irregular prototypes (ProtoKV Eq. 15): tokens `rows` hashed into 2^bits buckets, each bucket's
+// normalised key sum; empty buckets are dropped.
+void add_bucket_prototypes(const float* keys, const float* norms, const std::vector<int32_t>& rows,
+                           int d, int bits, double gamma, uint64_t seed, Clustering& out) {
+  const LshProjection lsh = make_lsh_projection(bits, d, gamma, seed);
+  const int buckets = 1 << bits;
+  std::vector<float> sums(static_cast<size_t>(buckets) * static_cast<size_t>(d),
+                          0.0f);  // [buckets, d]
+  std::vector<int64_t> counts(static_cast<size_t>(buckets), 0);
+  std::vector<float> unit(static_cast<size_t>(d));
+  for (const int32_t t : rows) {
+    const float* key = keys + static_cast<int64_t>(t) * d;
+    const float norm = norms[t];
+    const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
+    for (int c = 0; c < d; ++c) unit[static_cast<size_t>(c)] = key[c] * inv;  // hash the direction
+    const int32_t b = lsh_bucket(lsh, unit.data());
+    float* sum = sums.data() + static_cast<int64_t>(b) * d;
+    for (int c = 0; c < d; ++c) sum[c] += key[c];
+    ++counts[static_cast<size_t>(b)];
+  }
+  for (int b = 0; b < buckets; ++b)
+    if (counts[static_cast<size_t>(b)] > 0)
+      add_prototype(sums.data() + static_cast<int64_t>(b) * d, d, b, out);
+}
+
+}  // namespace
+
+int64_t chunk_begin(int64_t m, int64_t n, int64_t k) {
+  return m * n / k;
+}
+
+void normalise_rows(const float* in, int64_t n, int d, float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = in + t * d;
+    const float norm = std::sqrt(kernels::dot(row, row, d));
+    const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
+    for (int c = 0; c < d; ++c) out[t * d + c] = row[c] * inv;
+  }
+}
+
+void key_norms(const float* keys, int64_t n, int d, float* norms) {
+  for (int64_t t = 0; t < n; ++t) norms[t] = std::sqrt(kernels::dot(keys + t * d, keys + t * d, d));
+}
+
+void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
+                float* delta) {
+  // Per-channel accumulators keep every inner loop a plain vectorisable loop over channels.
+  std::vector<float> mean(static_cast<size_t>(d)), variance(static_cast<size_t>(d));
+  for (int64_t m = 0; m < k; ++m) {
+    const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
+    float* __restrict sum = chunk_sums + m * d;
+    std::fill(sum, sum + d, 0.0f);
+    for (int64_t t = begin; t < end; ++t) {
+      const float* __restrict key = keys + t * d;
+      norms[t] = std::sqrt(kernels::dot(key, key, d));
+      for (int c = 0; c < d; ++c) sum[c] += key[c];
+    }
+    if (delta == nullptr) continue;
+    // The chunk's rows are still in cache: per-channel population variance around the mean.
+    const float inv_count = 1.0f / static_cast<float>(end - begin);
+    float* __restrict mu = mean.data();
+    float* __restrict var = variance.data();
+    for (int c = 0; c < d; ++c) {
+      mu[c] = sum[c] * inv_count;
+      var[c] = 0.0f;
+    }
+    for (int64_t t = begin; t < end; ++t) {
+      const float* __restrict key = keys + t * d;
+      for (int c = 0; c < d; ++c) var[c] += (key[c] - mu[c]) * (key[c] - mu[c]);
+    }
+    float sigma_sq = 0.0f;  // ||sigma_m||^2 = sum over channels of the variance
+    for (int c = 0; c < d; ++c) sigma_sq += var[c];
+    const float sigma_norm = std::sqrt(sigma_sq * inv_count);
+    const float mean_norm = std::sqrt(kernels::dot(mu, mu, d));
+    for (int64_t t = begin; t < end; ++t) {
+      if (!(sigma_norm > 0.0f)) {
+        delta[t] = 0.0f;  // identical keys: nothing deviates
+        continue;
+      }
+      const float scale = norms[t] * mean_norm;
+      const float cosine = scale > 0.0f ? kernels::dot(keys + t * d, mu, d) / scale : 0.0f;
+      delta[t] = (1.0f - cosine) / sigma_norm;  // Eq. 10
+    }
+  }
+}
+
+void chunk_deviation(const float* keys, int64_t n, int d, int64_t k, float* delta) {
+  std::vector<float> norms(static_cast<size_t>(n)), sums(static_cast<size_t>(k * d));
+  chunk_pass(keys, n, d, k, norms.data(), sums.data(), delta);
+}
+
+void neighbourhood_outlier_degree(const float* keys, const float* norms, int64_t n, int d,
+                                  int kappa, float* theta) {
+  std::vector<double> similarity(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0.0;
+    int64_t count = 0;
+    for (int64_t j = std::max<int64_t>(0, i - kappa); j <= std::min<int64_t>(n - 1, i + kappa);
+         ++j) {
+      if (j == i) continue;
+      const float scale = norms[i] * norms[j];
+      sum += scale > 0.0f ? kernels::dot(keys + i * d, keys + j * d, d) / scale : 0.0f;
+      ++count;
+    }
+    similarity[static_cast<size_t>(i)] = count > 0 ? sum / static_cast<double>(count) : 1.0;
+  }
+  double mean = 0.0;
+  for (double s : similarity) mean += s;
+  mean /= static_cast<double>(n);
+  double var = 0.0;
+  for (double s : similarity) var += (s - mean) * (s - mean);
+  const double std_dev = std::sqrt(var / static_cast<double>(n));
+  for (int64_t i = 0; i < n; ++i)
+    theta[i] = std_dev > 0.0
+                   ? static_cast<float>(-(similarity[static_cast<size_t>(i)] - mean) / std_dev)
+                   : 0.0f;
+}
+
+std::vector<int32_t> top_indices(const float* values, int64_t n, int64_t p) {
+  p = std::clamp<int64_t>(p, 0, n);
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  auto before = [&](int32_t a, int32_t b) {
+    const float va = std::isnan(values[a]) ? -INFINITY : values[a];
+    const float vb = std::isnan(values[b]) ? -INFINITY : values[b];
+    return va != vb ? va > vb : a < b;
+  };
+  if (p < n) std::nth_element(order.begin(), order.begin() + p, order.end(), before);
+  order.resize(static_cast<size_t>(p));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+LshProjection make_lsh_projection(int bits, int head_dim, double gamma, uint64_t seed) {
+  LshProjection lsh;
+  lsh.bits = bits;
+  lsh.head_dim = head_dim;
+  SplitMix64 rng(seed);
+  lsh.w.resize(static_cast<size_t>(bits) * static_cast<size_t>(head_dim));
+  for (float& x : lsh.w) x = static_cast<float>(gamma * rng.normal());  // W ~ N(0, gamma^2 I)
+  lsh.phase.resize(static_cast<size_t>(bits));
+  for (float& x : lsh.phase) x = static_cast<float>(2.0 * std::numbers::pi * rng.uniform());
+  return lsh;
+}
+
+int32_t lsh_bucket(const LshProjection& lsh, const float* unit_key) {
+  int32_t code = 0;
+  for (int i = 0; i < lsh.bits; ++i) {
+    const float projection = kernels::dot(lsh.w.data() + static_cast<int64_t>(i) * lsh.head_dim,
+                                          unit_key, lsh.head_dim) +
+                             lsh.phase[static_cast<size_t>(i)];
+    // Eq. 12-13: sqrt(2/r) > 0, so phi > 0 exactly when cos(.) > 0. Eq. 14: first bit most
+    // significant; with u = 2^r the "mod u" keeps every code.
+    const int bit = std::cos(projection) > 0.0f ? 1 : 0;
+    code = (code << 1) | bit;
+  }
+  return code;
+}
+
+uint64_t lsh_seed_for(uint64_t seed, int layer, int kv_head) {
+  SplitMix64 mix(seed ^ (static_cast<uint64_t>(static_cast<uint32_t>(layer)) << 32 |
+                         static_cast<uint32_t>(kv_head)));
+  mix.next();
+  return mix.next();
+}
+
+namespace {
+
+// Index of the first maximum of row[0, count). The maximum is found with independent lanes (a
+// vectorisable loop), then its first position.
+int first_argmax(const float* row, int count) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes];
+  for (float& lane : lanes) lane = row[0];
+  int c = 0;
+  for (; c + kLanes <= count; c += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] = lanes[j] < row[c + j] ? row[c + j] : lanes[j];
+  float best = lanes[0];
+  for (int j = 1; j < kLanes; ++j) best = best < lanes[j] ? lanes[j] : best;
+  for (; c < count; ++c) best = best < row[c] ? row[c] : best;
+  for (int i = 0; i < count; ++i)
+    if (row[i] == best) return i;
+  return 0;  // only when every value is NaN
+}
+
+}  // namespace
+
+void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prototypes, int count,
+                          int32_t* out) {
+  if (count <= 0) {
+    std::fill(out, out + n, 0);
+    return;
+  }
+  constexpr int64_t kBlock = 256;
+  // k . c for unit prototypes c: cos(k, c) times ||k||, the same argmax over c (so the keys need
+  // no normalised copy).
+  std::vector<float> cosine(static_cast<size_t>(std::min(n, kBlock) * count));  // [block, count]
+  for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+    const int64_t rows = std::min(kBlock, n - t0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), count, d, 1.0f,
+                keys + t0 * d, d, prototypes, d, 0.0f, cosine.data(), count);
+    for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(cosine.data() + r * count, count);
+  }
+}
+
+Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config) {
+  Clustering out;
+  out.head_dim = d;
+  std::vector<float> norms(static_cast<size_t>(n));  // [n] ||k_t||
+
+  const int64_t k = std::clamp<int64_t>(config.chunks, 1, n);
+  switch (config.prototypes) {
+    case PrototypeSet::Hybrid: {
+      // Algorithm 1 lines 1-7: deviation, irregular set O, regular prototypes.
+      std::vector<float> sums(static_cast<size_t>(k * d)), deviation(static_cast<size_t>(n));
+      const bool chunk_dev = config.deviation == Deviation::Chunk;
+      chunk_pass(keys, n, d, k, norms.data(), sums.data(), chunk_dev ? deviation.data() : nullptr);
+      if (!chunk_dev)
+        neighbourhood_outlier_degree(keys, norms.data(), n, d, config.kappa, deviation.data());
+      out.irregular = top_indices(deviation.data(), n, config.irregular);
+      add_chunk_prototypes(keys, n, d, k, std::move(sums), out.irregular, out);
+      out.n_regular = out.n_prototypes();
+      // Lines 8-13: only the irregular tokens are hashed.
+      add_bucket_prototypes(keys, norms.data(), out.irregular, d, config.lsh_bits, config.gamma,
+                            config.lsh_seed, out);
+      break;
+    }
+    case PrototypeSet::Chunk: {
+      // Ablation: the same prototype count k + u, all from chunks, no irregular set.
+      const int64_t chunks = std::min<int64_t>(n, k + config.buckets());
+      std::vector<float> sums(static_cast<size_t>(chunks * d));
+      chunk_pass(keys, n, d, chunks, norms.data(), sums.data(), nullptr);
+      add_chunk_prototypes(keys, n, d, chunks, std::move(sums), {}, out);
+      out.n_regular = out.n_prototypes();
+      break;
+    }
+    case PrototypeSet::Lsh: {
+      // Ablation: every prefix key hashed with enough bits for about k + u buckets.
+      const int bits = std::clamp(
+          static_cast<int>(std::lround(std::log2(static_cast<double>(k + config.buckets())))), 1,
+          12);
+      key_norms(keys, n, d, norms.data());
+      std::vector<int32_t> all(static_cast<size_t>(n));
+      std::iota(all.begin(), all.end(), 0);
+      add_bucket_prototypes(keys, norms.data(), all, d, bits, config.gamma, config.lsh_seed, out);
+      break;
+    }
+  }
+  // Lines 14-17: every token to the prototype of highest cosine.
+  out.assignment.resize(static_cast<size_t>(n));
+  assign_to_prototypes(keys, n, d, out.prototypes.data(), out.n_prototypes(),
+                       out.assignment.data());
+  return out;
+}
+
+}  // namespace protokv::press

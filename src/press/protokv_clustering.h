@@ -1,0 +1,91 @@
+#pragma once
+// ProtoKV's prototype construction and token clustering (ProtoKV paper 000 §4.1-4.3, Algorithm 1
+// lines 1-17; variants from the ICLR version, paper 002), for the prefix keys of one KV head.
+// Kept apart from the press so that every step can be tested on hand-made keys.
+#include <cstdint>
+#include <vector>
+
+namespace protokv::press {
+
+enum class Deviation { Chunk, Neighbourhood };
+enum class PrototypeSet { Hybrid, Chunk, Lsh };
+
+struct ClusteringConfig {
+  int64_t chunks = 1;      // k regular chunks (already resolved for this prefix length)
+  int lsh_bits = 2;        // r; u = 2^r buckets
+  int64_t irregular = 12;  // p, size of the irregular set O
+  double gamma = 1.0;      // std of the RFF projection W ~ N(0, gamma^2 I)
+  uint64_t lsh_seed = 0;   // seed of W and b for this (layer, head)
+  Deviation deviation = Deviation::Chunk;
+  int kappa = 5;  // neighbourhood half-width for Deviation::Neighbourhood
+  PrototypeSet prototypes = PrototypeSet::Hybrid;
+
+  int buckets() const { return 1 << lsh_bits; }
+};
+
+struct Clustering {
+  int head_dim = 0;
+  std::vector<int32_t> irregular;   // O: token indices, ascending (empty unless hybrid)
+  std::vector<float> prototypes;    // [n_prototypes, head_dim], unit rows; regular ones first
+  std::vector<int32_t> origin;      // [n_prototypes] chunk index (regular) or bucket (irregular)
+  int n_regular = 0;                // prototypes [0, n_regular) come from chunks
+  std::vector<int32_t> assignment;  // [n_prefix] index of each token's prototype
+
+  int n_prototypes() const { return static_cast<int>(origin.size()); }
+};
+
+// Chunk m of k over n tokens is [m*n/k, (m+1)*n/k): consecutive, sizes floor(n/k) or ceil(n/k),
+// every token in exactly one chunk.
+int64_t chunk_begin(int64_t m, int64_t n, int64_t k);
+
+// Rows of `in` [n, d] scaled to unit L2 norm (zero rows stay zero).
+void normalise_rows(const float* in, int64_t n, int d, float* out);
+
+// ||k_t|| for every row of keys [n, d]: out [n].
+void key_norms(const float* keys, int64_t n, int d, float* norms);
+
+// One pass over the keys, chunk by chunk (each chunk's rows stay in cache): key norms [n], raw key
+// sums per chunk chunk_sums [k, d] and, if delta is not null, the Eq. 10 deviations [n].
+void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
+                float* delta);
+
+// ProtoKV Eq. 10: delta_t = (1 - cos(k_t, mu_m)) / ||sigma_m||_2 over k chunks; out [n].
+// A chunk whose keys are all equal (sigma = 0) gives delta = 0.
+void chunk_deviation(const float* keys, int64_t n, int d, int64_t k, float* delta);
+
+// Paper 002: S(i) = mean cos(k_i, k_j) over the neighbours j in [i - kappa, i + kappa], j != i,
+// inside the prefix; out [n] = Theta(i) = -(S(i) - mean S) / std S, so that high = irregular.
+// keys [n, d], norms [n] their L2 norms.
+void neighbourhood_outlier_degree(const float* keys, const float* norms, int64_t n, int d,
+                                  int kappa, float* theta);
+
+// Indices of the p largest values (ties: lower index), ascending.
+std::vector<int32_t> top_indices(const float* values, int64_t n, int64_t p);
+
+// Random Fourier feature LSH (ProtoKV Eqs. 12-14): phi(k) = sqrt(2/r) cos(W k + b),
+// W [r, d] ~ N(0, gamma^2), b ~ U(0, 2 pi), bits h = [phi > 0], bucket = sum_i 2^(r-i) h_i mod 2^r.
+struct LshProjection {
+  int bits = 0;
+  int head_dim = 0;
+  std::vector<float> w;      // [bits, head_dim]
+  std::vector<float> phase;  // [bits]
+};
+LshProjection make_lsh_projection(int bits, int head_dim, double gamma, uint64_t seed);
+// `unit_key` is the L2-normalised key.
+int32_t lsh_bucket(const LshProjection& lsh, const float* unit_key);
+
+// Seed of the LSH projection of (layer, kv head): independent per head, reproducible.
+uint64_t lsh_seed_for(uint64_t seed, int layer, int kv_head);
+
+// ProtoKV Eq. 17: index of the prototype of highest cosine for every key, computed as a blocked
+// GEMM keys [n, d] x prototypes^T [d, count]. The prototypes are unit vectors, so k . c is the
+// cosine times ||k||: the same argmax, and the keys need no normalisation. Ties go to the lower
+// index.
+void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prototypes, int count,
+                          int32_t* out);
+
+// Builds the prototypes of `config.prototypes` from keys [n, d] (raw, post-RoPE) and assigns every
+// token. With no usable prototype (all keys zero) every token lands in cluster 0.
+Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config);
+
+}  // namespace protokv::press

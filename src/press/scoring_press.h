@@ -1,0 +1,61 @@
+#pragma once
+// A press that is "score, then keep": a Scorer rates every prefix entry of every KV head, an
+// allocator turns the budget into per-head counts, and the selector keeps the best entries plus
+// the observation window (DESIGN §5). Kept entries are written in ascending position order.
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "press/allocator.h"
+#include "press/scores.h"
+#include "protokv/press.h"
+
+namespace protokv::press {
+
+class Scorer {
+ public:
+  virtual ~Scorer() = default;
+  virtual std::string name() const = 0;
+  // The scorer's resolved options.
+  virtual void add_config(nlohmann::json& out) const = 0;
+  virtual void begin(const SequenceInfo& /*info*/) {}
+  // Fills out.score (and out.tie / out.group if it uses them) for prefix entries [0, n - window)
+  // of every KV head. Called only when n - window >= 1.
+  virtual void score(const LayerView& layer, int64_t window, LayerScores& out) = 0;
+};
+
+class ScoringPress : public Press {
+ public:
+  ScoringPress(std::string name, std::unique_ptr<Scorer> scorer, int64_t window,
+               AllocatorConfig allocator);
+
+  std::string name() const override { return name_; }
+  nlohmann::json config() const override;
+  void begin(const SequenceInfo& info, const Budget& budget) override;
+  void compress_prefill(const LayerView& layer, LayerCache& out) override;
+
+  int64_t window() const { return window_; }
+  const AllocatorConfig& allocator() const { return allocator_; }
+  Scorer& scorer() { return *scorer_; }
+
+ protected:
+  // After head `h` of `layer` kept the token indices `kept` (ascending, window included).
+  virtual void on_kept(int /*layer*/, int /*h*/, const std::vector<int32_t>& /*kept*/) {}
+  const SequenceInfo& info() const { return info_; }
+
+ private:
+  std::string name_;
+  std::unique_ptr<Scorer> scorer_;
+  int64_t window_;
+  AllocatorConfig allocator_;
+  SequenceInfo info_;
+  Budget budget_;
+  LayerScores scores_;
+};
+
+// Keeps every prefill entry of `layer` (budget >= prompt length).
+void keep_all(const LayerView& layer, LayerCache& out);
+
+}  // namespace protokv::press

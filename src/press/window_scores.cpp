@@ -1,0 +1,156 @@
+#include "press/window_scores.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "press/options.h"
+#include "press/scores.h"
+#include "protokv/error.h"
+
+namespace protokv::press {
+
+WindowScoreConfig read_window_score_options(OptionReader& options) {
+  WindowScoreConfig config;
+  config.window = read_window_option(options);
+  config.pool = static_cast<int>(options.get_int("pool", WindowScoreConfig::kDefaultPool, 1, 1023));
+  if (config.pool % 2 == 0)
+    fail(
+        "press '{}': option pool={} must be odd (stride-1 pooling with padding pool/2 keeps the "
+        "length)",
+        options.press(), config.pool);
+  config.pool_type = options.get_choice("pool_type", "max", {"max", "avg"}) == "max"
+                         ? PoolType::Max
+                         : PoolType::Avg;
+  config.gqa = read_gqa_option(options);
+  return config;
+}
+
+int64_t read_window_option(OptionReader& options) {
+  return options.get_int("window", WindowScoreConfig::kDefaultWindow, 1, 4096);
+}
+
+GqaReduce read_gqa_option(OptionReader& options) {
+  const std::string gqa = options.get_choice("gqa", "mean", {"mean", "max", "sum"});
+  if (gqa == "max") return GqaReduce::Max;
+  if (gqa == "sum") return GqaReduce::Sum;
+  return GqaReduce::Mean;
+}
+
+std::string to_string(PoolType type) {
+  return type == PoolType::Max ? "max" : "avg";
+}
+
+std::string to_string(GqaReduce reduce) {
+  switch (reduce) {
+    case GqaReduce::Max:
+      return "max";
+    case GqaReduce::Sum:
+      return "sum";
+    case GqaReduce::Mean:
+      break;
+  }
+  return "mean";
+}
+
+void add_window_score_config(const WindowScoreConfig& config, nlohmann::json& out) {
+  out["window"] = config.window;
+  out["pool"] = config.pool;
+  out["pool_type"] = to_string(config.pool_type);
+  out["gqa"] = to_string(config.gqa);
+}
+
+void pool1d(const float* in, float* out, int64_t n, int kernel, PoolType type) {
+  const int64_t half = kernel / 2;
+  if (kernel <= 1) {
+    std::copy(in, in + n, out);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t lo = std::max<int64_t>(0, j - half);
+    const int64_t hi = std::min<int64_t>(n - 1, j + half);
+    if (type == PoolType::Max) {
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t t = lo; t <= hi; ++t) best = std::max(best, in[t]);
+      out[j] = best;
+    } else {
+      float sum = 0.0f;
+      for (int64_t t = lo; t <= hi; ++t) sum += in[t];
+      out[j] = sum / static_cast<float>(kernel);  // zero padding counts in the mean
+    }
+  }
+}
+
+void reduce_group(const float* rows, int group, int64_t n, GqaReduce reduce, float* out) {
+  std::copy(rows, rows + n, out);
+  for (int g = 1; g < group; ++g) {
+    const float* row = rows + static_cast<int64_t>(g) * n;
+    if (reduce == GqaReduce::Max) {
+      for (int64_t j = 0; j < n; ++j) out[j] = std::max(out[j], row[j]);
+    } else {
+      for (int64_t j = 0; j < n; ++j) out[j] += row[j];
+    }
+  }
+  if (reduce == GqaReduce::Mean && group > 1) {
+    const float inv = 1.0f / static_cast<float>(group);
+    for (int64_t j = 0; j < n; ++j) out[j] *= inv;
+  }
+}
+
+void window_attention_sums(const LayerView& layer, int kv_head, int64_t window, float* out) {
+  const int64_t n = layer.n_tokens;
+  const int64_t n_prefix = n - window;
+  const int d = layer.head_dim;
+  const int group = layer.group_size();
+  const int64_t rows = static_cast<int64_t>(group) * window;
+
+  // The group's window queries stacked: [group * window, d].
+  std::vector<float> queries(static_cast<size_t>(rows * d));
+  for (int g = 0; g < group; ++g) {
+    const float* q = layer.q_head(kv_head * group + g) + n_prefix * d;
+    std::copy(q, q + window * d, queries.data() + static_cast<int64_t>(g) * window * d);
+  }
+  // Logits of every window query against every key: [group * window, n].
+  std::vector<float> logits(static_cast<size_t>(rows * n));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
+              d, 1.0f / std::sqrt(static_cast<float>(d)), queries.data(), d, layer.k_head(kv_head),
+              d, 0.0f, logits.data(), static_cast<int>(n));
+
+  std::fill(out, out + static_cast<int64_t>(group) * n_prefix, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t g = r / window;
+    const int64_t i = r % window;
+    float* row = logits.data() + r * n;
+    // Causal only inside the window block: query n_prefix + i sees keys 0 .. n_prefix + i.
+    kernels::softmax(row, n_prefix + i + 1);
+    float* sums = out + g * n_prefix;  // SnapKV Eq. 4: sum over the window rows
+    for (int64_t j = 0; j < n_prefix; ++j) sums[j] += row[j];
+  }
+}
+
+void window_scores_kv_head(const LayerView& layer, int kv_head, const WindowScoreConfig& config,
+                           float* out) {
+  const int64_t n_prefix = layer.n_tokens - config.window;
+  const int group = layer.group_size();
+  std::vector<float> sums(static_cast<size_t>(group * n_prefix));  // [group, n_prefix]
+  window_attention_sums(layer, kv_head, config.window, sums.data());
+  // Pool each query head's row first (as the reference does before any GQA handling), SnapKV Eq. 5.
+  std::vector<float> pooled(sums.size());
+  for (int g = 0; g < group; ++g)
+    pool1d(sums.data() + g * n_prefix, pooled.data() + g * n_prefix, n_prefix, config.pool,
+           config.pool_type);
+  reduce_group(pooled.data(), group, n_prefix, config.gqa, out);
+}
+
+void window_scores(const LayerView& layer, const WindowScoreConfig& config, float* out) {
+  const int64_t n_prefix = layer.n_tokens - config.window;
+#pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
+  for (int h = 0; h < layer.n_kv_heads; ++h)
+    window_scores_kv_head(layer, h, config, out + static_cast<int64_t>(h) * n_prefix);
+}
+
+}  // namespace protokv::press

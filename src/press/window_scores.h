@@ -1,0 +1,57 @@
+#pragma once
+// Observation-window scores (SnapKV Eq. 4, DESIGN §5 "Shared utility"): how much attention the last
+// `window` prompt queries pay to each prefix key, pooled along the sequence (SnapKV Eq. 5) and
+// reduced over the query heads that share a KV head (GQA), so that selection is per KV head.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "protokv/press.h"
+
+namespace protokv::press {
+
+class OptionReader;
+
+enum class PoolType { Max, Avg };
+enum class GqaReduce { Mean, Max, Sum };
+
+struct WindowScoreConfig {
+  static constexpr int64_t kDefaultWindow = 8;
+  static constexpr int kDefaultPool = 7;
+
+  int64_t window = kDefaultWindow;  // observation window w (also always kept)
+  int pool = kDefaultPool;          // odd kernel size; 1 = no pooling
+  PoolType pool_type = PoolType::Max;
+  GqaReduce gqa = GqaReduce::Mean;
+};
+
+// Reads window=, pool=, pool_type=, gqa= (all optional).
+WindowScoreConfig read_window_score_options(OptionReader& options);
+void add_window_score_config(const WindowScoreConfig& config, nlohmann::json& out);
+// Reads only window= (methods that keep a recent window but do not pool).
+int64_t read_window_option(OptionReader& options);
+GqaReduce read_gqa_option(OptionReader& options);
+std::string to_string(PoolType type);
+std::string to_string(GqaReduce reduce);
+
+// 1-D pooling with stride 1 and padding kernel/2: max-pool pads with -inf, avg-pool pads with
+// zeros and divides by `kernel` (the padding counts). in, out: [n]; they must not alias.
+void pool1d(const float* in, float* out, int64_t n, int kernel, PoolType type);
+
+// Reduces `group` rows of `n` scores (rows [group, n]) into out [n].
+void reduce_group(const float* rows, int group, int64_t n, GqaReduce reduce, float* out);
+
+// Unpooled per-query-head window attention sums for KV head `kv_head`:
+//   s_g(j) = sum_i softmax_fp32(q_i . k_j / sqrt(d))  over the last w queries i of head g,
+// softmax over the whole causal row (keys 0 .. position of i), for prefix keys j < n - w.
+// out: [group, n - w] (query heads of the group in order).
+void window_attention_sums(const LayerView& layer, int kv_head, int64_t window, float* out);
+
+// Pooled, GQA-reduced window scores of KV head `kv_head`: out [n - w].
+void window_scores_kv_head(const LayerView& layer, int kv_head, const WindowScoreConfig& config,
+                           float* out);
+
+// All KV heads, in parallel: out [n_kv_heads, n - w].
+void window_scores(const LayerView& layer, const WindowScoreConfig& config, float* out);
+
+}  // namespace protokv::press

@@ -1,0 +1,283 @@
+// `protokv generate` and `protokv bench e2e` through the binary: the published stories260K
+// output, JSON records, and one-line errors for bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "test_engine_model.h"
+#include "test_util.h"
+
+namespace protokv {
+namespace {
+
+using testing::run_protokv;
+using testing::stories_dir;
+using testing::TempDir;
+
+// llama2.c's published greedy output for stories260K: BOS, then 200 tokens at temperature 0, the
+// leading space of the first piece stripped (shared/models/stories260K/README.md).
+constexpr const char* kStoriesGreedy200 =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+    "One day, she saw a big, red ball. She wanted to play with it, but it was too high.\n"
+    "Lily's mom said, \"Lily, let's go to the park.\" Lily was sad and didn't know what to do. She "
+    "said, \"I want to play with your ball, but I can't find it.\"\n"
+    "Lily was sad and didn't know what to do. She said, \"I'm sorry, Lily. I didn't know what to "
+    "do.\"\n"
+    "Lily didn't want to help her mom, so she";
+
+// One thread keeps the suite fast on a busy machine; the golden test below runs with the default
+// thread count, so the parallel paths are covered too.
+std::string stories_args(const std::string& threads = " -t 1") {
+  return "-m '" + (stories_dir() / "stories260K.bin").string() + "' -z '" +
+         (stories_dir() / "tok512.bin").string() + "'" + threads;
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// Exit code 1 and exactly one stderr line, "protokv: error: ...", containing `needle`.
+void expect_one_line_error(const std::string& args, const std::string& needle) {
+  SCOPED_TRACE(args);
+  const auto r = run_protokv(args);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("protokv: error: ", 0), 0u) << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST(CliGenerate, Stories260kGreedyMatchesPublishedOutput) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto r = run_protokv("generate " + stories_args("") + " -n 200 --temp 0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, kStoriesGreedy200);
+  // One summary line on stderr.
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  EXPECT_NE(r.err.find("prefill"), std::string::npos);
+}
+
+TEST(CliGenerate, ConvertedGgufGivesThePublishedOutput) {
+  PROTOKV_REQUIRE_STORIES();
+  TempDir dir;
+  const std::string inputs = "'" + (stories_dir() / "stories260K.bin").string() + "' '" +
+                             (stories_dir() / "tok512.bin").string() + "'";
+  for (const std::string type : {"f32", "f16", "q8_0"}) {
+    SCOPED_TRACE(type);
+    const auto gguf = (dir / ("stories-" + type + ".gguf")).string();
+    const auto converted =
+        run_protokv("convert " + inputs + " --type " + type + " -o '" + gguf + "'");
+    ASSERT_EQ(converted.exit_code, 0) << converted.err;
+    // The GGUF carries its own tokenizer: no -z.
+    const auto r = run_protokv("generate -m '" + gguf + "' -n 200 --temp 0 -t 1");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    if (type == "f32") {
+      EXPECT_EQ(r.out, kStoriesGreedy200);  // the same weights bit for bit
+    } else {
+      // Rounded weights: the greedy path may drift later, but the confident opening survives.
+      EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u)
+          << r.out;
+    }
+  }
+}
+
+TEST(CliGenerate, JsonRecordsConfigurationTokensAndMemory) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto r = run_protokv("generate " + stories_args() + " -n 200 --temp 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["text"], kStoriesGreedy200);
+  EXPECT_EQ(j["generated_tokens"].size(), 200u);
+  EXPECT_EQ(j["prompt_tokens"], 1);
+  EXPECT_EQ(j["config"]["press"]["name"], "full");
+  EXPECT_EQ(j["config"]["mode"], "query-aware");
+  EXPECT_EQ(j["config"]["sampler"]["kind"], "greedy");
+  EXPECT_EQ(j["config"]["threads"], 1);  // -t 1
+  EXPECT_EQ(j["config"]["model"]["n_kv_heads"], 4);
+  // stories260K: 5 layers x 4 KV heads x 8 dims x (K + V) x 4 bytes = 1280 bytes per token.
+  EXPECT_EQ(j["kv_bytes_after_prefill"], 1280);
+  // Without compression the peak is every layer: 4 done + the full last one.
+  EXPECT_EQ(j["kv_bytes_peak_prefill"], 1280);
+  EXPECT_EQ(j["kv_bytes_end"], 200 * 1280);  // BOS + 199 decoded tokens
+  EXPECT_EQ(j["decode_steps"], 199);
+  EXPECT_TRUE(j["prefill_ms"].is_number());
+  EXPECT_TRUE(j["decode_ms_per_token"].is_number());
+}
+
+TEST(CliGenerate, SamplingIsReproducibleAndSeedDependent) {
+  PROTOKV_REQUIRE_STORIES();
+  const std::string args = "generate " + stories_args() + " -p 'Once upon a time' -n 40 --temp 1";
+  const auto a = run_protokv(args + " --seed 5");
+  const auto b = run_protokv(args + " --seed 5");
+  const auto c = run_protokv(args + " --seed 6");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+  EXPECT_FALSE(a.out.empty());
+}
+
+TEST(CliGenerate, BudgetCoveringThePromptChangesNothing) {
+  PROTOKV_REQUIRE_STORIES();
+  TempDir dir;
+  write_text(dir / "prompt.txt",
+             "Once upon a time, there was a little dog named Max. He liked to run.");
+  const std::string base = "generate " + stories_args() + " -f '" + (dir / "prompt.txt").string() +
+                           "' -n 60 --temp 0 --json";
+  const auto plain = run_protokv(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const auto plain_json = nlohmann::json::parse(plain.out);
+  // FullPress through the compression path (budget < prompt) and a budget >= prompt (skipped).
+  for (const std::string extra :
+       {" --press full --budget 4", " --press full --budget 1000", " --press full --ratio 1"}) {
+    const auto r = run_protokv(base + extra);
+    ASSERT_EQ(r.exit_code, 0) << extra << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["generated_tokens"], plain_json["generated_tokens"]) << extra;
+    EXPECT_EQ(j["kv_bytes_after_prefill"], plain_json["kv_bytes_after_prefill"]) << extra;
+  }
+}
+
+TEST(CliGenerate, QueryAgnosticModeFeedsTheSameTokens) {
+  PROTOKV_REQUIRE_STORIES();
+  const std::string base = "generate " + stories_args() +
+                           " -p 'Lily had a red ball.' --question 'What color was the ball?' "
+                           "-n 20 --temp 0 --json";
+  const auto aware = run_protokv(base);
+  const auto agnostic = run_protokv(base + " --mode query-agnostic");
+  ASSERT_EQ(aware.exit_code, 0) << aware.err;
+  ASSERT_EQ(agnostic.exit_code, 0) << agnostic.err;
+  const auto a = nlohmann::json::parse(aware.out);
+  const auto b = nlohmann::json::parse(agnostic.out);
+  EXPECT_EQ(b["config"]["mode"], "query-agnostic");
+  EXPECT_GT(b["question_tokens"].get<int>(), 0);
+  EXPECT_EQ(a["prompt_tokens"].get<int>(),
+            b["prompt_tokens"].get<int>() + b["question_tokens"].get<int>());
+  // Without compression, prefilling the question or decoding it gives the same greedy tokens.
+  EXPECT_EQ(a["generated_tokens"], b["generated_tokens"]);
+}
+
+TEST(CliGenerate, StopsAtEosUnlessIgnored) {
+  PROTOKV_REQUIRE_STORIES();
+  // stories260K ends a story with EOS within a few hundred tokens at temperature 0.
+  const auto r = run_protokv("generate " + stories_args() + " -n 480 --temp 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (int32_t t : j["generated_tokens"].get<std::vector<int32_t>>()) EXPECT_NE(t, 2);
+  if (j["stopped"] == "eos") {
+    EXPECT_LT(j["generated_tokens"].size(), 480u);
+    const auto ignored =
+        run_protokv("generate " + stories_args() + " -n 480 --temp 0 --json --ignore-eos");
+    const auto k = nlohmann::json::parse(ignored.out);
+    EXPECT_EQ(k["generated_tokens"].size(), 480u);
+  } else {
+    EXPECT_EQ(j["generated_tokens"].size(), 480u);
+  }
+}
+
+TEST(CliGenerate, GenerationStopsWhenTheContextIsFull) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto r = run_protokv("generate " + stories_args() + " -n 600 --temp 0 --json --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["stopped"], "context_full");
+  EXPECT_EQ(j["generated_tokens"].size(), 512u);  // BOS + 511 decoded; the last needs no pass
+  EXPECT_EQ(j["kv_bytes_end"], 512 * 1280);
+}
+
+TEST(CliGenerate, BadInputIsOneLineError) {
+  PROTOKV_REQUIRE_STORIES();
+  TempDir dir;
+  const std::string model = "-m '" + (stories_dir() / "stories260K.bin").string() + "'";
+  const std::string tok = " -z '" + (stories_dir() / "tok512.bin").string() + "'";
+  expect_one_line_error("generate " + model + " -n 5", "tokenizer");
+  expect_one_line_error("generate " + model + tok + " -p ''", "empty prompt");
+  write_text(dir / "empty.txt", "");
+  expect_one_line_error("generate " + model + tok + " -f '" + (dir / "empty.txt").string() + "'",
+                        "empty prompt");
+  expect_one_line_error("generate " + model + tok + " -f '" + (dir / "absent.txt").string() + "'",
+                        "absent.txt");
+  std::string long_text;
+  for (int i = 0; i < 300; ++i) long_text += "The cat sat on the mat. ";
+  write_text(dir / "long.txt", long_text);
+  expect_one_line_error("generate " + model + tok + " -f '" + (dir / "long.txt").string() + "'",
+                        "longer than the model's context");
+  expect_one_line_error("generate " + model + tok + " -n -1", "-n");
+  expect_one_line_error("generate " + model + tok + " --press nosuch --budget 4", "nosuch");
+  expect_one_line_error("generate " + model + tok + " --budget -3", "budget");
+  expect_one_line_error("generate " + model + tok + " --ratio 1.5", "ratio");
+  expect_one_line_error("generate " + model + tok + " --budget 4 --ratio 0.5", "not both");
+  expect_one_line_error("generate " + model + tok + " --mode sideways", "--mode");
+  expect_one_line_error("generate " + model + tok + " --temp -1", "temperature");
+  expect_one_line_error("generate " + model + tok + " --top-p 0", "top-p");
+  expect_one_line_error("generate -m '" + (dir / "nomodel.bin").string() + "'" + tok, "not found");
+}
+
+TEST(CliGenerate, CorruptCheckpointsAreOneLineErrors) {
+  testing::RandomModelSpec spec;
+  const auto model = testing::make_random_model(spec);
+  TempDir dir;
+  testing::write_llama2c(model, dir / "good.bin");
+  std::ifstream in(dir / "good.bin", std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  auto write_bytes = [&](const std::string& name, const std::vector<char>& b) {
+    std::ofstream out(dir / name, std::ios::binary);
+    out.write(b.data(), static_cast<std::streamsize>(b.size()));
+    return (dir / name).string();
+  };
+  for (size_t cut : {size_t{2}, size_t{20}, size_t{28}, size_t{5000}, bytes.size() - 8}) {
+    const auto path =
+        write_bytes("cut.bin", {bytes.begin(), bytes.begin() + static_cast<long>(cut)});
+    expect_one_line_error("generate -m '" + path + "' -n 3", "");
+  }
+  auto longer = bytes;
+  longer.insert(longer.end(), 64, '\0');
+  expect_one_line_error("generate -m '" + write_bytes("long.bin", longer) + "' -n 3",
+                        "does not match");
+  for (auto [field, value] : std::vector<std::pair<int, int32_t>>{
+           {0, -64}, {2, -1}, {3, 0}, {6, 1 << 30}, {1, 1 << 29}}) {
+    auto bad = bytes;
+    std::memcpy(bad.data() + 4 * field, &value, 4);
+    expect_one_line_error("generate -m '" + write_bytes("bad.bin", bad) + "' -n 3", "llama2.c");
+  }
+  // A valid checkpoint without -z: the tokenizer is missing.
+  expect_one_line_error("generate -m '" + (dir / "good.bin").string() + "' -n 3", "tokenizer");
+}
+
+TEST(CliBench, E2eReportsEveryContext) {
+  testing::RandomModelSpec spec;
+  spec.dim = 128;
+  spec.n_heads = 4;
+  spec.hidden_dim = 256;
+  spec.context_length = 128;
+  const auto model = testing::make_random_model(spec);
+  TempDir dir;
+  testing::write_llama2c(model, dir / "model.bin");
+  const std::string m = "-m '" + (dir / "model.bin").string() + "'";
+  const auto r = run_protokv("bench e2e " + m + " -c 16,100 -n 4 -t 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["results"][0]["context"], 16);
+  EXPECT_EQ(j["results"][1]["context"], 100);
+  EXPECT_EQ(j["results"][1]["decode_steps"], 4);
+  // KV bytes after prefill: layers x KV heads x head_dim x (K + V) x 4 bytes per token.
+  EXPECT_EQ(j["results"][1]["kv_bytes_after_prefill"], 100 * 2 * 2 * 32 * 2 * 4);
+  EXPECT_GT(j["machine"]["sgemm_gflops"].get<double>(), 0.0);
+  EXPECT_GT(j["machine"]["copy_gbs_read_plus_write"].get<double>(), 0.0);
+  EXPECT_GT(j["results"][0]["prefill_gflops"].get<double>(), 0.0);
+
+  const auto table = run_protokv("bench e2e " + m + " -c 16 -n 2 -t 1");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("decode ms/t"), std::string::npos) << table.out;
+
+  expect_one_line_error("bench e2e " + m + " -c 200", "longer than the model's context");
+  expect_one_line_error("bench e2e " + m + " -c 0", "context lengths");
+}
+
+}  // namespace
+}  // namespace protokv

@@ -1,0 +1,415 @@
+// Session forward pass: prefill vs decode equivalence, agreement with the naive reference,
+// ragged (per-head) caches with log-weights, press hooks, observers, and input errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "protokv/engine.h"
+#include "protokv/error.h"
+#include "protokv/press.h"
+#include "test_engine_model.h"
+
+namespace protokv {
+namespace {
+
+using testing::make_random_model;
+using testing::RandomModelSpec;
+using testing::reference_logits;
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (auto& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+void expect_close(std::span<const float> actual, const std::vector<float>& expected, float tol) {
+  ASSERT_EQ(actual.size(), expected.size());
+  float worst = 0.0f;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const float err = std::fabs(actual[i] - expected[i]) / std::max(1.0f, std::fabs(expected[i]));
+    if (err > worst) worst = err, worst_i = i;
+  }
+  EXPECT_LE(worst, tol) << "logit " << worst_i << ": " << actual[worst_i] << " vs "
+                        << expected[worst_i];
+}
+
+// ‖a − b‖ / ‖a‖ over n values.
+double relative_error(const float* a, const float* b, int64_t n) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(a[i]) * a[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+std::vector<float> to_vector(std::span<const float> s) {
+  return std::vector<float>(s.begin(), s.end());
+}
+
+struct DtypeCase {
+  DType type;
+  const char* name;
+};
+
+class SessionDtypes : public ::testing::TestWithParam<DtypeCase> {};
+
+TEST_P(SessionDtypes, PrefillEqualsTokenByTokenDecodeAndReference) {
+  RandomModelSpec spec;
+  spec.type = GetParam().type;
+  spec.n_layers = 3;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(23, spec.vocab_size, 7);
+
+  Session whole(model.weights);
+  const auto prefilled = to_vector(whole.prefill(tokens));
+  EXPECT_EQ(whole.n_past(), 23);
+
+  Session stepwise(model.weights);
+  stepwise.prefill(std::span<const int32_t>(tokens.data(), 1));
+  std::span<const float> last;
+  for (size_t i = 1; i < tokens.size(); ++i) last = stepwise.decode(tokens[i]);
+  EXPECT_EQ(stepwise.n_past(), 23);
+  // Q8_0 matvec rounds its input to int8 blocks (ggml semantics, kernels.h: ~0.3% relative error
+  // per product) while prefill GEMMs of 4+ rows use F32 inputs; over 3 layers of a random model
+  // the logits then differ by a few percent (measured: up to 0.05), so Q8_0 gets a loose bound
+  // that still catches any wiring error (those give errors of order 1).
+  const bool q8 = spec.type == DType::Q8_0;
+  const float logit_tol = q8 ? 0.15f : 1e-4f;
+  const double cache_tol = q8 ? 3e-2 : 1e-5;
+  expect_close(last, prefilled, logit_tol);
+
+  // Both paths against the naive reference, which dequantizes the same weights.
+  expect_close(prefilled, reference_logits(model.weights, tokens), logit_tol);
+  expect_close(last, reference_logits(model.weights, tokens), logit_tol);
+
+  // Caches hold the same post-RoPE keys and values.
+  for (int l = 0; l < spec.n_layers; ++l)
+    for (int h = 0; h < spec.n_kv_heads; ++h) {
+      const HeadCache& a = whole.cache().layer(l).heads[static_cast<size_t>(h)];
+      const HeadCache& b = stepwise.cache().layer(l).heads[static_cast<size_t>(h)];
+      ASSERT_EQ(a.size(), 23);
+      ASSERT_EQ(b.size(), 23);
+      const int64_t count = a.size() * a.head_dim();
+      EXPECT_LE(relative_error(a.keys(), b.keys(), count), cache_tol) << l << " " << h;
+      EXPECT_LE(relative_error(a.values(), b.values(), count), cache_tol) << l << " " << h;
+      for (int64_t i = 0; i < a.size(); ++i) EXPECT_EQ(a.positions()[static_cast<size_t>(i)], i);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, SessionDtypes,
+                         ::testing::Values(DtypeCase{DType::F32, "f32"},
+                                           DtypeCase{DType::F16, "f16"},
+                                           DtypeCase{DType::BF16, "bf16"},
+                                           DtypeCase{DType::Q8_0, "q8_0"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Session, DecodeStepsMatchReference) {
+  RandomModelSpec spec;
+  spec.n_heads = 4;
+  spec.n_kv_heads = 1;  // multi-query attention: every query head shares one KV head
+  const auto model = make_random_model(spec);
+  auto tokens = random_tokens(9, spec.vocab_size, 3);
+  Session session(model.weights);
+  expect_close(session.prefill(std::span<const int32_t>(tokens.data(), 5)),
+               reference_logits(model.weights, {tokens.begin(), tokens.begin() + 5}), 1e-4f);
+  for (size_t i = 5; i < tokens.size(); ++i) {
+    const auto logits = session.decode(tokens[i]);
+    expect_close(logits, reference_logits(model.weights, {tokens.begin(), tokens.begin() + i + 1}),
+                 1e-4f);
+  }
+}
+
+TEST(Session, VariantsMatchReference) {
+  for (int variant = 0; variant < 3; ++variant) {
+    RandomModelSpec spec;
+    spec.shared_classifier = variant == 0;
+    spec.rope_neox = variant == 1;
+    spec.biases = variant == 2;
+    spec.n_kv_heads = 4;  // plain multi-head attention
+    spec.seed = 99 + static_cast<uint64_t>(variant);
+    const auto model = make_random_model(spec);
+    const auto tokens = random_tokens(12, spec.vocab_size, 11);
+    Session session(model.weights);
+    session.prefill(std::span<const int32_t>(tokens.data(), 6));
+    std::span<const float> logits;
+    for (size_t i = 6; i < tokens.size(); ++i) logits = session.decode(tokens[i]);
+    SCOPED_TRACE(variant);
+    expect_close(logits, reference_logits(model.weights, tokens), 1e-4f);
+  }
+}
+
+TEST(Session, DecodeFromEmptyCacheEqualsPrefill) {
+  const auto model = make_random_model({});
+  const auto tokens = random_tokens(6, 300, 5);
+  Session a(model.weights), b(model.weights);
+  const auto prefilled = to_vector(a.prefill(tokens));
+  std::span<const float> last;
+  for (int32_t t : tokens) last = b.decode(t);
+  expect_close(last, prefilled, 1e-4f);
+}
+
+TEST(Session, ResetAndRepeatedPrefillGiveIdenticalLogits) {
+  const auto model = make_random_model({});
+  const auto tokens = random_tokens(17, 300, 8);
+  Session session(model.weights);
+  const auto first = to_vector(session.prefill(tokens));
+  session.decode(3);
+  session.decode(4);
+  const auto again = to_vector(session.prefill(tokens));  // prefill starts a new sequence
+  EXPECT_EQ(first, again);
+  EXPECT_EQ(session.n_past(), 17);
+  session.reset();
+  EXPECT_EQ(session.n_past(), 0);
+  EXPECT_EQ(session.cache().kv_bytes(), 0u);
+}
+
+// Keeps a different subset of entries per KV head and gives some a log-weight, like a merging
+// press would; records the hooks the engine calls.
+class RaggedPress final : public Press {
+ public:
+  std::string name() const override { return "ragged-test"; }
+  nlohmann::json config() const override { return {{"name", name()}}; }
+  void begin(const SequenceInfo& info, const Budget& budget) override {
+    ++begin_calls;
+    info_ = info;
+    budget_ = budget;
+  }
+  void compress_prefill(const LayerView& layer, LayerCache& out) override {
+    ++compress_calls;
+    EXPECT_EQ(layer.n_tokens, info_.n_tokens);
+    for (int h = 0; h < layer.n_kv_heads; ++h) {
+      EXPECT_TRUE(out.heads[static_cast<size_t>(h)].empty());
+      std::vector<int32_t> kept;
+      for (int32_t i = 0; i < layer.n_tokens; ++i)
+        if (keeps(layer.layer, h, i)) kept.push_back(i);
+      HeadCache& head = out.heads[static_cast<size_t>(h)];
+      head.assign_rows(layer.k_head(h), layer.v_head(h), layer.positions, kept);
+      for (int64_t e = 0; e < head.size(); ++e)
+        head.set_log_weight(e, static_cast<float>(log_weight(
+                                   layer.layer, h, head.positions()[static_cast<size_t>(e)])));
+    }
+  }
+  void on_decode(int layer, const float* q, int32_t position, LayerCache& cache) override {
+    EXPECT_NE(q, nullptr);
+    decode_calls.push_back({layer, position});
+    EXPECT_EQ(cache.heads[0].positions().back(), position);  // appended before the hook
+  }
+
+  // Layer 0 keeps everything; elsewhere head 0 keeps even positions (the last one always), head
+  // 1 the last three and position 0; head 1's position 0 stands for 3 merged tokens.
+  static bool keeps(int layer, int head, int pos) {
+    if (layer == 0) return true;
+    if (head == 0) return pos % 2 == 0 || pos == kPrompt - 1;
+    return pos == 0 || pos >= kPrompt - 3;
+  }
+  static double log_weight(int layer, int head, int pos) {
+    return layer > 0 && head == 1 && pos == 0 ? std::log(3.0) : 0.0;
+  }
+
+  static constexpr int kPrompt = 15;
+  int begin_calls = 0, compress_calls = 0;
+  std::vector<std::pair<int, int32_t>> decode_calls;
+
+ private:
+  SequenceInfo info_;
+  Budget budget_;
+};
+
+TEST(Session, RaggedHeadsWithLogWeightsMatchNaiveAttention) {
+  RandomModelSpec spec;
+  spec.n_layers = 3;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(RaggedPress::kPrompt + 3, spec.vocab_size, 21);
+  RaggedPress press;
+  SessionOptions options;
+  options.press = &press;
+  options.budget.entries = 4;  // < prompt: compression runs
+  Session session(model.weights, options);
+  const auto prompt = std::span<const int32_t>(tokens.data(), RaggedPress::kPrompt);
+  const auto prefill_logits = to_vector(session.prefill(prompt));
+  EXPECT_EQ(press.begin_calls, 1);
+  EXPECT_EQ(press.compress_calls, spec.n_layers);
+  // Prefill attention saw every token: the logits are those of the uncompressed model.
+  expect_close(prefill_logits, reference_logits(model.weights, {prompt.begin(), prompt.end()}),
+               1e-4f);
+
+  const auto& layer1 = session.cache().layer(1);
+  EXPECT_NE(layer1.heads[0].size(), layer1.heads[1].size());
+  EXPECT_TRUE(layer1.heads[1].has_log_weights());
+
+  testing::CacheVisibility visibility;
+  visibility.kept = RaggedPress::keeps;
+  visibility.log_weight = RaggedPress::log_weight;
+  std::span<const float> logits;
+  for (int i = RaggedPress::kPrompt; i < static_cast<int>(tokens.size()); ++i) {
+    logits = session.decode(tokens[static_cast<size_t>(i)]);
+    expect_close(logits,
+                 reference_logits(model.weights, {tokens.begin(), tokens.begin() + i + 1},
+                                  RaggedPress::kPrompt, visibility),
+                 1e-4f);
+  }
+  ASSERT_EQ(press.decode_calls.size(), 3u * spec.n_layers);
+  EXPECT_EQ(press.decode_calls[0], std::make_pair(0, RaggedPress::kPrompt));
+  EXPECT_EQ(press.decode_calls.back(), std::make_pair(2, RaggedPress::kPrompt + 2));
+
+  // Exact KV accounting: entries * head_dim * (K + V) * 4 bytes.
+  const int64_t hd = spec.dim / spec.n_heads;
+  EXPECT_EQ(session.cache().kv_bytes(),
+            static_cast<size_t>(session.cache().total_entries() * hd * 2 * 4));
+}
+
+TEST(Session, PeakKvBytesCountsOneFullLayerPlusCompressedOnes) {
+  RandomModelSpec spec;
+  spec.n_layers = 3;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(RaggedPress::kPrompt, spec.vocab_size, 4);
+  RaggedPress press;
+  SessionOptions options;
+  options.press = &press;
+  options.budget.entries = 4;
+  Session session(model.weights, options);
+  session.prefill(tokens);
+  const size_t hd = static_cast<size_t>(spec.dim / spec.n_heads);
+  const size_t full_layer = static_cast<size_t>(RaggedPress::kPrompt) * spec.n_kv_heads * hd * 8;
+  std::vector<size_t> layer_bytes;
+  for (int l = 0; l < spec.n_layers; ++l)
+    layer_bytes.push_back(session.cache().layer(l).kv_bytes());
+  size_t expected_peak = 0, done = 0;
+  for (size_t b : layer_bytes) {
+    expected_peak = std::max(expected_peak, done + full_layer);
+    done += b;
+  }
+  EXPECT_EQ(layer_bytes[0], full_layer);  // layer 0 keeps everything
+  EXPECT_LT(layer_bytes[1], full_layer);
+  EXPECT_EQ(session.prefill_stats().peak_kv_bytes, expected_peak);
+  EXPECT_EQ(session.prefill_stats().kv_bytes, done);
+  EXPECT_EQ(session.prefill_stats().n_tokens, RaggedPress::kPrompt);
+  EXPECT_GE(session.prefill_stats().prefill_ms, session.prefill_stats().compress_ms);
+}
+
+TEST(Session, BudgetCoveringThePromptIsBitIdenticalToNoPress) {
+  const auto model = make_random_model({});
+  const auto tokens = random_tokens(20, 300, 6);
+  Session plain(model.weights);
+  const auto expected_prefill = to_vector(plain.prefill(tokens));
+  const auto expected_decode = to_vector(plain.decode(5));
+  for (double ratio : {0.0, 1.0}) {
+    RaggedPress press;
+    SessionOptions options;
+    options.press = &press;
+    if (ratio > 0) {
+      options.budget.ratio = ratio;
+    } else {
+      options.budget.entries = 20;
+    }
+    Session session(model.weights, options);
+    EXPECT_EQ(to_vector(session.prefill(tokens)), expected_prefill);
+    EXPECT_EQ(to_vector(session.decode(5)), expected_decode);
+    EXPECT_EQ(press.begin_calls, 1);
+    EXPECT_EQ(press.compress_calls, 0);
+    EXPECT_EQ(session.cache().kv_bytes(), plain.cache().kv_bytes());
+  }
+}
+
+TEST(Session, InvalidBudgetWithPressIsAnError) {
+  const auto model = make_random_model({});
+  RaggedPress press;
+  SessionOptions options;
+  options.press = &press;  // no budget set
+  Session session(model.weights, options);
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  EXPECT_THROW(session.prefill(tokens), Error);
+}
+
+// Records what decode reports: attention outputs per layer and softmax weights per query head.
+class RecordingObserver final : public DecodeObserver {
+ public:
+  void on_attention_output(int layer, const float* out, int n_heads, int head_dim) override {
+    layers.push_back(layer);
+    outputs.emplace_back(out, out + n_heads * head_dim);
+  }
+  bool wants_probabilities() const override { return true; }
+  void on_attention_probs(int layer, int q_head, std::span<const float> probs,
+                          std::span<const int32_t> positions) override {
+    EXPECT_EQ(probs.size(), positions.size());
+    this->probs[{layer, q_head}].assign(probs.begin(), probs.end());
+    last_positions.assign(positions.begin(), positions.end());
+  }
+  std::vector<int> layers;
+  std::vector<std::vector<float>> outputs;  // per layer: [n_heads * head_dim]
+  std::map<std::pair<int, int>, std::vector<float>> probs;
+  std::vector<int32_t> last_positions;
+};
+
+TEST(Session, ObserverSeesWeightsThatExplainTheAttentionOutput) {
+  RandomModelSpec spec;
+  spec.n_heads = 8;
+  spec.n_kv_heads = 2;  // groups of 4 query heads
+  const auto model = make_random_model(spec);
+  Session session(model.weights);
+  RecordingObserver observer;
+  session.set_observer(&observer);
+  const std::vector<int32_t> tokens = {1, 5, 9, 13};
+  session.prefill(tokens);
+  EXPECT_TRUE(observer.layers.empty());  // prefill is not observed
+  session.decode(17);
+  EXPECT_EQ(observer.layers, std::vector<int>({0, 1}));
+  EXPECT_EQ(observer.probs.size(), static_cast<size_t>(spec.n_layers * spec.n_heads));
+  EXPECT_EQ(observer.last_positions, std::vector<int32_t>({0, 1, 2, 3, 4}));
+  // Each head's output is the probability-weighted sum of its KV head's values, and the
+  // weights are a distribution: so they are that head's own softmax weights.
+  const int hd = spec.dim / spec.n_heads, group = spec.n_heads / spec.n_kv_heads;
+  for (int l = 0; l < spec.n_layers; ++l)
+    for (int h = 0; h < spec.n_heads; ++h) {
+      const auto& p = observer.probs[{l, h}];
+      EXPECT_NEAR(std::accumulate(p.begin(), p.end(), 0.0), 1.0, 1e-5);
+      const HeadCache& head = session.cache().layer(l).heads[static_cast<size_t>(h / group)];
+      ASSERT_EQ(static_cast<int64_t>(p.size()), head.size());
+      for (int c = 0; c < hd; ++c) {
+        double expected = 0.0;
+        for (size_t j = 0; j < p.size(); ++j)
+          expected += p[j] * head.value(static_cast<int64_t>(j))[c];
+        EXPECT_NEAR(observer.outputs[static_cast<size_t>(l)][static_cast<size_t>(h * hd + c)],
+                    expected, 1e-5)
+            << l << " " << h << " " << c;
+      }
+    }
+}
+
+TEST(Session, InputErrors) {
+  RandomModelSpec spec;
+  spec.context_length = 8;
+  const auto model = make_random_model(spec);
+  Session session(model.weights);
+  EXPECT_THROW(session.prefill({}), Error);
+  EXPECT_THROW(session.prefill(std::vector<int32_t>(9, 1)), Error);
+  EXPECT_THROW(session.prefill(std::vector<int32_t>{1, 300}), Error);
+  EXPECT_THROW(session.prefill(std::vector<int32_t>{-1}), Error);
+  session.prefill(std::vector<int32_t>(7, 1));
+  EXPECT_THROW(session.decode(300), Error);
+  session.decode(2);  // position 7: the last one
+  try {
+    session.decode(2);
+    FAIL() << "decode past the context must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context"), std::string::npos);
+  }
+  EXPECT_EQ(session.n_past(), 8);
+}
+
+TEST(Session, RejectsInconsistentWeights) {
+  auto model = make_random_model({});
+  model.weights.layers[1].wk.rows = 48;
+  EXPECT_THROW(Session{model.weights}, Error);
+}
+
+}  // namespace
+}  // namespace protokv

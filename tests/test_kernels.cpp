@@ -1,0 +1,224 @@
+// Element-wise kernels (dot, exp, softmax, RMSNorm, RoPE) against naive references, for every
+// compiled instruction-set variant.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <vector>
+
+#include "kernel_reference.h"
+#include "kernels/isa.h"
+#include "kernels/kernels.h"
+
+namespace protokv::kernels {
+namespace {
+
+using protokv::testing::random_vector;
+using protokv::testing::ref_abs_dot;
+using protokv::testing::ref_dot;
+using protokv::testing::ref_softmax;
+
+const std::vector<int64_t> kLengths = {0, 1, 2, 7, 8, 15, 16, 17, 33, 64, 100, 300, 1000, 4099};
+
+TEST(Kernels, CompiledIsasStartWithScalarAndIncludeTheBest) {
+  const std::vector<Isa> isas = compiled_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.front(), Isa::kScalar);
+  EXPECT_EQ(isas.back(), kBestIsa);
+}
+
+TEST(Kernels, DotMatchesDoubleReference) {
+  std::mt19937 rng(1);
+  for (Isa isa : compiled_isas()) {
+    for (int64_t n : kLengths) {
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " n=" << n);
+      const auto a = random_vector(rng, n), b = random_vector(rng, n);
+      const double expected = ref_dot(a.data(), b.data(), n);
+      // F32 accumulation error stays far below the size of one term (~abs_dot / n).
+      const double tolerance = 1e-5 * ref_abs_dot(a.data(), b.data(), n) + 1e-7;
+      EXPECT_NEAR(dot(isa, a.data(), b.data(), n), expected, tolerance);
+    }
+  }
+  const auto a = random_vector(rng, 77), b = random_vector(rng, 77);
+  EXPECT_NEAR(dot(a.data(), b.data(), 77), ref_dot(a.data(), b.data(), 77), 1e-4);
+}
+
+TEST(Kernels, VectorExpIsAccurateOverTheFloatRange) {
+  for (Isa isa : compiled_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    with_isa(isa, [](auto ops) {
+      using Ops = decltype(ops);
+      for (double x = -87.0; x <= 88.0; x += 0.01721) {
+        const double expected = std::exp(x);
+        const double got = Ops::exp(static_cast<float>(x));
+        // Relative to exp of the float input (the rounding of x itself is not the kernel's).
+        const double exact = std::exp(static_cast<double>(static_cast<float>(x)));
+        ASSERT_NEAR(got / exact, 1.0, 1e-6) << "x=" << x << " expected " << expected;
+      }
+      EXPECT_EQ(Ops::exp(-std::numeric_limits<float>::infinity()), 0.0f);
+      EXPECT_EQ(Ops::exp(-200.0f), 0.0f);
+      EXPECT_EQ(Ops::exp(0.0f), 1.0f);
+    });
+  }
+}
+
+TEST(Kernels, SoftmaxMatchesReferenceAndSumsToOne) {
+  std::mt19937 rng(2);
+  for (Isa isa : compiled_isas()) {
+    for (int64_t n : kLengths) {
+      if (n == 0) continue;
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " n=" << n);
+      auto x = random_vector(rng, n, 3.0f);
+      const auto expected = ref_softmax(std::vector<double>(x.begin(), x.end()));
+      softmax(isa, x.data(), n);
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(x[i], expected[i], 1e-6 * expected[i] + 1e-9);
+        sum += x[i];
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+  }
+}
+
+TEST(Kernels, SoftmaxOfExtremeLogitsIsFinite) {
+  for (Isa isa : compiled_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    std::vector<float> x = {1e30f, -1e30f, 0.0f,  1e30f,  -std::numeric_limits<float>::infinity(),
+                            3e38f, -3e38f, 88.0f, -88.0f, 1e-30f,
+                            1e4f,  -1e4f,  5.0f,  6.0f,   7.0f,
+                            8.0f,  9.0f,   10.0f};
+    softmax(isa, x.data(), static_cast<int64_t>(x.size()));
+    double sum = 0;
+    for (float v : x) {
+      EXPECT_TRUE(std::isfinite(v));
+      EXPECT_GE(v, 0.0f);
+      sum += v;
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-6);
+    EXPECT_FLOAT_EQ(x[5], 1.0f);  // 3e38 dominates everything else
+
+    std::vector<float> tiny(40, -1e30f);
+    tiny[17] = -1e30f + 1e24f;  // the largest by far
+    softmax(isa, tiny.data(), 40);
+    EXPECT_FLOAT_EQ(tiny[17], 1.0f);
+
+    std::vector<float> all_masked(5, -std::numeric_limits<float>::infinity());
+    softmax(isa, all_masked.data(), 5);
+    for (float v : all_masked) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+TEST(Kernels, RmsnormMatchesReferenceAndMayAlias) {
+  std::mt19937 rng(3);
+  for (Isa isa : compiled_isas()) {
+    for (int64_t n : {1, 7, 16, 33, 300, 4096}) {
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " n=" << n);
+      auto x = random_vector(rng, n, 2.0f);
+      const auto weight = random_vector(rng, n);
+      const float eps = 1e-5f;
+      const double rms = std::sqrt(ref_dot(x.data(), x.data(), n) / n + eps);
+      std::vector<float> out(static_cast<size_t>(n));
+      rmsnorm(isa, out.data(), x.data(), weight.data(), n, eps);
+      for (int64_t i = 0; i < n; ++i) {
+        const double expected = x[i] / rms * weight[i];
+        ASSERT_NEAR(out[i], expected, 2e-6 * std::fabs(expected) + 1e-7);
+      }
+      rmsnorm(isa, x.data(), x.data(), weight.data(), n, eps);  // in place
+      EXPECT_EQ(x, out);
+    }
+  }
+}
+
+TEST(Kernels, RmsnormRowsNormalisesEachRow) {
+  std::mt19937 rng(4);
+  const int64_t rows = 37, n = 2048;  // enough work to take the parallel path
+  auto x = random_vector(rng, rows * n);
+  const auto weight = random_vector(rng, n);
+  std::vector<float> out(x.size()), row(static_cast<size_t>(n));
+  rmsnorm_rows(out.data(), x.data(), weight.data(), rows, n, 1e-6f);
+  for (int64_t r = 0; r < rows; ++r) {
+    rmsnorm(row.data(), x.data() + r * n, weight.data(), n, 1e-6f);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[r * n + i], row[i]);
+  }
+}
+
+// Pair i of a head turns by pos * theta^(-2i/d): a unit vector along the pair's first axis ends
+// at (cos, sin) of that angle.
+TEST(Kernels, RopeRotatesEachPairByItsFrequency) {
+  const int head_dim = 8, n_heads = 2;
+  const float theta = 10000.0f;
+  for (bool neox : {false, true}) {
+    SCOPED_TRACE(neox ? "neox" : "normal");
+    const int half = head_dim / 2;
+    auto first = [&](int i) { return neox ? i : 2 * i; };
+    auto second = [&](int i) { return neox ? i + half : 2 * i + 1; };
+    std::vector<float> x(n_heads * head_dim, 0.0f);
+    for (int h = 0; h < n_heads; ++h)
+      for (int i = 0; i < half; ++i) x[h * head_dim + first(i)] = 1.0f + h;
+
+    std::vector<float> at_zero = x;
+    rope(at_zero.data(), n_heads, head_dim, 0, theta, neox);
+    EXPECT_EQ(at_zero, x);  // position 0 is the identity
+
+    for (int32_t pos : {1, 5, 1000}) {
+      std::vector<float> y = x;
+      rope(y.data(), n_heads, head_dim, pos, theta, neox);
+      for (int h = 0; h < n_heads; ++h) {
+        for (int i = 0; i < half; ++i) {
+          const double angle = pos * std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+          EXPECT_NEAR(y[h * head_dim + first(i)], (1.0 + h) * std::cos(angle), 1e-5);
+          EXPECT_NEAR(y[h * head_dim + second(i)], (1.0 + h) * std::sin(angle), 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST(Kernels, RopeNeoxAndNormalOrdersAreThePermutedSameRotation) {
+  std::mt19937 rng(5);
+  const int head_dim = 64, n_heads = 3;
+  auto x = random_vector(rng, n_heads * head_dim);
+  // Interleaved (2i, 2i+1) layout -> split (i, i + d/2) layout.
+  std::vector<float> split(x.size());
+  for (int h = 0; h < n_heads; ++h)
+    for (int i = 0; i < head_dim / 2; ++i) {
+      split[h * head_dim + i] = x[h * head_dim + 2 * i];
+      split[h * head_dim + i + head_dim / 2] = x[h * head_dim + 2 * i + 1];
+    }
+  rope(x.data(), n_heads, head_dim, 77, 500000.0f, false);
+  rope(split.data(), n_heads, head_dim, 77, 500000.0f, true);
+  for (int h = 0; h < n_heads; ++h)
+    for (int i = 0; i < head_dim / 2; ++i) {
+      EXPECT_EQ(split[h * head_dim + i], x[h * head_dim + 2 * i]);
+      EXPECT_EQ(split[h * head_dim + i + head_dim / 2], x[h * head_dim + 2 * i + 1]);
+    }
+}
+
+TEST(Kernels, RopeRowsEqualsRopePerTokenAndKeepsNorms) {
+  std::mt19937 rng(6);
+  const int head_dim = 16, n_heads = 4, n_tokens = 9;
+  const int64_t stride = n_heads * head_dim + 5;  // rows with padding
+  auto x = random_vector(rng, n_tokens * stride);
+  std::vector<int32_t> positions = {0, 3, 4, 100, 7, 8000, 2, 1, 65535};
+  auto expected = x;
+  for (int t = 0; t < n_tokens; ++t)
+    rope(expected.data() + t * stride, n_heads, head_dim, positions[t], 10000.0f, false);
+  auto y = x;
+  rope_rows(y.data(), n_tokens, stride, n_heads, head_dim, positions.data(), 10000.0f, false);
+  EXPECT_EQ(y, expected);
+  for (int t = 0; t < n_tokens; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      const float* a = x.data() + t * stride + h * head_dim;
+      const float* b = y.data() + t * stride + h * head_dim;
+      EXPECT_NEAR(ref_dot(a, a, head_dim), ref_dot(b, b, head_dim), 1e-4);
+    }
+  for (int t = 0; t < n_tokens; ++t)  // padding untouched
+    for (int64_t c = n_heads * head_dim; c < stride; ++c)
+      EXPECT_EQ(y[t * stride + c], x[t * stride + c]);
+}
+
+}  // namespace
+}  // namespace protokv::kernels

@@ -1,0 +1,188 @@
+// Tiled causal prefill attention and decode attention against the full-matrix softmax.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "kernel_reference.h"
+#include "kernels/isa.h"
+#include "kernels/kernels.h"
+#include "protokv/error.h"
+
+namespace protokv::kernels {
+namespace {
+
+using protokv::testing::random_vector;
+using protokv::testing::ref_causal_attention;
+using protokv::testing::ref_decode_attention;
+
+// Outputs are convex combinations of N(0,1) values: F32 error is ~1e-6.
+constexpr double kAttentionTolerance = 2e-5;
+
+TEST(KernelsAttention, PrefillMatchesFullCausalSoftmax) {
+  std::mt19937 rng(20);
+  const bool small = protokv::testing::sanitized_build();
+  // 600 tokens: several query and key tiles, the last ones partial.
+  const std::vector<int64_t> lengths =
+      small ? std::vector<int64_t>{1, 7, 33, 300} : std::vector<int64_t>{1, 7, 33, 300, 600};
+  for (int d : {2, 8, 64, 128}) {
+    for (int64_t n : lengths) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " d=" << d);
+      // Larger logits than N(0,1) keys would give, so the online max really moves.
+      const auto q = random_vector(rng, n * d, 2.0f);
+      const auto k = random_vector(rng, n * d, 2.0f);
+      const auto v = random_vector(rng, n * d);
+      std::vector<float> out(static_cast<size_t>(n * d), NAN);
+      attention_prefill(q.data(), k.data(), v.data(), n, d, out.data());
+      const auto expected = ref_causal_attention(q.data(), d, k.data(), v.data(), d, n, 0, d);
+      for (int64_t i = 0; i < n * d; ++i)
+        ASSERT_NEAR(out[i], expected[i], kAttentionTolerance) << "token " << i / d;
+    }
+  }
+}
+
+struct GqaCase {
+  int n_heads, n_kv_heads, d;
+  int64_t n_queries, n_past;
+};
+
+// Queries/outputs in the projection layout [n, n_heads * d], keys/values per KV head
+// [n_kv_heads][n_past + n, d]; each query head checked against its KV head's reference.
+void check_prefill_heads(Isa isa, const GqaCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message()
+               << isa_name(isa) << " heads=" << c.n_heads << "/" << c.n_kv_heads << " d=" << c.d
+               << " n=" << c.n_queries << " past=" << c.n_past);
+  const int64_t n_keys = c.n_past + c.n_queries;
+  const int64_t q_stride = int64_t{c.n_heads} * c.d;
+  const auto q = random_vector(rng, c.n_queries * q_stride, 2.0f);
+  const auto k = random_vector(rng, c.n_kv_heads * n_keys * c.d, 2.0f);
+  const auto v = random_vector(rng, c.n_kv_heads * n_keys * c.d);
+  std::vector<float> out(q.size(), NAN);
+  attention_prefill_heads(isa, {q.data(), q_stride, c.d}, {k.data(), c.d, n_keys * c.d},
+                          {v.data(), c.d, n_keys * c.d}, {out.data(), q_stride, c.d}, c.n_queries,
+                          c.n_past, c.n_heads, c.n_kv_heads, c.d);
+  const int group = c.n_heads / c.n_kv_heads;
+  for (int h = 0; h < c.n_heads; ++h) {
+    const int64_t kv_offset = (h / group) * n_keys * c.d;
+    const auto expected =
+        ref_causal_attention(q.data() + h * c.d, q_stride, k.data() + kv_offset,
+                             v.data() + kv_offset, c.d, c.n_queries, c.n_past, c.d);
+    for (int64_t t = 0; t < c.n_queries; ++t)
+      for (int i = 0; i < c.d; ++i)
+        ASSERT_NEAR(out[t * q_stride + h * c.d + i], expected[t * c.d + i], kAttentionTolerance)
+            << "head " << h << " token " << t;
+  }
+}
+
+TEST(KernelsAttention, PrefillHeadsHandlesGqaGroupsStridesAndChunks) {
+  std::mt19937 rng(21);
+  const bool small = protokv::testing::sanitized_build();
+  std::vector<GqaCase> cases = {
+      {4, 4, 8, 1, 0},    {4, 2, 8, 7, 0},   {8, 1, 16, 33, 0},  {6, 2, 64, 100, 0},
+      {8, 2, 32, 45, 20}, {2, 1, 8, 1, 300}, {4, 1, 64, 130, 0}, {3, 3, 2, 9, 4},
+      {200, 1, 4, 5, 3},  // a group larger than a query tile
+  };
+  if (!small) cases.push_back({8, 2, 64, 300, 257});
+  for (Isa isa : compiled_isas())
+    for (const GqaCase& c : cases) check_prefill_heads(isa, c, rng);
+}
+
+TEST(KernelsAttention, PrefillHeadsRejectsHeadsThatDoNotGroup) {
+  std::vector<float> buffer(64);
+  const HeadsView view{buffer.data(), 8, 8};
+  EXPECT_THROW(attention_prefill_heads(view, view, view, {buffer.data(), 8, 8}, 1, 0, 3, 2, 8),
+               Error);
+}
+
+TEST(KernelsAttention, DecodeMatchesReferenceWithAndWithoutLogWeights) {
+  std::mt19937 rng(22);
+  for (int d : {2, 8, 64, 128}) {
+    for (int64_t n : {1, 7, 33, 300}) {
+      for (bool weighted : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " d=" << d << " weighted=" << weighted);
+        const auto q = random_vector(rng, d, 2.0f);
+        const auto keys = random_vector(rng, n * d, 2.0f);
+        const auto values = random_vector(rng, n * d);
+        std::vector<float> log_weights(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) log_weights[j] = std::log(1.0f + static_cast<float>(j % 5));
+        const float* lw = weighted ? log_weights.data() : nullptr;
+        std::vector<double> expected_probs;
+        const auto expected =
+            ref_decode_attention(q.data(), keys.data(), values.data(), lw, n, d, &expected_probs);
+        std::vector<float> out(d, NAN), probs(static_cast<size_t>(n), NAN);
+        attention_decode(q.data(), keys.data(), values.data(), lw, n, d, out.data(), probs.data());
+        for (int i = 0; i < d; ++i) ASSERT_NEAR(out[i], expected[i], kAttentionTolerance);
+        for (int64_t j = 0; j < n; ++j) ASSERT_NEAR(probs[j], expected_probs[j], 1e-6);
+        std::vector<float> out_no_probs(d, NAN);
+        attention_decode(q.data(), keys.data(), values.data(), lw, n, d, out_no_probs.data(),
+                         nullptr);
+        EXPECT_EQ(out_no_probs, out);
+      }
+    }
+  }
+}
+
+// Chelsea Eq. 2: an entry with log-weight log(m) attends exactly like m copies of itself.
+TEST(KernelsAttention, DecodeLogWeightEqualsDuplicatedEntries) {
+  std::mt19937 rng(23);
+  const int d = 16;
+  const auto q = random_vector(rng, d);
+  const auto k = random_vector(rng, 2 * d);
+  const auto v = random_vector(rng, 2 * d);
+  std::vector<float> k_dup, v_dup;
+  for (int copy = 0; copy < 3; ++copy) {
+    k_dup.insert(k_dup.end(), k.begin(), k.begin() + d);
+    v_dup.insert(v_dup.end(), v.begin(), v.begin() + d);
+  }
+  k_dup.insert(k_dup.end(), k.begin() + d, k.end());
+  v_dup.insert(v_dup.end(), v.begin() + d, v.end());
+  const std::vector<float> log_weights = {std::log(3.0f), 0.0f};
+  std::vector<float> merged(d), duplicated(d), probs(2), dup_probs(4);
+  attention_decode(q.data(), k.data(), v.data(), log_weights.data(), 2, d, merged.data(),
+                   probs.data());
+  attention_decode(q.data(), k_dup.data(), v_dup.data(), nullptr, 4, d, duplicated.data(),
+                   dup_probs.data());
+  for (int i = 0; i < d; ++i) EXPECT_NEAR(merged[i], duplicated[i], 1e-6);
+  EXPECT_NEAR(probs[0], dup_probs[0] + dup_probs[1] + dup_probs[2], 1e-6);
+}
+
+TEST(KernelsAttention, DecodeGroupEqualsPerHeadDecode) {
+  std::mt19937 rng(24);
+  for (Isa isa : compiled_isas()) {
+    for (int group : {1, 3, 4, 8}) {
+      // Lengths across several key blocks and 4-key steps; widths with vector tails.
+      for (auto [n, d] :
+           {std::pair<int64_t, int>{1, 64}, {5, 8}, {33, 72}, {300, 64}, {301, 130}, {7, 2}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << isa_name(isa) << " group=" << group << " n=" << n << " d=" << d);
+        const auto q = random_vector(rng, group * d, 2.0f);
+        const auto keys = random_vector(rng, n * d, 2.0f);
+        const auto values = random_vector(rng, n * d);
+        const auto log_weights = random_vector(rng, n, 0.5f);
+        std::vector<float> out(group * d, NAN), probs(group * n, NAN);
+        attention_decode_group(isa, q.data(), group, keys.data(), values.data(), log_weights.data(),
+                               n, d, out.data(), probs.data());
+        for (int h = 0; h < group; ++h) {
+          std::vector<double> expected_probs;
+          const auto expected = ref_decode_attention(q.data() + h * d, keys.data(), values.data(),
+                                                     log_weights.data(), n, d, &expected_probs);
+          for (int i = 0; i < d; ++i)
+            ASSERT_NEAR(out[h * d + i], expected[i], kAttentionTolerance) << "head " << h;
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_NEAR(probs[h * n + j], expected_probs[j], 1e-6) << "head " << h;
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelsAttention, DecodeOverNoEntriesGivesZeros) {
+  std::vector<float> q(8, 1.0f), out(8, NAN);
+  attention_decode(q.data(), nullptr, nullptr, nullptr, 0, 8, out.data(), nullptr);
+  for (float v : out) EXPECT_EQ(v, 0.0f);
+}
+
+}  // namespace
+}  // namespace protokv::kernels

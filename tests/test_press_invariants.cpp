@@ -1,0 +1,172 @@
+// Invariants every method and allocator must satisfy on every head of every layer: the budget is
+// met exactly (or the allocator's per-head numbers, which sum to the expected total), the window
+// (and sinks) are kept, positions are unique and ascending, rows are the input rows, and the KV
+// bytes are exactly what the budget promises.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ostream>
+#include <string>
+
+#include "press/allocator.h"
+#include "protokv/press_registry.h"
+#include "test_press_util.h"
+
+namespace protokv {
+namespace {
+
+using testing::SyntheticLayer;
+
+struct MethodCase {
+  std::string spec;
+  std::string alloc;  // empty: the method's default
+  press::AllocatorKind kind;
+  int64_t window;
+  int64_t sinks = 0;
+  int beta = 20;
+};
+
+void PrintTo(const MethodCase& c, std::ostream* os) {
+  *os << c.spec << " --alloc '" << c.alloc << "'";
+}
+
+std::vector<MethodCase> all_methods() {
+  using press::AllocatorKind;
+  return {
+      {"streaming_llm", "", AllocatorKind::Uniform, 0, 4},
+      {"streaming_llm:sinks=2", "", AllocatorKind::Uniform, 0, 2},
+      {"h2o", "", AllocatorKind::Uniform, 8},
+      {"h2o:decode=1,gqa=max", "", AllocatorKind::Uniform, 8},
+      {"h2o", "adakv", AllocatorKind::AdaKv, 8},
+      {"snapkv", "", AllocatorKind::Uniform, 8},
+      {"snapkv:pool_type=avg,gqa=sum,window=4", "", AllocatorKind::Uniform, 4},
+      {"snapkv", "pyramid", AllocatorKind::Pyramid, 8},
+      {"pyramidkv", "", AllocatorKind::Pyramid, 8},
+      {"pyramidkv:beta=4,window=6", "", AllocatorKind::Pyramid, 6, 0, 4},
+      {"adakv", "", AllocatorKind::AdaKv, 8},
+      {"adakv:normalise=1,floor=0.5", "", AllocatorKind::AdaKv, 8},
+      {"protokv", "", AllocatorKind::Uniform, 8},
+      {"protokv:deviation=neighbourhood", "", AllocatorKind::Uniform, 8},
+      {"protokv:deviation=neighbourhood,kappa=2", "", AllocatorKind::Uniform, 8},
+      {"protokv:score=sum_logits", "", AllocatorKind::Uniform, 8},
+      {"protokv:select=clusters", "", AllocatorKind::Uniform, 8},
+      {"protokv:score=sum_logits,select=clusters", "", AllocatorKind::Uniform, 8},
+      {"protokv:prototypes=chunk", "", AllocatorKind::Uniform, 8},
+      {"protokv:prototypes=lsh", "", AllocatorKind::Uniform, 8},
+      {"protokv:chunks=3,lsh_bits=3,irregular=40,pool=1", "", AllocatorKind::Uniform, 8},
+      {"protokv:chunk_len=4,max_chunks=20,pool_type=avg,gqa=max", "", AllocatorKind::Uniform, 8},
+      {"protokv", "adakv", AllocatorKind::AdaKv, 8},
+      {"protokv:select=clusters", "pyramid", AllocatorKind::Pyramid, 8},
+  };
+}
+
+class EveryMethod : public ::testing::TestWithParam<MethodCase> {};
+
+TEST_P(EveryMethod, KeepsExactlyTheBudgetWithWindowSortedRowsAndExactBytes) {
+  const MethodCase& method = GetParam();
+  constexpr int kLayers = 4, kHeads = 8, kKvHeads = 2, kDim = 16;
+  constexpr int64_t kTokens = 200, kBudget = 40;
+  auto press = make_press(method.spec, method.alloc);
+  SyntheticLayer shape(kTokens, kHeads, kKvHeads, kDim);
+  shape.n_layers = kLayers;
+  press->begin(shape.info(), testing::entries(kBudget));
+  const auto pyramid =
+      press::pyramid_layer_budgets(kBudget, method.window, kTokens, kLayers, method.beta);
+  for (int l = 0; l < kLayers; ++l) {
+    SyntheticLayer layer(kTokens, kHeads, kKvHeads, kDim);
+    layer.layer = l;
+    layer.n_layers = kLayers;
+    layer.fill_random(100 + static_cast<uint64_t>(l));
+    LayerCache cache = layer.empty_cache();
+    press->compress_prefill(layer.view(), cache);
+    int64_t total = 0;
+    for (int h = 0; h < kKvHeads; ++h) {
+      SCOPED_TRACE(method.spec + " --alloc '" + method.alloc + "' layer " + std::to_string(l) +
+                   " head " + std::to_string(h));
+      const HeadCache& head = cache.heads[static_cast<size_t>(h)];
+      testing::expect_valid_head(layer, head, h, method.window, method.sinks);
+      total += head.size();
+      switch (method.kind) {
+        case press::AllocatorKind::Uniform:
+          EXPECT_EQ(head.size(), kBudget);
+          break;
+        case press::AllocatorKind::Pyramid:
+          EXPECT_EQ(head.size(), pyramid[static_cast<size_t>(l)]);
+          break;
+        case press::AllocatorKind::AdaKv:
+          EXPECT_GE(head.size(), method.window);
+          EXPECT_LE(head.size(), kTokens);
+          break;
+      }
+    }
+    if (method.kind != press::AllocatorKind::Pyramid) {
+      EXPECT_EQ(total, kBudget * kKvHeads) << method.spec;
+      // GQA: the cache is held per KV head, so bytes = B * n_kv_heads * d * (K + V) * 4.
+      EXPECT_EQ(cache.kv_bytes(), static_cast<size_t>(kBudget * kKvHeads * kDim * 2 * 4));
+    } else {
+      EXPECT_EQ(cache.kv_bytes(),
+                static_cast<size_t>(pyramid[static_cast<size_t>(l)] * kKvHeads * kDim * 2 * 4));
+    }
+  }
+}
+
+TEST_P(EveryMethod, BudgetCoveringThePromptKeepsEverything) {
+  const MethodCase& method = GetParam();
+  SyntheticLayer layer(60, 4, 2, 8);
+  layer.fill_random(7);
+  for (const int64_t budget : {int64_t{60}, int64_t{65}}) {
+    auto press = make_press(method.spec, method.alloc);
+    press->begin(layer.info(), testing::entries(budget));
+    LayerCache cache = layer.empty_cache();
+    press->compress_prefill(layer.view(), cache);
+    for (int h = 0; h < layer.n_kv_heads; ++h) {
+      const HeadCache& head = cache.heads[static_cast<size_t>(h)];
+      ASSERT_EQ(head.size(), layer.n) << method.spec;
+      testing::expect_valid_head(layer, head, h, layer.n);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Press, EveryMethod, ::testing::ValuesIn(all_methods()),
+                         [](const ::testing::TestParamInfo<MethodCase>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+TEST(FullPress, KeepsEveryEntry) {
+  SyntheticLayer layer(50, 4, 4, 8);
+  layer.fill_random(3);
+  auto press = make_press("full");
+  press->begin(layer.info(), testing::entries(10));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  for (int h = 0; h < layer.n_kv_heads; ++h) {
+    ASSERT_EQ(cache.heads[static_cast<size_t>(h)].size(), layer.n);
+    testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, layer.n);
+  }
+}
+
+TEST(StreamingLlm, KeepsSinksAndTheMostRecentTokensExactly) {
+  SyntheticLayer layer(30, 2, 1, 4);
+  layer.fill_random(5);
+  auto press = make_press("streaming_llm:sinks=3");
+  press->begin(layer.info(), testing::entries(10));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  const std::vector<int32_t> expected = {0, 1, 2, 23, 24, 25, 26, 27, 28, 29};
+  EXPECT_EQ(testing::kept_positions(cache.heads[0]), expected);
+}
+
+TEST(RatioBudget, ResolvesAgainstThePromptLength) {
+  SyntheticLayer layer(100, 4, 2, 8);
+  layer.fill_random(11);
+  Budget ratio;
+  ratio.ratio = 0.25;
+  auto press = make_press("snapkv");
+  press->begin(layer.info(), ratio);
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  for (const auto& head : cache.heads) EXPECT_EQ(head.size(), 25);
+}
+
+}  // namespace
+}  // namespace protokv

@@ -1,0 +1,186 @@
+// Press creation by name: option parsing, defaults recorded in config(), and every way a user can
+// get it wrong (unknown press/option, bad value, contradictory options, too small a budget).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "protokv/error.h"
+#include "protokv/press_registry.h"
+#include "test_press_util.h"
+
+namespace protokv {
+namespace {
+
+using testing::SyntheticLayer;
+
+std::string error_of(std::string_view spec, std::string_view alloc = "") {
+  try {
+    make_press(spec, alloc);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PressOptions, EveryRegisteredNameBuildsAndIsDocumented) {
+  const std::string help = press_help();
+  for (const auto& name : press_names()) {
+    auto press = make_press(name);
+    ASSERT_NE(press, nullptr) << name;
+    EXPECT_EQ(press->name(), name);
+    EXPECT_EQ(press->config()["name"], name);
+    EXPECT_NE(help.find(name), std::string::npos) << name;
+  }
+}
+
+TEST(PressOptions, ConfigRecordsEveryResolvedDefault) {
+  const auto snap = make_press("snapkv")->config();
+  EXPECT_EQ(snap["window"], 8);
+  EXPECT_EQ(snap["pool"], 7);
+  EXPECT_EQ(snap["pool_type"], "max");
+  EXPECT_EQ(snap["gqa"], "mean");
+  EXPECT_EQ(snap["allocator"], "uniform");
+
+  const auto pyramid = make_press("pyramidkv")->config();
+  EXPECT_EQ(pyramid["allocator"], "pyramid");
+  EXPECT_EQ(pyramid["beta"], 20);
+
+  const auto ada = make_press("adakv")->config();
+  EXPECT_EQ(ada["allocator"], "adakv");
+  EXPECT_DOUBLE_EQ(ada["floor"].get<double>(), 0.2);
+  EXPECT_EQ(ada["normalise"], false);
+
+  const auto h2o = make_press("h2o")->config();
+  EXPECT_EQ(h2o["window"], 8);
+  EXPECT_EQ(h2o["gqa"], "mean");
+  EXPECT_EQ(h2o["decode"], false);
+
+  EXPECT_EQ(make_press("streaming_llm")->config()["sinks"], 4);
+
+  const auto proto = make_press("protokv")->config();
+  EXPECT_EQ(proto["window"], 8);
+  EXPECT_EQ(proto["pool"], 7);
+  EXPECT_EQ(proto["pool_type"], "max");
+  EXPECT_EQ(proto["gqa"], "mean");
+  EXPECT_EQ(proto["chunks"], "auto");
+  EXPECT_EQ(proto["chunk_len"], 16);
+  EXPECT_EQ(proto["max_chunks"], 496);
+  EXPECT_EQ(proto["lsh_bits"], 2);
+  EXPECT_EQ(proto["buckets"], 4);
+  EXPECT_EQ(proto["irregular"], 12);
+  EXPECT_DOUBLE_EQ(proto["gamma"].get<double>(), 1.0);
+  EXPECT_EQ(proto["seed"], 0);
+  EXPECT_EQ(proto["deviation"], "chunk");
+  EXPECT_EQ(proto["score"], "mean");
+  EXPECT_EQ(proto["select"], "tokens");
+  EXPECT_EQ(proto["prototypes"], "hybrid");
+  EXPECT_EQ(proto["allocator"], "uniform");
+}
+
+TEST(PressOptions, OptionsAreParsedAndRecorded) {
+  const auto snap = make_press("snapkv:window=16,pool=5,pool_type=avg,gqa=max")->config();
+  EXPECT_EQ(snap["window"], 16);
+  EXPECT_EQ(snap["pool"], 5);
+  EXPECT_EQ(snap["pool_type"], "avg");
+  EXPECT_EQ(snap["gqa"], "max");
+
+  // irregular follows lsh_bits (p = 3u) unless given.
+  const auto proto = make_press("protokv:lsh_bits=3,chunks=64,seed=7,gamma=0.5")->config();
+  EXPECT_EQ(proto["irregular"], 24);
+  EXPECT_EQ(proto["chunks"], 64);
+  EXPECT_FALSE(proto.contains("chunk_len"));
+  EXPECT_EQ(proto["seed"], 7);
+  EXPECT_DOUBLE_EQ(proto["gamma"].get<double>(), 0.5);
+
+  const auto neighbour = make_press("protokv:deviation=neighbourhood,kappa=3")->config();
+  EXPECT_EQ(neighbour["kappa"], 3);
+
+  // Composition: a scorer with another allocator.
+  const auto composed = make_press("protokv:floor=0.5", "adakv")->config();
+  EXPECT_EQ(composed["allocator"], "adakv");
+  EXPECT_DOUBLE_EQ(composed["floor"].get<double>(), 0.5);
+  EXPECT_EQ(make_press("adakv", "adakv")->config()["allocator"], "adakv");
+  EXPECT_EQ(make_press("snapkv", "pyramid")->config()["allocator"], "pyramid");
+  EXPECT_EQ(make_press("h2o:decode=1", "pyramid")->config()["decode"], true);
+}
+
+TEST(PressOptions, UserErrorsAreOneLineErrors) {
+  struct Case {
+    std::string spec, alloc, expect;
+  };
+  const std::vector<Case> cases = {
+      {"nosuch", "", "unknown press 'nosuch'"},
+      {"snapkv:windw=8", "", "unknown option 'windw'"},
+      {"snapkv:window=abc", "", "not an integer"},
+      {"snapkv:window=8x", "", "not an integer"},
+      {"snapkv:window=0", "", "out of range"},
+      {"snapkv:pool=4", "", "must be odd"},
+      {"snapkv:pool_type=median", "", "not one of max|avg"},
+      {"snapkv:gqa=first", "", "not one of mean|max|sum"},
+      {"snapkv:window", "", "malformed option"},
+      {"snapkv:window=8,", "", "malformed option"},
+      {"snapkv:=8", "", "malformed option"},
+      {"snapkv:window=8,window=9", "", "given twice"},
+      {"snapkv", "nosuch", "unknown allocator 'nosuch'"},
+      {"snapkv:beta=10", "", "unknown option 'beta'"},  // beta belongs to the pyramid allocator
+      {"pyramidkv", "adakv", "contradicts"},
+      {"pyramidkv", "uniform", "contradicts"},
+      {"adakv", "pyramid", "contradicts"},
+      {"full:window=8", "", "takes no options"},
+      {"full", "adakv", "takes no allocator"},
+      {"streaming_llm:window=8", "", "unknown option 'window'"},
+      {"streaming_llm", "pyramid", "takes no allocator"},
+      {"h2o:pool=7", "", "unknown option 'pool'"},
+      {"h2o:decode=maybe", "", "not a boolean"},
+      {"adakv:floor=1.5", "", "out of range"},
+      {"adakv:floor=nan", "", "not a number"},
+      {"protokv:chunks=64,chunk_len=8", "", "contradicts"},
+      {"protokv:chunks=0", "", "out of range"},
+      {"protokv:kappa=3", "", "contradicts deviation=chunk"},
+      {"protokv:score=sum_logits,pool=5", "", "contradicts score=sum_logits"},
+      {"protokv:prototypes=chunk,irregular=4", "", "contradicts prototypes=chunk"},
+      {"protokv:prototypes=lsh,deviation=neighbourhood", "", "contradicts prototypes=lsh"},
+      {"protokv:lsh_bits=11", "", "out of range"},
+      {"protokv:seed=-1", "", "not a non-negative integer"},
+      {"protokv:gamma=0", "", "out of range"},
+      {"protokv:select=all", "", "not one of tokens|clusters"},
+  };
+  for (const auto& c : cases) {
+    const std::string message = error_of(c.spec, c.alloc);
+    EXPECT_NE(message.find(c.expect), std::string::npos)
+        << c.spec << " --alloc '" << c.alloc << "' gave: '" << message << "'";
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+TEST(PressOptions, BudgetSmallerThanWindowOrSinksIsRejectedWithBothNumbers) {
+  SyntheticLayer layer(100, 4, 2, 8);
+  auto snap = make_press("snapkv:window=16");
+  try {
+    snap->begin(layer.info(), testing::entries(10));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("10"), std::string::npos) << message;
+    EXPECT_NE(message.find("16"), std::string::npos) << message;
+  }
+  EXPECT_NO_THROW(snap->begin(layer.info(), testing::entries(16)));  // window only: allowed
+
+  auto streaming = make_press("streaming_llm:sinks=8");
+  try {
+    streaming->begin(layer.info(), testing::entries(8));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sinks 8"), std::string::npos) << e.what();
+  }
+  // A ratio that resolves below the window is rejected too.
+  Budget ratio;
+  ratio.ratio = 0.05;  // 5 of 100 tokens
+  EXPECT_THROW(make_press("protokv")->begin(layer.info(), ratio), Error);
+  // A budget covering the prompt compresses nothing, so it is never too small.
+  SyntheticLayer tiny(5, 4, 2, 8);
+  EXPECT_NO_THROW(make_press("snapkv")->begin(tiny.info(), testing::entries(6)));
+}
+
+}  // namespace
+}  // namespace protokv

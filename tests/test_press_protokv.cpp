@@ -1,0 +1,438 @@
+// ProtoKV: each step of Algorithm 1 on hand-made keys (deviation, irregular set, LSH, prototypes,
+// assignment, cluster-pooled scores), the planted-cluster scenario the method is built for, and
+// the variants of paper 002.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "press/options.h"
+#include "press/protokv.h"
+#include "press/protokv_clustering.h"
+#include "press/window_scores.h"
+#include "protokv/press_registry.h"
+#include "test_press_util.h"
+
+namespace protokv {
+namespace {
+
+using testing::SyntheticLayer;
+
+// Keys drifting smoothly (a vector rotating slowly in the (e0, e1) plane, plus small noise), and a
+// few far-apart tokens that share the planted direction e5 instead.
+struct DriftWithPlanted {
+  static constexpr int kDim = 32;
+  std::vector<float> keys;  // [n, kDim]
+  std::vector<int32_t> planted = {37, 111, 190, 260, 333, 389};
+  int64_t n;
+
+  explicit DriftWithPlanted(int64_t tokens, uint64_t seed = 1) : n(tokens) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> noise(0.0f, 0.02f), tiny(0.0f, 0.001f);
+    keys.resize(static_cast<size_t>(n * kDim));
+    const double step = 2.0 * M_PI / 400.0;
+    for (int64_t t = 0; t < n; ++t) {
+      float* k = keys.data() + t * kDim;
+      for (int c = 0; c < kDim; ++c) k[c] = noise(rng);
+      k[0] += static_cast<float>(std::cos(step * static_cast<double>(t)));
+      k[1] += static_cast<float>(std::sin(step * static_cast<double>(t)));
+    }
+    for (const int32_t t : planted) {
+      float* k = keys.data() + static_cast<int64_t>(t) * kDim;
+      for (int c = 0; c < kDim; ++c) k[c] = tiny(rng);
+      k[5] += 1.0f;
+    }
+  }
+};
+
+press::ClusteringConfig hybrid_config(int64_t chunks, uint64_t seed) {
+  press::ClusteringConfig config;
+  config.chunks = chunks;
+  config.lsh_bits = 2;
+  config.irregular = 12;
+  config.gamma = 1.0;
+  config.lsh_seed = seed;
+  return config;
+}
+
+TEST(ProtoKvChunks, ConsecutiveChunksCoverEveryTokenWithBalancedSizes) {
+  for (const int64_t n : {1, 7, 100, 401}) {
+    for (const int64_t k : {int64_t{1}, int64_t{3}, std::min<int64_t>(n, 16), n}) {
+      EXPECT_EQ(press::chunk_begin(0, n, k), 0);
+      EXPECT_EQ(press::chunk_begin(k, n, k), n);
+      for (int64_t m = 0; m < k; ++m) {
+        const int64_t size = press::chunk_begin(m + 1, n, k) - press::chunk_begin(m, n, k);
+        EXPECT_GE(size, n / k);
+        EXPECT_LE(size, (n + k - 1) / k);
+      }
+    }
+  }
+  press::ProtoKvConfig config;
+  EXPECT_EQ(config.resolve_chunks(400), 25);      // round(400 / 16)
+  EXPECT_EQ(config.resolve_chunks(100000), 496);  // clamp to max_chunks
+  EXPECT_EQ(config.resolve_chunks(5), 1);         // round(5 / 16) = 0 -> 1
+  config.chunks = 64;
+  EXPECT_EQ(config.resolve_chunks(30), 30);  // never more chunks than tokens
+}
+
+TEST(ProtoKvDeviation, ChunkDeviationIsStandardisedCosineDissimilarity) {
+  // Chunk 0: four identical keys (sigma = 0 -> delta 0). Chunk 1: (1,0) x3 and (0,1):
+  // mu = (0.75, 0.25), per-channel variance 0.1875 each, ||sigma|| = sqrt(0.375);
+  // delta(0,1) = (1 - 0.25/|mu|)/||sigma||, delta(1,0) = (1 - 0.75/|mu|)/||sigma||.
+  const std::vector<float> keys = {2, 1, 2, 1, 2, 1, 2, 1, 1, 0, 1, 0, 1, 0, 0, 1};
+  std::vector<float> delta(8);
+  press::chunk_deviation(keys.data(), 8, 2, 2, delta.data());
+  const double mu = std::sqrt(0.75 * 0.75 + 0.25 * 0.25), sigma = std::sqrt(0.375);
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(delta[static_cast<size_t>(t)], 0.0f);
+  for (int t = 4; t < 7; ++t)
+    EXPECT_NEAR(delta[static_cast<size_t>(t)], (1 - 0.75 / mu) / sigma, 1e-6);
+  EXPECT_NEAR(delta[7], (1 - 0.25 / mu) / sigma, 1e-6);
+  EXPECT_EQ(press::top_indices(delta.data(), 8, 1), std::vector<int32_t>{7});
+  // Ties go to the lower index.
+  EXPECT_EQ(press::top_indices(delta.data(), 8, 3), (std::vector<int32_t>{4, 5, 7}));
+}
+
+TEST(ProtoKvDeviation, PlantedTokensAreTheIrregularSetUnderBothDeviations) {
+  const DriftWithPlanted data(400);
+  const std::set<int32_t> planted(data.planted.begin(), data.planted.end());
+  for (const auto deviation : {press::Deviation::Chunk, press::Deviation::Neighbourhood}) {
+    auto config = hybrid_config(25, 3);
+    config.deviation = deviation;
+    config.irregular = static_cast<int64_t>(data.planted.size());
+    const press::Clustering clusters =
+        press::cluster_keys(data.keys.data(), data.n, DriftWithPlanted::kDim, config);
+    EXPECT_EQ(std::set<int32_t>(clusters.irregular.begin(), clusters.irregular.end()), planted)
+        << (deviation == press::Deviation::Chunk ? "chunk" : "neighbourhood");
+  }
+}
+
+TEST(ProtoKvClustering, PlantedTokensShareOneIrregularPrototype) {
+  const DriftWithPlanted data(400);
+  const std::set<int32_t> planted(data.planted.begin(), data.planted.end());
+  for (const uint64_t seed : {1u, 2u, 3u, 4u, 5u}) {
+    const press::Clustering clusters = press::cluster_keys(
+        data.keys.data(), data.n, DriftWithPlanted::kDim, hybrid_config(25, seed));
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    // p = 12 >= 6: every planted token is in O.
+    for (const int32_t t : data.planted)
+      EXPECT_TRUE(std::binary_search(clusters.irregular.begin(), clusters.irregular.end(), t)) << t;
+    ASSERT_EQ(clusters.irregular.size(), 12u);
+    // 25 regular prototypes (no chunk is emptied by O) plus at most u = 4 buckets.
+    EXPECT_EQ(clusters.n_regular, 25);
+    EXPECT_LE(clusters.n_prototypes(), 25 + 4);
+    const int32_t cluster = clusters.assignment[static_cast<size_t>(data.planted[0])];
+    EXPECT_GE(cluster, clusters.n_regular) << "planted tokens should follow an irregular prototype";
+    for (int64_t t = 0; t < data.n; ++t) {
+      const bool in_cluster = clusters.assignment[static_cast<size_t>(t)] == cluster;
+      EXPECT_EQ(in_cluster, planted.count(static_cast<int32_t>(t)) == 1) << "token " << t;
+    }
+    // Prototypes are unit vectors.
+    for (int p = 0; p < clusters.n_prototypes(); ++p) {
+      const float* c =
+          clusters.prototypes.data() + static_cast<int64_t>(p) * DriftWithPlanted::kDim;
+      double norm = 0.0;
+      for (int i = 0; i < DriftWithPlanted::kDim; ++i) norm += static_cast<double>(c[i]) * c[i];
+      EXPECT_NEAR(norm, 1.0, 1e-5);
+    }
+  }
+}
+
+TEST(ProtoKvClustering, RegularPrototypeIsTheNormalisedChunkSumWithoutIrregularTokens) {
+  const DriftWithPlanted data(400);
+  const auto config = hybrid_config(25, 1);
+  const press::Clustering clusters =
+      press::cluster_keys(data.keys.data(), data.n, DriftWithPlanted::kDim, config);
+  const std::set<int32_t> irregular(clusters.irregular.begin(), clusters.irregular.end());
+  for (int m = 0; m < clusters.n_regular; ++m) {
+    ASSERT_EQ(clusters.origin[static_cast<size_t>(m)], m);
+    std::vector<double> sum(DriftWithPlanted::kDim, 0.0);
+    for (int64_t t = press::chunk_begin(m, 400, 25); t < press::chunk_begin(m + 1, 400, 25); ++t) {
+      if (irregular.count(static_cast<int32_t>(t))) continue;
+      for (int c = 0; c < DriftWithPlanted::kDim; ++c)
+        sum[static_cast<size_t>(c)] +=
+            data.keys[static_cast<size_t>(t * DriftWithPlanted::kDim + c)];
+    }
+    double norm = 0.0;
+    for (double v : sum) norm += v * v;
+    norm = std::sqrt(norm);
+    for (int c = 0; c < DriftWithPlanted::kDim; ++c)
+      EXPECT_NEAR(clusters.prototypes[static_cast<size_t>(m * DriftWithPlanted::kDim + c)],
+                  sum[static_cast<size_t>(c)] / norm, 1e-5);
+  }
+}
+
+TEST(ProtoKvLsh, BucketIsTheBinaryCodeOfTheCosineSignsMostSignificantFirst) {
+  press::LshProjection lsh;
+  lsh.bits = 2;
+  lsh.head_dim = 2;
+  lsh.w = {3, 0, 0, 3};  // W = 3 I
+  lsh.phase = {0, 0};
+  const float x[2] = {1, 0}, y[2] = {0, 1};
+  // x: cos(3) < 0, cos(0) > 0 -> bits (0, 1) -> 1. y: cos(0) > 0, cos(3) < 0 -> (1, 0) -> 2.
+  EXPECT_EQ(press::lsh_bucket(lsh, x), 1);
+  EXPECT_EQ(press::lsh_bucket(lsh, y), 2);
+}
+
+TEST(ProtoKvLsh, ProjectionIsReproducibleForASeedAndDrawnFromTheStatedDistributions) {
+  constexpr int kDim = 16;
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal;
+  std::vector<float> keys(100 * kDim), unit(keys.size());
+  for (float& x : keys) x = normal(rng);
+  press::normalise_rows(keys.data(), 100, kDim, unit.data());
+  auto buckets = [&](uint64_t seed) {
+    const auto lsh = press::make_lsh_projection(3, kDim, 1.0, seed);
+    std::vector<int32_t> out;
+    for (int t = 0; t < 100; ++t) out.push_back(press::lsh_bucket(lsh, unit.data() + t * kDim));
+    return out;
+  };
+  EXPECT_EQ(buckets(11), buckets(11));
+  EXPECT_NE(buckets(11), buckets(12));
+  for (const int32_t b : buckets(11)) {
+    EXPECT_GE(b, 0);
+    EXPECT_LT(b, 8);
+  }
+  // Per-head seeds differ across heads and layers but are fixed.
+  EXPECT_EQ(press::lsh_seed_for(0, 1, 2), press::lsh_seed_for(0, 1, 2));
+  EXPECT_NE(press::lsh_seed_for(0, 1, 2), press::lsh_seed_for(0, 2, 1));
+  EXPECT_NE(press::lsh_seed_for(0, 1, 2), press::lsh_seed_for(1, 1, 2));
+
+  // W ~ N(0, gamma^2), b ~ U(0, 2 pi): moments over 20000 draws.
+  const auto big = press::make_lsh_projection(10, 2000, 2.0, 99);
+  double mean = 0.0, var = 0.0;
+  for (float w : big.w) mean += w;
+  mean /= static_cast<double>(big.w.size());
+  for (float w : big.w) var += (w - mean) * (w - mean);
+  var /= static_cast<double>(big.w.size());
+  EXPECT_NEAR(mean, 0.0, 0.05);
+  EXPECT_NEAR(std::sqrt(var), 2.0, 0.05);
+  for (float b : big.phase) {
+    EXPECT_GE(b, 0.0f);
+    EXPECT_LT(b, 2.0f * static_cast<float>(M_PI) + 1e-6f);
+  }
+}
+
+TEST(ProtoKvAssignment, GemmArgmaxMatchesNaiveCosineArgmaxAcrossBlocks) {
+  constexpr int kDim = 24, kPrototypes = 7;
+  constexpr int64_t kTokens = 300;  // more than one 256-row block
+  std::mt19937_64 rng(6);
+  std::normal_distribution<float> normal;
+  std::vector<float> keys(kTokens * kDim), protos(kPrototypes * kDim);
+  for (float& x : keys) x = normal(rng);
+  for (float& x : protos) x = normal(rng);
+  press::normalise_rows(protos.data(), kPrototypes, kDim, protos.data());
+  std::vector<int32_t> assignment(kTokens);
+  // Raw keys: scaling a row does not change its argmax over unit prototypes.
+  press::assign_to_prototypes(keys.data(), kTokens, kDim, protos.data(), kPrototypes,
+                              assignment.data());
+  for (int64_t t = 0; t < kTokens; ++t) {
+    int best = 0;
+    double best_cos = -2.0;
+    for (int p = 0; p < kPrototypes; ++p) {
+      double dot = 0.0, nk = 0.0;
+      for (int c = 0; c < kDim; ++c) {
+        dot += static_cast<double>(keys[static_cast<size_t>(t * kDim + c)]) *
+               protos[static_cast<size_t>(p * kDim + c)];
+        nk += static_cast<double>(keys[static_cast<size_t>(t * kDim + c)]) *
+              keys[static_cast<size_t>(t * kDim + c)];
+      }
+      const double cosine = dot / std::sqrt(nk);
+      if (cosine > best_cos) best_cos = cosine, best = p;
+    }
+    EXPECT_EQ(assignment[static_cast<size_t>(t)], best) << t;
+  }
+}
+
+TEST(ProtoKvAblations, PrototypeSetsHaveTheSamePrototypeBudget) {
+  const DriftWithPlanted data(400);
+  auto config = hybrid_config(25, 2);
+  config.prototypes = press::PrototypeSet::Chunk;
+  const auto chunk = press::cluster_keys(data.keys.data(), data.n, DriftWithPlanted::kDim, config);
+  EXPECT_TRUE(chunk.irregular.empty());
+  EXPECT_EQ(chunk.n_prototypes(), 25 + 4);  // k + u chunks
+  EXPECT_EQ(chunk.n_regular, 29);
+
+  config.prototypes = press::PrototypeSet::Lsh;
+  const auto lsh = press::cluster_keys(data.keys.data(), data.n, DriftWithPlanted::kDim, config);
+  EXPECT_TRUE(lsh.irregular.empty());
+  EXPECT_EQ(lsh.n_regular, 0);
+  EXPECT_GE(lsh.n_prototypes(), 2);
+  EXPECT_LE(lsh.n_prototypes(), 32);  // r' = round(log2(29)) = 5 bits
+  for (const int32_t origin : lsh.origin) EXPECT_LT(origin, 32);
+  for (const int32_t a : lsh.assignment) EXPECT_LT(a, lsh.n_prototypes());
+}
+
+// A one-KV-head layer with the drift keys. The window queries point at planted token 190, whose
+// key is three times longer than the other planted keys, so attention concentrates on it; they
+// also point at the drift direction of token 300 (angle 3 pi / 2), so that the regular tokens
+// around 300 get more attention than the other planted tokens: logits 60/sqrt(32) for 190,
+// 30/sqrt(32) for the keys near 300, 20/sqrt(32) for the other planted ones.
+SyntheticLayer planted_layer(const DriftWithPlanted& data, int64_t window) {
+  SyntheticLayer layer(data.n + window, 2, 1, DriftWithPlanted::kDim);
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> noise(0.0f, 0.02f);
+  for (int64_t t = 0; t < layer.n; ++t)
+    for (int c = 0; c < layer.d; ++c)
+      layer.key(0, t)[c] =
+          t < data.n ? data.keys[static_cast<size_t>(t * layer.d + c)] : noise(rng);
+  for (int c = 0; c < layer.d; ++c) layer.key(0, 190)[c] *= 3.0f;
+  for (int qh = 0; qh < 2; ++qh)
+    for (int64_t t = data.n; t < layer.n; ++t) {
+      layer.query(qh, t)[5] = 20.0f;
+      layer.query(qh, t)[1] = -30.0f;
+    }
+  for (size_t i = 0; i < layer.v.size(); ++i) layer.v[i] = static_cast<float>(i % 13);
+  return layer;
+}
+
+TEST(ProtoKvPress, ConcentratedAttentionOnOnePlantedTokenKeepsItsWholeCluster) {
+  const DriftWithPlanted data(400);
+  constexpr int64_t kWindow = 8;
+  const SyntheticLayer layer = planted_layer(data, kWindow);
+  const std::vector<int32_t> window = {400, 401, 402, 403, 404, 405, 406, 407};
+  for (const std::string spec :
+       {"protokv:pool=1", "protokv:pool=1,select=clusters",
+        "protokv:pool=1,deviation=neighbourhood", "protokv:pool=1,seed=9"}) {
+    SCOPED_TRACE(spec);
+    auto press = make_press(spec);
+    press->begin(layer.info(), testing::entries(kWindow + 6));
+    LayerCache cache = layer.empty_cache();
+    press->compress_prefill(layer.view(), cache);
+    std::vector<int32_t> expected = data.planted;
+    expected.insert(expected.end(), window.begin(), window.end());
+    EXPECT_EQ(testing::kept_positions(cache.heads[0]), expected);
+    testing::expect_valid_head(layer, cache.heads[0], 0, kWindow);
+  }
+  // SnapKV at the same budget keeps 190 and then follows attention alone: tokens around 300,
+  // none of the other planted ones.
+  auto snap = make_press("snapkv:pool=1");
+  snap->begin(layer.info(), testing::entries(kWindow + 6));
+  LayerCache cache = layer.empty_cache();
+  snap->compress_prefill(layer.view(), cache);
+  const auto kept = testing::kept_positions(cache.heads[0]);
+  EXPECT_NE(std::find(kept.begin(), kept.end(), 190), kept.end());
+  for (const int32_t t : kept) {
+    if (t != 190 && t < 400) {
+      EXPECT_NEAR(t, 300, 30);
+    }
+  }
+}
+
+// Expected kept set from the definitions: clusters from cluster_keys with the press's own
+// configuration, own scores from the (separately tested) window scores or window logit sums.
+std::vector<int32_t> expected_protokv_kept(const SyntheticLayer& layer, int h,
+                                           const press::ProtoKvConfig& config, int64_t budget) {
+  const int64_t w = config.window_scores.window, prefix = layer.n - w;
+  const auto view = layer.view();
+  std::vector<double> own(static_cast<size_t>(prefix));
+  if (config.score == press::ClusterScore::Mean) {
+    std::vector<float> pooled(static_cast<size_t>(prefix));
+    press::window_scores_kv_head(view, h, config.window_scores, pooled.data());
+    for (int64_t t = 0; t < prefix; ++t)
+      own[static_cast<size_t>(t)] = pooled[static_cast<size_t>(t)];
+  } else {
+    const int group = layer.n_heads / layer.n_kv_heads;
+    std::vector<double> qsum(static_cast<size_t>(layer.d), 0.0);
+    for (int g = 0; g < group; ++g)
+      for (int64_t i = prefix; i < layer.n; ++i)
+        for (int c = 0; c < layer.d; ++c)
+          qsum[static_cast<size_t>(c)] +=
+              layer.q[static_cast<size_t>(((h * group + g) * layer.n + i) * layer.d + c)];
+    for (int64_t t = 0; t < prefix; ++t)
+      for (int c = 0; c < layer.d; ++c)
+        own[static_cast<size_t>(t)] +=
+            qsum[static_cast<size_t>(c)] *
+            layer.k[static_cast<size_t>((h * layer.n + t) * layer.d + c)];
+  }
+  const auto clusters = press::cluster_keys(layer.k.data() + h * layer.n * layer.d, prefix, layer.d,
+                                            config.clustering(prefix, layer.layer, h));
+  std::map<int32_t, double> sum;
+  std::map<int32_t, int64_t> size;
+  for (int64_t t = 0; t < prefix; ++t) {
+    sum[clusters.assignment[static_cast<size_t>(t)]] += own[static_cast<size_t>(t)];
+    ++size[clusters.assignment[static_cast<size_t>(t)]];
+  }
+  auto cluster_score = [&](int32_t c) {
+    return config.score == press::ClusterScore::Mean ? sum[c] / static_cast<double>(size[c])
+                                                     : sum[c];  // Eq. 18 / psi
+  };
+  std::vector<int32_t> order(static_cast<size_t>(prefix));
+  std::iota(order.begin(), order.end(), 0);
+  const bool whole_clusters = config.select == press::Selection::Clusters;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const int32_t ca = clusters.assignment[static_cast<size_t>(a)],
+                  cb = clusters.assignment[static_cast<size_t>(b)];
+    const double sa = cluster_score(ca), sb = cluster_score(cb);
+    if (sa != sb) return sa > sb;
+    if (whole_clusters && ca != cb) return ca < cb;
+    return own[static_cast<size_t>(a)] > own[static_cast<size_t>(b)];
+  });
+  order.resize(static_cast<size_t>(budget - w));
+  for (int64_t j = prefix; j < layer.n; ++j) order.push_back(static_cast<int32_t>(j));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+class ProtoKvVariants : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ProtoKvVariants, KeptSetFollowsTheClusterScoresOfTheDefinition) {
+  constexpr int64_t kBudget = 40;
+  SyntheticLayer layer(300, 4, 2, 16);
+  layer.layer = 2;
+  layer.n_layers = 4;
+  layer.fill_random(17, 2.0f);
+  const std::string options = GetParam();
+  press::OptionReader reader("protokv", options);
+  const press::ProtoKvConfig config = press::read_protokv_options(reader);
+  auto press = make_press("protokv:" + options);
+  SyntheticLayer shape = layer;
+  press->begin(shape.info(), testing::entries(kBudget));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  for (int h = 0; h < 2; ++h) {
+    // float vs double sums can reorder near-equal clusters; the sets must still agree here.
+    EXPECT_EQ(testing::kept_positions(cache.heads[static_cast<size_t>(h)]),
+              expected_protokv_kept(layer, h, config, kBudget))
+        << options << " head " << h;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Press, ProtoKvVariants,
+                         ::testing::Values("seed=0", "select=clusters", "score=sum_logits",
+                                           "score=sum_logits,select=clusters",
+                                           "deviation=neighbourhood,irregular=20",
+                                           "prototypes=chunk", "prototypes=lsh,seed=5",
+                                           "chunks=7,lsh_bits=3,pool_type=avg,gqa=max"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return "variant" + std::to_string(info.index);
+                         });
+
+TEST(ProtoKvPress, SelectClustersKeepsWholeClustersAndTruncatesOnlyTheLast) {
+  constexpr int64_t kBudget = 50;
+  SyntheticLayer layer(400, 2, 1, 16);
+  layer.fill_random(23, 2.0f);
+  press::OptionReader reader("protokv", "select=clusters,chunks=20");
+  const auto config = press::read_protokv_options(reader);
+  auto press = make_press("protokv:select=clusters,chunks=20");
+  press->begin(layer.info(), testing::entries(kBudget));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  const int64_t prefix = layer.n - 8;
+  const auto clusters =
+      press::cluster_keys(layer.k.data(), prefix, layer.d, config.clustering(prefix, 0, 0));
+  std::map<int32_t, int64_t> total, kept;
+  for (const int32_t a : clusters.assignment) ++total[a];
+  for (const int32_t p : cache.heads[0].positions())
+    if (p < prefix) ++kept[clusters.assignment[static_cast<size_t>(p)]];
+  int partial = 0;
+  for (const auto& [c, count] : kept) partial += count < total[c] ? 1 : 0;
+  EXPECT_LE(partial, 1);
+  EXPECT_EQ(cache.heads[0].size(), kBudget);
+}
+
+}  // namespace
+}  // namespace protokv

@@ -1,0 +1,117 @@
+#pragma once
+// Synthetic layers for press tests: random or hand-made Q/K/V in the engine's layout, and the
+// invariants every compressed cache must satisfy.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "protokv/kv_cache.h"
+#include "protokv/press.h"
+
+namespace protokv::testing {
+
+struct SyntheticLayer {
+  int layer = 0;
+  int n_layers = 1;
+  int64_t n = 0;
+  int d = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  std::vector<float> q;  // [n_heads, n, d]
+  std::vector<float> k;  // [n_kv_heads, n, d]
+  std::vector<float> v;  // [n_kv_heads, n, d]
+  std::vector<int32_t> positions;
+
+  SyntheticLayer(int64_t tokens, int heads, int kv_heads, int head_dim)
+      : n(tokens), d(head_dim), n_heads(heads), n_kv_heads(kv_heads) {
+    q.assign(static_cast<size_t>(heads * tokens * head_dim), 0.0f);
+    k.assign(static_cast<size_t>(kv_heads * tokens * head_dim), 0.0f);
+    v.assign(k.size(), 0.0f);
+    positions.resize(static_cast<size_t>(tokens));
+    for (int64_t i = 0; i < tokens; ++i)
+      positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  }
+
+  void fill_random(uint64_t seed, float q_scale = 1.0f) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& x : q) x = q_scale * normal(rng);
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+  }
+
+  float* key(int h, int64_t t) { return k.data() + (static_cast<int64_t>(h) * n + t) * d; }
+  float* query(int h, int64_t t) { return q.data() + (static_cast<int64_t>(h) * n + t) * d; }
+
+  LayerView view() const {
+    LayerView view;
+    view.layer = layer;
+    view.n_layers = n_layers;
+    view.n_tokens = n;
+    view.head_dim = d;
+    view.n_heads = n_heads;
+    view.n_kv_heads = n_kv_heads;
+    view.q = q.data();
+    view.k = k.data();
+    view.v = v.data();
+    view.positions = positions.data();
+    return view;
+  }
+
+  SequenceInfo info() const {
+    SequenceInfo info;
+    info.n_layers = n_layers;
+    info.n_heads = n_heads;
+    info.n_kv_heads = n_kv_heads;
+    info.head_dim = d;
+    info.n_tokens = n;
+    return info;
+  }
+
+  LayerCache empty_cache() const {
+    LayerCache cache;
+    cache.heads.assign(static_cast<size_t>(n_kv_heads), HeadCache(d));
+    return cache;
+  }
+};
+
+inline Budget entries(int64_t b) {
+  Budget budget;
+  budget.entries = b;
+  return budget;
+}
+
+// Kept positions are unique and ascending, the last `window` and the first `sinks` tokens are
+// kept, and every stored key/value row equals the input row at its position.
+inline void expect_valid_head(const SyntheticLayer& layer, const HeadCache& head, int h,
+                              int64_t window, int64_t sinks = 0) {
+  const auto positions = head.positions();
+  for (size_t i = 1; i < positions.size(); ++i)
+    ASSERT_LT(positions[i - 1], positions[i]) << "head " << h << " entry " << i;
+  const std::set<int32_t> kept(positions.begin(), positions.end());
+  for (int64_t j = layer.n - window; j < layer.n; ++j)
+    EXPECT_TRUE(kept.count(static_cast<int32_t>(j))) << "window token " << j << " head " << h;
+  for (int64_t j = 0; j < sinks && j < layer.n; ++j)
+    EXPECT_TRUE(kept.count(static_cast<int32_t>(j))) << "sink token " << j << " head " << h;
+  for (int64_t e = 0; e < head.size(); ++e) {
+    const int64_t t = positions[static_cast<size_t>(e)];
+    ASSERT_GE(t, 0);
+    ASSERT_LT(t, layer.n);
+    const float* k = layer.k.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
+    const float* v = layer.v.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
+    for (int c = 0; c < layer.d; ++c) {
+      ASSERT_EQ(head.key(e)[c], k[c]) << "head " << h << " position " << t;
+      ASSERT_EQ(head.value(e)[c], v[c]) << "head " << h << " position " << t;
+    }
+    EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], 0.0f);
+  }
+}
+
+inline std::vector<int32_t> kept_positions(const HeadCache& head) {
+  return {head.positions().begin(), head.positions().end()};
+}
+
+}  // namespace protokv::testing
