@@ -1,5 +1,6 @@
 // Tiled causal prefill attention and decode attention against the full-matrix softmax.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <random>
@@ -87,6 +88,23 @@ TEST(KernelsAttention, PrefillHeadsHandlesGqaGroupsStridesAndChunks) {
   if (!small) cases.push_back({8, 2, 64, 300, 257});
   for (Isa isa : compiled_isas())
     for (const GqaCase& c : cases) check_prefill_heads(isa, c, rng);
+}
+
+// The prefill kernels pin BLAS to the calling thread while they run; the caller's thread
+// setting must be back afterwards.
+TEST(KernelsAttention, PrefillRestoresTheThreadSetting) {
+  const int before = omp_get_max_threads();
+  std::mt19937 rng(25);
+  const int64_t n = 40;
+  const int d = 8;
+  const auto q = random_vector(rng, n * d), k = random_vector(rng, n * d);
+  const auto v = random_vector(rng, n * d);
+  std::vector<float> out(n * d);
+  attention_prefill(q.data(), k.data(), v.data(), n, d, out.data());
+  EXPECT_EQ(omp_get_max_threads(), before);
+  attention_prefill_heads({q.data(), d, d}, {k.data(), d, d}, {v.data(), d, d}, {out.data(), d, d},
+                          n, 0, 1, 1, d);
+  EXPECT_EQ(omp_get_max_threads(), before);
 }
 
 TEST(KernelsAttention, PrefillHeadsRejectsHeadsThatDoNotGroup) {

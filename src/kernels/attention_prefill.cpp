@@ -13,6 +13,7 @@
 
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "kernels/serial_blas.h"
 #include "protokv/error.h"
 
 namespace protokv::kernels {
@@ -125,6 +126,8 @@ void prefill_heads_impl(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView 
   // balance under the dynamic schedule.
 #pragma omp parallel if (n_items > 1)
   {
+    // A no-op in an active region; with a single work item it stops BLAS forking per tile.
+    const SerialBlasScope serial_blas;
     TileScratch scratch(d, group);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < n_items; ++item) {
@@ -169,6 +172,7 @@ void attention_prefill(const float* q, const float* k, const float* v, int64_t n
                        float* out) {
   if (n <= 0 || d <= 0) return;
   const GroupAttention a{{q, d, d}, k, d, v, d, {out, d, d}, 1, d, 0};
+  const SerialBlasScope serial_blas;  // documented single-threaded, BLAS included
   TileScratch scratch(d, 1);
   const int64_t tile_tokens = tokens_per_tile(1);
   for (int64_t t0 = 0; t0 < n; t0 += tile_tokens)
