@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "cli/human_units.h"
 #include "protokv/error.h"
@@ -50,27 +51,16 @@ nlohmann::json describe(const InfoOptions& options) {
   if (model.format == "gguf") gguf = GgufFile::open(options.model_path);
   const ModelConfig& c = model.weights.config;
 
-  nlohmann::json j;
+  // The shapes every command reports (cli_common), plus what only `info` shows.
+  nlohmann::json j = model_json(model);
   j["path"] = options.model_path;
-  j["format"] = model.format;
   j["file_bytes"] = std::filesystem::file_size(options.model_path);
-  j["architecture"] = c.architecture;
-  j["dim"] = c.dim;
-  j["hidden_dim"] = c.hidden_dim;
-  j["n_layers"] = c.n_layers;
-  j["n_heads"] = c.n_heads;
-  j["n_kv_heads"] = c.n_kv_heads;
-  j["head_dim"] = c.head_dim();
-  j["vocab_size"] = c.vocab_size;
-  j["context_length"] = c.context_length;
   // Floats through their shortest decimal form, so 1e-5f prints as 1e-05.
   j["rope_theta"] = std::stod(fmt::format("{}", c.rope_theta));
   j["norm_eps"] = std::stod(fmt::format("{}", c.norm_eps));
   j["rope_neox"] = c.rope_neox;
   j["shared_classifier"] = c.shared_classifier;
   j["tensor_types"] = tensor_type_counts(model, gguf ? &*gguf : nullptr);
-  j["parameters"] = model.weights.parameter_count();
-  j["weight_bytes"] = model.weights.weight_bytes();
   if (model.tokenizer) {
     j["tokenizer"] = {{"vocab_size", model.tokenizer->vocab_size()},
                       {"bos_id", model.tokenizer->bos_id()},

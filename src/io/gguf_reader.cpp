@@ -1,9 +1,5 @@
 // GGUF reader: maps the file and validates every count, length and offset against the file size
 // before allocating anything, so a corrupt or hostile file ends in one Error line.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -11,6 +7,7 @@
 #include <unordered_set>
 
 #include "io/gguf_value.h"
+#include "io/mapped_file.h"
 #include "model/gguf_names.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
@@ -226,33 +223,6 @@ GgufTensorInfo parse_tensor_info(Cursor& in) {
   return info;
 }
 
-std::shared_ptr<const void> map_file(const std::string& path, size_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open {}: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail("cannot stat {}: {}", path, std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("{}: not a regular file", path);
-  }
-  *size = static_cast<size_t>(st.st_size);
-  if (*size < 4) {
-    ::close(fd);
-    fail("{}: not a GGUF file (only {} bytes)", path, *size);
-  }
-  void* addr = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  if (addr == MAP_FAILED) fail("cannot map {}: {}", path, std::strerror(err));
-  const size_t length = *size;
-  return std::shared_ptr<const void>(
-      addr, [length](const void* p) { ::munmap(const_cast<void*>(p), length); });
-}
-
 }  // namespace
 
 int64_t GgufTensorInfo::element_count() const {
@@ -263,7 +233,7 @@ int64_t GgufTensorInfo::element_count() const {
 
 GgufFile GgufFile::open(const std::string& path) {
   GgufFile file;
-  file.mapping_ = map_file(path, &file.file_size_);
+  file.mapping_ = map_file(path, 4, "a GGUF file", &file.file_size_);
   const auto* base = static_cast<const uint8_t*>(file.mapping_.get());
   Cursor in(base, file.file_size_, path);
 

@@ -2,16 +2,13 @@
 // (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len) followed by F32 tensors in
 // the order of llama2.c's run.c (memory_map_weights). The file is memory-mapped and every
 // WeightMatrix points into the mapping; nothing is copied.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 
+#include "io/mapped_file.h"
 #include "model/loaders.h"
 #include "protokv/error.h"
 
@@ -20,30 +17,6 @@ namespace {
 
 constexpr size_t kHeaderInts = 7;
 constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
-
-// A read-only private mapping of a whole file, unmapped when the last owner goes away.
-std::shared_ptr<const void> map_file(const std::string& path, size_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open {}: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail("cannot stat {}: {}", path, std::strerror(err));
-  }
-  *size = static_cast<size_t>(st.st_size);
-  if (*size < kHeaderBytes) {
-    ::close(fd);
-    fail("{}: file too short for a llama2.c header ({} bytes)", path, *size);
-  }
-  void* data = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping stays valid after close
-  if (data == MAP_FAILED) fail("cannot map {}: {}", path, std::strerror(err));
-  const size_t length = *size;
-  return std::shared_ptr<const void>(
-      data, [length](const void* p) { ::munmap(const_cast<void*>(p), length); });
-}
 
 int32_t read_le_int32(const unsigned char* p) {
   const uint32_t v = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
@@ -82,7 +55,8 @@ WeightMatrix f32_matrix(const float* data, int64_t rows, int64_t cols) {
 
 ModelWeights load_llama2c_model(const std::string& path) {
   size_t file_size = 0;
-  std::shared_ptr<const void> mapping = map_file(path, &file_size);
+  std::shared_ptr<const void> mapping =
+      map_file(path, kHeaderBytes, "a llama2.c checkpoint", &file_size);
   const auto* bytes = static_cast<const unsigned char*>(mapping.get());
 
   int32_t header[kHeaderInts];
