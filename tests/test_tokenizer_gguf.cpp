@@ -115,16 +115,43 @@ TEST(TokenizerGguf, RejectsBadMetadata) {
   auto full = [&](GgufWriter& w) { original.write_gguf(w); };
   EXPECT_NO_THROW(load_with(full));
 
-  try {
-    load_with([&](GgufWriter& w) {
-      w.set_string("tokenizer.ggml.model", "gpt2");
-      w.set_string_array("tokenizer.ggml.tokens", original.pieces());
-    });
-    FAIL() << "expected an Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unsupported tokenizer model gpt2"), std::string::npos)
-        << e.what();
-  }
+  // Each bad file gives one error naming the problem.
+  auto expect_error = [&](const std::function<void(GgufWriter&)>& edit, const std::string& text) {
+    try {
+      load_with(edit);
+      ADD_FAILURE() << "expected an Error mentioning '" << text << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error(
+      [&](GgufWriter& w) {
+        w.set_string("tokenizer.ggml.model", "bert");
+        w.set_string_array("tokenizer.ggml.tokens", original.pieces());
+      },
+      "unsupported tokenizer model 'bert'");
+  // Byte-level BPE needs merges and a known pre-tokenizer.
+  expect_error(
+      [&](GgufWriter& w) {
+        w.set_string("tokenizer.ggml.model", "gpt2");
+        w.set_string_array("tokenizer.ggml.tokens", {"a", "b", "ab"});
+      },
+      "has no tokenizer.ggml.merges");
+  expect_error(
+      [&](GgufWriter& w) {
+        w.set_string("tokenizer.ggml.model", "gpt2");
+        w.set_string("tokenizer.ggml.pre", "no-such-pre");
+        w.set_string_array("tokenizer.ggml.tokens", {"a", "b", "ab"});
+        w.set_string_array("tokenizer.ggml.merges", {"a b"});
+      },
+      "unknown pre-tokenizer 'no-such-pre'");
+  expect_error(
+      [&](GgufWriter& w) {
+        w.set_string("tokenizer.ggml.model", "gpt2");
+        w.set_string_array("tokenizer.ggml.tokens", {"a", "b", "ab"});
+        w.set_string_array("tokenizer.ggml.merges", {"ab"});
+      },
+      "is not two tokens separated by a space");
   EXPECT_THROW(load_with([](GgufWriter&) {}), Error);  // no tokenizer at all
   EXPECT_THROW(load_with([](GgufWriter& w) { w.set_string("tokenizer.ggml.model", "llama"); }),
                Error);  // no tokens

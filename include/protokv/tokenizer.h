@@ -1,6 +1,11 @@
 #pragma once
-// SentencePiece-style BPE over scored pieces (llama/mistral): the same vocabulary read from a
-// llama2.c tokenizer.bin or from GGUF `tokenizer.ggml.*` metadata.
+// Tokenizers of real model families behind one interface:
+//  - SentencePiece-style BPE over scored pieces (llama/mistral/phi-3: GGUF tokenizer.ggml.model
+//    "llama", and llama2.c tokenizer.bin),
+//  - byte-level BPE over ranked merges (GPT-2, Llama 3, Qwen2/3, DeepSeek, ...: GGUF
+//    tokenizer.ggml.model "gpt2", or a Hugging Face tokenizer.json).
+// Special / added tokens are matched in the text before the model runs (llama.cpp's
+// parse_special); see docs/tokenizers.md for the exact rules.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -15,8 +20,9 @@ class GgufWriter;
 
 class Tokenizer {
  public:
-  // GGUF token types. Only kNormal and kUserDefined pieces are matched against text; kByte
-  // pieces ("<0xHH>") are the byte fallback; the others decode to "".
+  // GGUF token types. kByte pieces ("<0xHH>") are SentencePiece's byte fallback; kControl and
+  // kUserDefined tokens are matched whole in the text before BPE (kControl only when special
+  // tokens are parsed); kControl, kUnknown, kUnused and kUndefined decode to "".
   enum TokenType : int32_t {
     kUndefined = 0,
     kNormal = 1,
@@ -26,64 +32,84 @@ class Tokenizer {
     kUnused = 5,
     kByte = 6
   };
+  enum class Model { kSentencePiece, kByteLevelBpe };
   static constexpr int32_t kMaxVocabSize = 1 << 22;
 
-  // pieces use U+2581 ("▁") for spaces, as SentencePiece and GGUF do.
+  struct EncodeOptions {
+    bool add_bos = false;
+    // Match control tokens such as "<|im_start|>" in the text; false treats them as text.
+    bool parse_special = true;
+  };
+
+  // llama2.c-compatible SentencePiece tokenizer (pieces use U+2581 "▁" for spaces). Encoding is
+  // llama2.c's: no special-token matching, user-defined pieces merge like normal ones.
   Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, std::vector<int32_t> types,
             int32_t bos_id, int32_t eos_id, int32_t unk_id);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
 
   // llama2.c tokenizer.bin (int32 max_token_length; per token: f32 score, int32 len, bytes).
   static std::shared_ptr<Tokenizer> load_llama2c(const std::string& path, int vocab_size);
-  // GGUF tokenizer.ggml.model == "llama"; throws Error for other models or bad metadata.
+  // GGUF tokenizer.ggml.model "llama" (exact SentencePiece as llama.cpp) or "gpt2" (byte-level
+  // BPE with the pre-tokenizer named by tokenizer.ggml.pre); throws Error on bad metadata.
   static std::shared_ptr<Tokenizer> from_gguf(const GgufFile& file);
+  // A Hugging Face tokenizer.json (BPE model); reads tokenizer_config.json from the same folder
+  // when present (BOS/EOS, add_bos_token, chat_template).
+  static std::shared_ptr<Tokenizer> from_hf_json(const std::string& tokenizer_json_path);
+  // Loads by file content: GGUF magic -> from_gguf, otherwise tokenizer.json.
+  static std::shared_ptr<Tokenizer> load_file(const std::string& path);
   // Writes tokenizer.ggml.* keys.
   void write_gguf(GgufWriter& writer) const;
 
-  // SentencePiece encoding with the dummy-prefix space (text non-empty), byte fallback.
-  // Normalisation is llama2.c's: spaces -> "▁" only (no NFKC, no collapsing of repeated spaces
-  // as SentencePiece's remove_extra_whitespaces does). Approximation: user-defined pieces take
-  // part in BPE like normal pieces (SentencePiece matches them whole, before BPE).
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
-  // Text of `token` following `prev` (the leading space after BOS is dropped; <0xXX> -> byte).
+  std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options) const;
+  // Special tokens are parsed (no-op for llama2.c tokenizers, which have none to parse).
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const {
+    return encode(text, EncodeOptions{add_bos, true});
+  }
+  // Bytes of `token` following `prev` (SentencePiece: the leading space after BOS is dropped).
   // `prev` is only compared with BOS (pass -1 for "no previous token"); `token` out of range
-  // throws Error.
+  // throws Error. The bytes may end inside a UTF-8 character: see Utf8StreamBuffer.
   std::string decode(int32_t prev, int32_t token) const;
   std::string decode(std::span<const int32_t> tokens) const;  // tokens may start with BOS
 
-  int32_t vocab_size() const { return static_cast<int32_t>(pieces_.size()); }
-  int32_t bos_id() const { return bos_id_; }
-  int32_t eos_id() const { return eos_id_; }
-  int32_t unk_id() const { return unk_id_; }
-  const std::vector<std::string>& pieces() const { return pieces_; }
-  const std::vector<float>& scores() const { return scores_; }
-  const std::vector<int32_t>& types() const { return types_; }
+  Model model() const;
+  int32_t vocab_size() const;
+  int32_t bos_id() const;  // -1 when the vocabulary has none
+  int32_t eos_id() const;
+  int32_t unk_id() const;  // -1 when the vocabulary has none
+  bool add_bos() const;    // whether the model wants BOS in front of a prompt
+  // Ids that end generation: EOS plus end-of-turn tokens (<|eot_id|>, <|im_end|>, <|end|>, ...).
+  const std::vector<int32_t>& end_of_generation_ids() const;
+  bool is_end_of_generation(int32_t token) const;
+  // The Jinja chat template stored with the tokenizer ("" when none).
+  const std::string& chat_template() const;
+  // The vocabulary as stored (SentencePiece: "▁" for spaces; byte-level BPE: GPT-2 byte chars).
+  const std::vector<std::string>& pieces() const;
+  const std::vector<float>& scores() const;  // SentencePiece scores (zeros for BPE)
+  const std::vector<int32_t>& types() const;
+  // Id of the token whose stored piece is exactly `piece`, or -1.
+  int32_t find_token(std::string_view piece) const;
+
+  struct Impl;
+
+ protected:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);  // for the loaders (make_tokenizer)
 
  private:
-  struct EncodeScratch;
-  // BPE over one span of normalised text, appending its ids to `out`.
-  void encode_segment(std::string_view segment, EncodeScratch& scratch,
-                      std::vector<int32_t>& out) const;
-  // Id of the matchable (normal / user-defined) piece equal to `text`, or -1.
-  int32_t find_piece(std::string_view text) const;
+  std::unique_ptr<Impl> impl_;
+};
 
-  std::vector<std::string> pieces_;
-  std::vector<float> scores_;
-  std::vector<int32_t> types_;
-  int32_t bos_id_, eos_id_, unk_id_;
-  // Open-addressing hash table of the matchable pieces (linear probing, power-of-two size):
-  // lookups by string_view without building a std::string, the encoder's hottest operation.
-  struct PieceSlot {
-    uint64_t hash = 0;
-    int32_t id = -1;  // -1: empty
-  };
-  std::vector<PieceSlot> piece_slots_;
-  int32_t byte_tokens_[256];
-  std::vector<std::string> texts_;  // decoded text of each token ("▁" -> ' ', <0xHH> -> byte)
-  size_t max_piece_bytes_ = 0;      // longest matchable piece: longer spans are never looked up
-  // True when no piece contains "▁" right after another character than "▁": then no merge can
-  // cross the start of a word, and words are encoded one at a time (exactly the same result,
-  // with small, cache-resident merge queues).
-  bool words_are_independent_ = true;
+// Streams decoded token bytes without ever splitting a UTF-8 character: push() returns the bytes
+// that complete whole characters and keeps an incomplete tail for the next call. Invalid bytes
+// are passed through unchanged (they can never become valid).
+class Utf8StreamBuffer {
+ public:
+  std::string push(std::string_view bytes);
+  std::string flush();  // whatever is held back (an incomplete character at the end of output)
+
+ private:
+  std::string pending_;
 };
 
 }  // namespace protokv

@@ -1,4 +1,4 @@
-// SentencePiece-style BPE over scored pieces: construction, encoding, decoding.
+// Tokenizer facade (special-token splitting, BOS, decoding) and the SentencePiece encoder.
 #include "protokv/tokenizer.h"
 
 #include <algorithm>
@@ -7,76 +7,148 @@
 #include <limits>
 
 #include "protokv/error.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/impl.h"
 #include "tokenizer/pieces.h"
 
 namespace protokv {
 
+namespace tokenizer {
+
+void PieceIndex::build(const std::vector<std::string>& pieces, const std::vector<bool>& include,
+                       bool last_duplicate_wins) {
+  pieces_ = &pieces;
+  slots_.assign(std::bit_ceil(2 * pieces.size() + 2), Slot{});  // load factor <= 1/2
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (!include[i] || pieces[i].empty()) continue;
+    const uint64_t hash = hash_bytes(pieces[i]);
+    size_t slot = hash & mask;
+    while (slots_[slot].id >= 0) {
+      if (slots_[slot].hash == hash && pieces[slots_[slot].id] == pieces[i]) break;
+      slot = (slot + 1) & mask;
+    }
+    if (slots_[slot].id < 0 || last_duplicate_wins) {
+      slots_[slot] = Slot{hash, static_cast<int32_t>(i)};
+    }
+  }
+}
+
+int32_t PieceIndex::find(std::string_view text) const {
+  if (slots_.empty()) return -1;
+  const uint64_t hash = hash_bytes(text);
+  const size_t mask = slots_.size() - 1;
+  for (size_t slot = hash & mask;; slot = (slot + 1) & mask) {
+    const Slot& entry = slots_[slot];
+    if (entry.id < 0) return -1;
+    if (entry.hash == hash && (*pieces_)[entry.id] == text) return entry.id;
+  }
+}
+
+}  // namespace tokenizer
+
 Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
                      std::vector<int32_t> types, int32_t bos_id, int32_t eos_id, int32_t unk_id)
-    : pieces_(std::move(pieces)),
-      scores_(std::move(scores)),
-      types_(std::move(types)),
-      bos_id_(bos_id),
-      eos_id_(eos_id),
-      unk_id_(unk_id) {
-  const size_t n = pieces_.size();
-  PROTOKV_CHECK(n > 0 && n <= static_cast<size_t>(kMaxVocabSize),
-                "tokenizer vocabulary size {} out of range (1..{})", n, kMaxVocabSize);
-  PROTOKV_CHECK(scores_.size() == n, "tokenizer has {} pieces but {} scores", n, scores_.size());
-  PROTOKV_CHECK(types_.size() == n, "tokenizer has {} pieces but {} token types", n, types_.size());
-  for (auto [name, id] : {std::pair{"BOS", bos_id_}, {"EOS", eos_id_}, {"unknown", unk_id_}}) {
+    : impl_(std::make_unique<Impl>()) {
+  impl_->model = Model::kSentencePiece;
+  impl_->llama2c_compat = true;
+  impl_->pieces = std::move(pieces);
+  impl_->scores = std::move(scores);
+  impl_->types = std::move(types);
+  impl_->bos_id = bos_id;
+  impl_->eos_id = eos_id;
+  impl_->unk_id = unk_id;
+  const size_t n = impl_->pieces.size();
+  for (auto [name, id] : {std::pair{"BOS", bos_id}, {"EOS", eos_id}, {"unknown", unk_id}}) {
     PROTOKV_CHECK(id >= 0 && static_cast<size_t>(id) < n,
                   "tokenizer {} token id {} out of range (vocabulary size {})", name, id, n);
   }
+  impl_->finish();
+}
 
-  std::fill(std::begin(byte_tokens_), std::end(byte_tokens_), -1);
-  texts_.resize(n);
-  piece_slots_.resize(std::bit_ceil(2 * n));  // load factor <= 1/2
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  impl_->finish();
+}
+
+Tokenizer::~Tokenizer() = default;
+
+void Tokenizer::Impl::finish() {
+  const size_t n = pieces.size();
+  PROTOKV_CHECK(n > 0 && n <= static_cast<size_t>(kMaxVocabSize),
+                "tokenizer vocabulary size {} out of range (1..{})", n, kMaxVocabSize);
+  if (scores.empty()) scores.assign(n, 0.0f);
+  PROTOKV_CHECK(scores.size() == n, "tokenizer has {} pieces but {} scores", n, scores.size());
+  PROTOKV_CHECK(types.size() == n, "tokenizer has {} pieces but {} token types", n, types.size());
+  for (auto [name, id] : {std::pair{"BOS", bos_id}, {"EOS", eos_id}, {"unknown", unk_id}}) {
+    PROTOKV_CHECK(id >= -1 && id < static_cast<int64_t>(n),
+                  "tokenizer {} token id {} out of range (vocabulary size {})", name, id, n);
+  }
+
+  byte_tokens.fill(-1);
+  texts.assign(n, std::string());
+  std::vector<bool> indexed(n, false);
   for (size_t i = 0; i < n; ++i) {
-    const std::string& piece = pieces_[i];
+    const std::string& piece = pieces[i];
     // NaN would break the strict ordering the merge queue relies on.
-    PROTOKV_CHECK(!std::isnan(scores_[i]), "tokenizer score of token {} is NaN", i);
-    switch (types_[i]) {
+    PROTOKV_CHECK(!std::isnan(scores[i]), "tokenizer score of token {} is NaN", i);
+    const int32_t type = types[i];
+    PROTOKV_CHECK(type >= kUndefined && type <= kByte, "tokenizer token {} has invalid type {}", i,
+                  type);
+    // llama2.c matches only normal and user-defined pieces; llama.cpp looks up every token.
+    indexed[i] = !llama2c_compat || type == kNormal || type == kUserDefined;
+    if (type == kControl || type == kUserDefined || type == kUnknown) {
+      if (!llama2c_compat && !piece.empty()) special_tokens.push_back(static_cast<int32_t>(i));
+    }
+    switch (type) {
       case kNormal:
       case kUserDefined:
-        texts_[i] = tokenizer::markers_to_spaces(piece);
-        // The first of duplicated pieces wins, as in SentencePiece's piece table.
-        if (!piece.empty() && find_piece(piece) < 0) {
-          const uint64_t hash = tokenizer::hash_bytes(piece);
-          const size_t mask = piece_slots_.size() - 1;
-          size_t slot = hash & mask;
-          while (piece_slots_[slot].id >= 0) slot = (slot + 1) & mask;
-          piece_slots_[slot] = PieceSlot{hash, static_cast<int32_t>(i)};
-          max_piece_bytes_ = std::max(max_piece_bytes_, piece.size());
-          words_are_independent_ &= !tokenizer::has_marker_after_other_char(piece);
+        if (model == Model::kSentencePiece) {
+          texts[i] = tokenizer::markers_to_spaces(piece);
+        } else if (type == kNormal) {
+          texts[i] = tokenizer::byte_level_decode(piece);
+        } else {
+          texts[i] = piece;  // added tokens hold plain text
         }
         break;
       case kByte: {
         const int byte = tokenizer::parse_byte_piece(piece);
         PROTOKV_CHECK(byte >= 0, "tokenizer token {} has byte type but piece '{}' is not <0xHH>", i,
                       piece);
-        if (byte_tokens_[byte] < 0) byte_tokens_[byte] = static_cast<int32_t>(i);
-        texts_[i] = std::string(1, static_cast<char>(byte));
+        if (byte_tokens[byte] < 0) byte_tokens[byte] = static_cast<int32_t>(i);
+        texts[i] = std::string(1, static_cast<char>(byte));
         break;
       }
-      case kUndefined:
-      case kUnknown:
-      case kControl:
-      case kUnused:
-        break;  // never produced from text; decodes to ""
       default:
-        fail("tokenizer token {} has invalid type {}", i, types_[i]);
+        break;  // never produced from text by the model; decodes to ""
     }
   }
-}
+  index.build(pieces, indexed, /*last_duplicate_wins=*/!llama2c_compat);
+  for (size_t i = 0; i < n; ++i) {
+    if (!indexed[i] || index.find(pieces[i]) != static_cast<int32_t>(i)) continue;
+    max_piece_bytes = std::max(max_piece_bytes, pieces[i].size());
+    if (model == Model::kSentencePiece) {
+      words_are_independent &= !tokenizer::has_marker_after_other_char(pieces[i]);
+    }
+  }
+  // llama.cpp matches special tokens longest first.
+  std::stable_sort(special_tokens.begin(), special_tokens.end(),
+                   [&](int32_t a, int32_t b) { return pieces[a].size() > pieces[b].size(); });
 
-int32_t Tokenizer::find_piece(std::string_view text) const {
-  const uint64_t hash = tokenizer::hash_bytes(text);
-  const size_t mask = piece_slots_.size() - 1;
-  for (size_t slot = hash & mask;; slot = (slot + 1) & mask) {
-    const PieceSlot& entry = piece_slots_[slot];
-    if (entry.id < 0) return -1;
-    if (entry.hash == hash && pieces_[entry.id] == text) return entry.id;
+  if (eos_id >= 0) end_of_generation.push_back(eos_id);
+  for (const char* name : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>",
+                           "<|endoftext|>", "<|end_of_text|>", "<EOT>"}) {
+    const auto it = std::find(pieces.begin(), pieces.end(), name);
+    if (it == pieces.end()) continue;
+    const auto id = static_cast<int32_t>(it - pieces.begin());
+    if (types[id] != kControl && types[id] != kUserDefined) continue;
+    if (std::find(end_of_generation.begin(), end_of_generation.end(), id) ==
+        end_of_generation.end()) {
+      end_of_generation.push_back(id);
+    }
+  }
+
+  if (model == Model::kByteLevelBpe) {
+    bpe = std::make_shared<tokenizer::BytePairEncoder>(*this);
   }
 }
 
@@ -88,8 +160,8 @@ struct Symbol {
   uint32_t length = 0;  // 0 once merged into its left neighbour
   int32_t prev = -1;
   int32_t next = -1;
-  int32_t id = -1;
-  bool mergeable = true;  // byte-fallback symbols never merge (their pieces are "<0xHH>")
+  int32_t id = -1;        // -1: the span is no piece (byte fallback at the end)
+  bool mergeable = true;  // llama2.c byte-fallback symbols never merge
 };
 
 // A candidate merge of symbol `left` with its right neighbour. Entries go stale when either side
@@ -102,8 +174,7 @@ struct Candidate {
   int32_t merged_id;
 };
 
-// Max-heap order: higher score first, then the leftmost pair (llama2.c / SentencePiece tie rule).
-// Symbol indices grow left to right and merging never reorders them.
+// Max-heap order: higher score first, then the leftmost pair (llama.cpp / SentencePiece tie rule).
 struct CandidateLess {
   bool operator()(const Candidate& a, const Candidate& b) const {
     if (a.score != b.score) return a.score < b.score;
@@ -111,49 +182,18 @@ struct CandidateLess {
   }
 };
 
-}  // namespace
-
-struct Tokenizer::EncodeScratch {
+struct SpmScratch {
   std::vector<Symbol> symbols;
   std::vector<Candidate> heap;
 };
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
-  std::vector<int32_t> tokens;
-  if (add_bos) tokens.push_back(bos_id_);
-  if (text.empty()) return tokens;
-
-  const std::string normalized = tokenizer::normalize_for_encoding(text);
-  PROTOKV_CHECK(normalized.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
-                "text of {} bytes is too long to tokenize", text.size());
-  tokens.reserve(tokens.size() + normalized.size() / 2);
-  EncodeScratch scratch;
-  const std::string_view all(normalized);
-  if (!words_are_independent_) {
-    encode_segment(all, scratch, tokens);
-    return tokens;
-  }
-  // Word starts: a marker that does not follow another marker. See words_are_independent_.
-  const std::string_view marker = tokenizer::kSpaceMarker;
-  size_t segment_start = 0;
-  for (size_t pos = all.find(marker, marker.size()); pos != std::string_view::npos;
-       pos = all.find(marker, pos + marker.size())) {
-    if (all.compare(pos - marker.size(), marker.size(), marker) == 0) continue;
-    encode_segment(all.substr(segment_start, pos - segment_start), scratch, tokens);
-    segment_start = pos;
-  }
-  encode_segment(all.substr(segment_start), scratch, tokens);
-  return tokens;
-}
-
-void Tokenizer::encode_segment(std::string_view segment, EncodeScratch& scratch,
-                               std::vector<int32_t>& out) const {
+void spm_segment(const Tokenizer::Impl& t, std::string_view segment, SpmScratch& scratch,
+                 std::vector<int32_t>& out) {
   std::vector<Symbol>& symbols = scratch.symbols;
   std::vector<Candidate>& heap = scratch.heap;
   symbols.clear();
   heap.clear();
 
-  // Initial symbols: one per UTF-8 character, or one per byte where the character has no piece.
   auto push_symbol = [&](size_t start, size_t length, int32_t id, bool mergeable) {
     Symbol s;
     s.start = static_cast<uint32_t>(start);
@@ -164,28 +204,32 @@ void Tokenizer::encode_segment(std::string_view segment, EncodeScratch& scratch,
     if (!symbols.empty()) symbols.back().next = static_cast<int32_t>(symbols.size());
     symbols.push_back(s);
   };
+  // Initial symbols: one per UTF-8 character.
   for (size_t pos = 0; pos < segment.size();) {
     const size_t length = tokenizer::utf8_char_length(segment, pos);
-    if (const int32_t id = find_piece(segment.substr(pos, length)); id >= 0) {
+    const int32_t id = t.index.find(segment.substr(pos, length));
+    if (id >= 0 || !t.llama2c_compat) {
+      // llama.cpp: a character without a piece still merges; it falls back to bytes at the end.
       push_symbol(pos, length, id, true);
     } else {
+      // llama2.c: bytes up front, never merged; <unk> when a byte has no piece.
       bool all_bytes_known = true;
       for (size_t b = pos; b < pos + length; ++b) {
-        all_bytes_known &= byte_tokens_[static_cast<uint8_t>(segment[b])] >= 0;
+        all_bytes_known &= t.byte_tokens[static_cast<uint8_t>(segment[b])] >= 0;
       }
       if (all_bytes_known) {
         for (size_t b = pos; b < pos + length; ++b) {
-          push_symbol(b, 1, byte_tokens_[static_cast<uint8_t>(segment[b])], false);
+          push_symbol(b, 1, t.byte_tokens[static_cast<uint8_t>(segment[b])], false);
         }
       } else {
-        push_symbol(pos, length, unk_id_, false);  // no byte fallback in this vocabulary
+        push_symbol(pos, length, t.unk_id, false);
       }
     }
     pos += length;
   }
 
-  // BPE: repeatedly merge the best-scoring adjacent pair. A heap of candidate pairs over the
-  // linked list makes this O(n log n) instead of llama2.c's O(n^2) rescans.
+  // BPE: repeatedly merge the best-scoring adjacent pair; a heap over the linked list makes
+  // this O(n log n).
   auto consider_pair = [&](int32_t left) {
     if (left < 0) return;
     const int32_t right = symbols[left].next;
@@ -194,11 +238,10 @@ void Tokenizer::encode_segment(std::string_view segment, EncodeScratch& scratch,
     const Symbol& b = symbols[right];
     if (!a.mergeable || !b.mergeable) return;
     const size_t merged_length = size_t{a.length} + b.length;
-    if (merged_length > max_piece_bytes_) return;
-    // Adjacent symbols are contiguous in the text, so the merged piece is one span of it.
-    const int32_t id = find_piece(segment.substr(a.start, merged_length));
+    if (merged_length > t.max_piece_bytes) return;
+    const int32_t id = t.index.find(segment.substr(a.start, merged_length));
     if (id < 0) return;
-    heap.push_back(Candidate{scores_[id], left, right, static_cast<uint32_t>(merged_length), id});
+    heap.push_back(Candidate{t.scores[id], left, right, static_cast<uint32_t>(merged_length), id});
     std::push_heap(heap.begin(), heap.end(), CandidateLess{});
   };
   for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider_pair(i);
@@ -209,7 +252,6 @@ void Tokenizer::encode_segment(std::string_view segment, EncodeScratch& scratch,
     heap.pop_back();
     Symbol& left = symbols[best.left];
     Symbol& right = symbols[best.right];
-    // Stale when either side was merged away, or the right side grew by a later merge.
     if (left.length == 0 || right.length == 0 || left.next != best.right ||
         left.length + right.length != best.merged_length) {
       continue;
@@ -224,16 +266,131 @@ void Tokenizer::encode_segment(std::string_view segment, EncodeScratch& scratch,
   }
 
   for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) {
-    out.push_back(symbols[i].id);
+    const Symbol& s = symbols[i];
+    if (s.id >= 0) {
+      out.push_back(s.id);
+      continue;
+    }
+    // Only single characters stay without a piece: byte fallback, <unk> without byte pieces.
+    for (uint32_t b = s.start; b < s.start + s.length; ++b) {
+      const int32_t byte_id = t.byte_tokens[static_cast<uint8_t>(segment[b])];
+      PROTOKV_CHECK(byte_id >= 0 || t.unk_id >= 0,
+                    "tokenizer cannot encode byte 0x{:02X}: no byte piece and no <unk>",
+                    static_cast<uint8_t>(segment[b]));
+      out.push_back(byte_id >= 0 ? byte_id : t.unk_id);
+    }
   }
 }
 
+}  // namespace
+
+void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space,
+                                 std::vector<int32_t>& out) const {
+  // SentencePiece escaping: optional dummy-prefix space, every space -> "▁".
+  std::string normalized;
+  normalized.reserve(text.size() + text.size() / 4 + 3);
+  if (prefix_space) normalized.append(tokenizer::kSpaceMarker);
+  for (const char c : text) {
+    if (c == ' ') {
+      normalized.append(tokenizer::kSpaceMarker);
+    } else {
+      normalized.push_back(c);
+    }
+  }
+  PROTOKV_CHECK(normalized.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+                "text of {} bytes is too long to tokenize", text.size());
+  SpmScratch scratch;
+  const std::string_view all(normalized);
+  if (!words_are_independent) {
+    spm_segment(*this, all, scratch, out);
+    return;
+  }
+  // Word starts: a marker that does not follow another marker. See words_are_independent.
+  const std::string_view marker = tokenizer::kSpaceMarker;
+  size_t segment_start = 0;
+  for (size_t pos = all.find(marker, 1); pos != std::string_view::npos;
+       pos = all.find(marker, pos + marker.size())) {
+    if (pos >= marker.size() && all.compare(pos - marker.size(), marker.size(), marker) == 0) {
+      continue;
+    }
+    spm_segment(*this, all.substr(segment_start, pos - segment_start), scratch, out);
+    segment_start = pos;
+  }
+  spm_segment(*this, all.substr(segment_start), scratch, out);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+  const Impl& t = *impl_;
+  std::vector<int32_t> tokens;
+  if (options.add_bos && t.bos_id >= 0) tokens.push_back(t.bos_id);
+  if (text.empty()) return tokens;
+  tokens.reserve(tokens.size() + text.size() / 3);
+
+  // Fragments of the text: runs of plain text and special tokens (llama.cpp's
+  // tokenizer_st_partition: each special token, longest first, splits every text run).
+  struct Fragment {
+    int32_t token;  // -1: text [begin, end)
+    size_t begin, end;
+  };
+  std::vector<Fragment> fragments{{-1, 0, text.size()}};
+  std::vector<Fragment> next;
+  for (const int32_t special : t.special_tokens) {
+    if (!options.parse_special && t.types[special] != kUserDefined) continue;
+    const std::string& piece = t.pieces[special];
+    bool found = false;
+    for (const Fragment& f : fragments) {
+      if (f.token >= 0 || f.end - f.begin < piece.size()) continue;
+      if (text.substr(f.begin, f.end - f.begin).find(piece) != std::string_view::npos) {
+        found = true;
+        break;
+      }
+    }
+    if (!found) continue;
+    next.clear();
+    for (const Fragment& f : fragments) {
+      if (f.token >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      size_t pos = f.begin;
+      for (size_t hit; (hit = text.substr(0, f.end).find(piece, pos)) != std::string_view::npos;
+           pos = hit + piece.size()) {
+        if (hit > pos) next.push_back({-1, pos, hit});
+        next.push_back({special, hit, hit + piece.size()});
+      }
+      if (pos < f.end) next.push_back({-1, pos, f.end});
+    }
+    fragments.swap(next);
+  }
+
+  bool prev_special = true;  // SentencePiece: dummy prefix at the start and after a special
+  for (const Fragment& f : fragments) {
+    if (f.token >= 0) {
+      tokens.push_back(f.token);
+      prev_special = true;
+      continue;
+    }
+    const std::string_view run = text.substr(f.begin, f.end - f.begin);
+    if (t.model == Model::kSentencePiece) {
+      t.encode_spm(run, t.add_space_prefix && prev_special, tokens);
+    } else {
+      t.encode_bpe(run, tokens);
+    }
+    prev_special = false;
+  }
+  return tokens;
+}
+
 std::string Tokenizer::decode(int32_t prev, int32_t token) const {
+  const Impl& t = *impl_;
   PROTOKV_CHECK(token >= 0 && token < vocab_size(), "token id {} out of range (vocabulary size {})",
                 token, vocab_size());
-  const std::string& text = texts_[token];
-  // llama2.c: the dummy-prefix space of the first piece after BOS is not part of the text.
-  if (prev == bos_id_ && !text.empty() && text[0] == ' ') return text.substr(1);
+  const std::string& text = t.texts[token];
+  // SentencePiece: the dummy-prefix space of the first piece after BOS is not part of the text.
+  if (t.model == Model::kSentencePiece && prev >= 0 && prev == t.bos_id && !text.empty() &&
+      text[0] == ' ') {
+    return text.substr(1);
+  }
   return text;
 }
 
@@ -241,14 +398,82 @@ std::string Tokenizer::decode(std::span<const int32_t> tokens) const {
   std::string out;
   int32_t prev = -1;
   for (const int32_t token : tokens) {
-    PROTOKV_CHECK(token >= 0 && token < vocab_size(),
-                  "token id {} out of range (vocabulary size {})", token, vocab_size());
-    const std::string& text = texts_[token];
-    const size_t skip = (prev == bos_id_ && !text.empty() && text[0] == ' ') ? 1 : 0;
-    out.append(text, skip);
+    out += decode(prev, token);
     prev = token;
   }
   return out;
+}
+
+Tokenizer::Model Tokenizer::model() const {
+  return impl_->model;
+}
+int32_t Tokenizer::vocab_size() const {
+  return static_cast<int32_t>(impl_->pieces.size());
+}
+int32_t Tokenizer::bos_id() const {
+  return impl_->bos_id;
+}
+int32_t Tokenizer::eos_id() const {
+  return impl_->eos_id;
+}
+int32_t Tokenizer::unk_id() const {
+  return impl_->unk_id;
+}
+bool Tokenizer::add_bos() const {
+  return impl_->add_bos && impl_->bos_id >= 0;
+}
+const std::vector<int32_t>& Tokenizer::end_of_generation_ids() const {
+  return impl_->end_of_generation;
+}
+bool Tokenizer::is_end_of_generation(int32_t token) const {
+  const auto& ids = impl_->end_of_generation;
+  return std::find(ids.begin(), ids.end(), token) != ids.end();
+}
+const std::string& Tokenizer::chat_template() const {
+  return impl_->chat_template;
+}
+const std::vector<std::string>& Tokenizer::pieces() const {
+  return impl_->pieces;
+}
+const std::vector<float>& Tokenizer::scores() const {
+  return impl_->scores;
+}
+const std::vector<int32_t>& Tokenizer::types() const {
+  return impl_->types;
+}
+int32_t Tokenizer::find_token(std::string_view piece) const {
+  const auto it = std::find(impl_->pieces.begin(), impl_->pieces.end(), piece);
+  return it == impl_->pieces.end() ? -1 : static_cast<int32_t>(it - impl_->pieces.begin());
+}
+
+std::shared_ptr<Tokenizer> make_tokenizer(std::unique_ptr<Tokenizer::Impl> impl) {
+  struct Access : Tokenizer {
+    explicit Access(std::unique_ptr<Impl> i) : Tokenizer(std::move(i)) {}
+  };
+  return std::make_shared<Access>(std::move(impl));
+}
+
+std::string Utf8StreamBuffer::push(std::string_view bytes) {
+  pending_.append(bytes);
+  // Hold back a trailing lead byte whose continuation bytes have not all arrived yet.
+  size_t keep = 0;
+  const size_t n = pending_.size();
+  for (size_t back = 1; back <= std::min<size_t>(4, n); ++back) {
+    const auto c = static_cast<uint8_t>(pending_[n - back]);
+    if ((c & 0xC0u) == 0x80u) continue;  // continuation byte: look further back
+    const size_t need = c >= 0xF0u ? 4 : c >= 0xE0u ? 3 : c >= 0xC0u ? 2 : 1;
+    if (need > back && c < 0xF8u) keep = back;
+    break;
+  }
+  std::string ready = pending_.substr(0, n - keep);
+  pending_.erase(0, n - keep);
+  return ready;
+}
+
+std::string Utf8StreamBuffer::flush() {
+  std::string rest;
+  rest.swap(pending_);
+  return rest;
 }
 
 }  // namespace protokv
