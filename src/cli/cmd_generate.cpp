@@ -79,16 +79,17 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
   int32_t prev = question.empty() ? prompt.back() : question.back();
   std::vector<int32_t> generated;
   std::string text;
+  Utf8StreamBuffer utf8;  // streamed output never splits a UTF-8 character
   double decode_ms = 0.0;
   int64_t decode_steps = 0;
   bool context_full = false;
   for (int i = 0; i < o.n_predict; ++i) {
     const int32_t next = sampler.sample(logits);
-    if (next == tokenizer.eos_id() && !o.ignore_eos) break;
+    if (tokenizer.is_end_of_generation(next) && !o.ignore_eos) break;
     generated.push_back(next);
     const std::string piece = tokenizer.decode(prev, next);
     text += piece;
-    if (stream) write_stdout(piece);
+    if (stream) write_stdout(utf8.push(piece));
     prev = next;
     if (i + 1 == o.n_predict) break;  // the last token needs no forward pass
     if (session.n_past() >= config.context_length) {
@@ -100,6 +101,7 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     decode_ms += step.ms();
     ++decode_steps;
   }
+  if (stream) write_stdout(utf8.flush());
   if (stream && tty) write_stdout("\n");
 
   const double ms_per_token =

@@ -13,6 +13,7 @@ void register_bench(CLI::App& app);
 void register_bench_compress(CLI::App& bench);
 void register_eval(CLI::App& app);
 void register_demo(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 inline void register_all(CLI::App& app) {
   register_generate(app);
@@ -22,6 +23,7 @@ inline void register_all(CLI::App& app) {
   register_bench(app);
   register_eval(app);
   register_demo(app);
+  register_tokenize(app);
 }
 
 }  // namespace protokv::cli

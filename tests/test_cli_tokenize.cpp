@@ -1,0 +1,105 @@
+// `protokv tokenize`: GGUF vocabularies and tokenizer.json, --json, --decode, --no-special, and
+// one-line errors for bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+#include <fmt/format.h>
+
+namespace protokv {
+namespace {
+
+using testing::CommandResult;
+using testing::run_protokv;
+
+// fmt, not "'" + string: GCC 12 reports a false -Wrestrict on the inlined concatenation.
+std::string quoted(const std::filesystem::path& p) {
+  return fmt::format("'{}'", p.string());
+}
+
+std::filesystem::path tokenizers_dir() {
+  return testing::shared_dir() / "tokenizers";
+}
+
+// Exactly one line on stderr, mentioning `text`, and a non-zero exit.
+void expect_one_line_error(const CommandResult& r, const std::string& text) {
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+TEST(CliTokenize, TokenizerJsonAndGguf) {
+  const auto qwen = tokenizers_dir() / "hf" / "qwen3" / "tokenizer.json";
+  const auto spm = tokenizers_dir() / "llama.cpp-vocab" / "ggml-vocab-llama-spm.gguf";
+  if (!std::filesystem::exists(qwen) || !std::filesystem::exists(spm)) {
+    GTEST_SKIP() << tokenizers_dir() << " not found (set PROTOKV_SHARED_DIR); skipping";
+  }
+  CommandResult r = run_protokv("tokenize -m " + quoted(qwen) + " -p 'Hi<|im_end|>' --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ids"], (std::vector<int32_t>{13048, 151645}));
+  EXPECT_EQ(j["pieces"], (std::vector<std::string>{"Hi", "<|im_end|>"}));
+
+  r = run_protokv("tokenize -m " + quoted(qwen) + " -p 'Hi<|im_end|>' --json --no-special");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(nlohmann::json::parse(r.out)["ids"].size(), 2u);
+
+  r = run_protokv("tokenize -m " + quoted(qwen) + " --decode -p '13048 151645'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "Hi\n");  // the special token decodes to nothing
+
+  // llama.cpp's own vector for "Hello world" (llama-spm), plus BOS on request.
+  r = run_protokv("tokenize -m " + quoted(spm) + " -p 'Hello world' --bos");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "1\t<s>\n15043\t▁Hello\n3186\t▁world\n");
+
+  testing::TempDir dir;
+  std::ofstream(dir / "in.txt") << "a\tb\n";
+  r = run_protokv("tokenize -m " + quoted(spm) + " -f " + quoted(dir / "in.txt") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(nlohmann::json::parse(r.out)["ids"].empty());
+}
+
+TEST(CliTokenize, BadInputGivesOneLineErrors) {
+  testing::TempDir dir;
+  auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(dir / name) << content;
+    return quoted(dir / name);
+  };
+  const std::string model =
+      R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]})";
+  const std::string pre =
+      R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})";
+  expect_one_line_error(run_protokv("tokenize -m " + write("t1.json", "{\"model\": {") + " -p x"),
+                        "is not a valid JSON object");
+  expect_one_line_error(
+      run_protokv(
+          "tokenize -m " +
+          write("t2.json", fmt::format(R"({{{}, "pre_tokenizer": {{"type": "Punct"}}}})", model)) +
+          " -p x"),
+      "unknown pre-tokenizer 'Punct'");
+  expect_one_line_error(
+      run_protokv(
+          "tokenize -m " +
+          write("t3.json",
+                fmt::format(R"({{"model": {{"type": "BPE", "vocab": {{"a": 0}}}}, {}}})", pre)) +
+          " -p x"),
+      "model.merges is missing or empty");
+  const std::string good = write("t4.json", fmt::format("{{{}, {}}}", model, pre));
+  expect_one_line_error(run_protokv("tokenize -m " + good), "give the input with -p TEXT");
+  expect_one_line_error(run_protokv("tokenize -m " + good + " --decode -p '1 7'"),
+                        "token id 7 out of range");
+  expect_one_line_error(run_protokv("tokenize -m " + good + " --decode -p '1 x'"),
+                        "'x' is not a token id");
+  expect_one_line_error(run_protokv("tokenize -m " + quoted(dir / "missing.json") + " -p x"),
+                        "cannot open tokenizer file");
+  const CommandResult ok = run_protokv("tokenize -m " + good + " -p abba --json");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(nlohmann::json::parse(ok.out)["ids"], (std::vector<int32_t>{2, 1, 0}));
+}
+
+}  // namespace
+}  // namespace protokv
