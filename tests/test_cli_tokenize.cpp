@@ -101,5 +101,23 @@ TEST(CliTokenize, BadInputGivesOneLineErrors) {
   EXPECT_EQ(nlohmann::json::parse(ok.out)["ids"], (std::vector<int32_t>{2, 1, 0}));
 }
 
+// generate --chat on stories260K (which has no chat template): forced family, clear errors.
+TEST(CliGenerateChat, TemplateSelectionAndErrors) {
+  PROTOKV_REQUIRE_STORIES();
+  const std::string model = "-m " + quoted(testing::stories_dir() / "stories260K.bin") + " -z " +
+                            quoted(testing::stories_dir() / "tok512.bin") + " -t 1";
+  expect_one_line_error(run_protokv("generate " + model + " -p 'Once' --chat -n 4"),
+                        "the model has no chat template");
+  expect_one_line_error(
+      run_protokv("generate " + model + " -p 'Once' --chat --chat-template nope -n 4"),
+      "unknown chat template 'nope'");
+  const CommandResult r = run_protokv("generate " + model +
+                                      " -p 'Once' --chat --chat-template llama2 --system Be "
+                                      "-n 4 --temp 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // "[INST] <<SYS>>\nBe\n<</SYS>>\n\nOnce [/INST]" is far longer than "Once" alone.
+  EXPECT_GT(nlohmann::json::parse(r.out)["prompt_tokens"].get<int>(), 10);
+}
+
 }  // namespace
 }  // namespace protokv

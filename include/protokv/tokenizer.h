@@ -112,4 +112,40 @@ class Utf8StreamBuffer {
   std::string pending_;
 };
 
+// Chat templates: the common families as llama.cpp implements them (llama-chat.cpp), selected
+// from a model's Jinja template text like llm_chat_detect_template, or forced by name. The
+// rendered text has no BOS: encode it with add_bos (and parse_special) to get the prompt.
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+enum class ChatTemplate {
+  kLlama3,
+  kChatml,  // Qwen, Yi, ...
+  kMistralV1,
+  kMistralV3,
+  kMistralV3Tekken,
+  kMistralV7,
+  kLlama2,
+  kLlama2Sys,
+  kLlama2SysBos,
+  kLlama2SysStrip,
+  kPhi3,
+  kGemma,
+  kDeepseek,  // DeepSeek Coder ("### Instruction:")
+  kDeepseek3,
+};
+
+// Family of a Jinja chat template; throws Error naming the known families when none matches.
+ChatTemplate detect_chat_template(std::string_view jinja);
+// By name ("llama3", "chatml", "qwen", "mistral-v7", "llama2", "phi3", "gemma", "deepseek", ...);
+// throws Error listing the names for an unknown one.
+ChatTemplate chat_template_from_name(std::string_view name);
+std::string_view chat_template_name(ChatTemplate family);
+// The conversation as the family formats it; with `add_generation_prompt`, followed by the
+// header that opens the assistant's turn.
+std::string render_chat(ChatTemplate family, std::span<const ChatMessage> messages,
+                        bool add_generation_prompt);
+
 }  // namespace protokv

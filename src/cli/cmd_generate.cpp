@@ -29,6 +29,9 @@ struct GenerateOptions {
   int n_predict = 256;
   bool json = false;
   bool ignore_eos = false;
+  bool chat = false;
+  std::string system;
+  std::string chat_template;  // family name; empty: detect from the model's template
 };
 
 // The context text: -p, -f, or none (generation then starts right after BOS).
@@ -54,9 +57,19 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
   PROTOKV_CHECK(o.n_predict >= 0, "-n must be >= 0, got {}", o.n_predict);
   Sampler sampler(o.sampler);  // validates the sampler options
   PressSetup setup = make_press_setup(o.press);
-  const std::string context = context_text(o, cmd);
+  std::string context = context_text(o, cmd);
   const LoadedModel model = load_model_from_options(o.model, /*require_tokenizer=*/true);
   const Tokenizer& tokenizer = *model.tokenizer;
+  if (o.chat) {  // the prompt becomes the user turn of the model's chat template
+    PROTOKV_CHECK(o.question.empty(),
+                  "--chat takes the whole user turn from -p/-f, not --question");
+    std::vector<ChatMessage> messages;
+    if (!o.system.empty()) messages.push_back({"system", o.system});
+    messages.push_back({"user", context});
+    context = render_chat(o.chat_template.empty() ? detect_chat_template(tokenizer.chat_template())
+                                                  : chat_template_from_name(o.chat_template),
+                          messages, /*add_generation_prompt=*/true);
+  }
   const ModelConfig& config = model.weights.config;
 
   const PromptTokens input = build_prompt(tokenizer, context, o.question, setup.query_agnostic);
@@ -182,6 +195,11 @@ void register_generate(CLI::App& app) {
   add_press_options(*cmd, options->press);
   cmd->add_flag("--ignore-eos", options->ignore_eos,
                 "Keep generating after the end-of-sequence token");
+  cmd->add_flag("--chat", options->chat, "wrap the prompt in the model's chat template");
+  cmd->add_option("--system", options->system, "system message for --chat");
+  cmd->add_option("--chat-template", options->chat_template,
+                  "chat template family for --chat (llama3, chatml, mistral-v7, llama2, phi3, "
+                  "gemma, deepseek, ...; default: detected from the model)");
   cmd->add_flag("--json", options->json,
                 "Print one JSON object (configuration, tokens, text, timings, KV bytes) instead of "
                 "streaming the text");
