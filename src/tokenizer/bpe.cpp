@@ -112,11 +112,13 @@ constexpr const char* kGpt2 =
 // Singleton-decomposition characters (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A) are
 // escaped so that no editor or tool can NFC-normalise them into other code points.
 constexpr const char* kDeepseekLlmLetters =
-    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-"
+    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-"
+    "Ჿᴀ-"
     "ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-"
     "ὅὈ-Ὅὐ-ὗὙὛὝὟ-\\x{1F7D}ᾀ-ᾴᾶ-ᾼ\\x{1FBE}ῂ-ῄῆ-ῌῐ-\\x{1FD3}ῖ-\\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\\x{2126}"
     "ℨ\\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-"
-    "ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]"
+    "ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-"
+    "𞥃]"
     "+";
 
 }  // namespace
@@ -236,35 +238,39 @@ void BytePairEncoder::split(std::string_view text,
   words.assign(1, {0, text.size()});
   if (text.empty()) return;
   UErrorCode status = U_ZERO_ERROR;
-  UText* utext = utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &status);
+  // ICU handles in RAII holders: an error thrown mid-way must not leak them.
+  const std::unique_ptr<UText, decltype(&utext_close)> utext(
+      utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &status),
+      &utext_close);
   PROTOKV_CHECK(U_SUCCESS(status), "cannot open text for the pre-tokenizer: {}",
                 u_errorName(status));
   std::vector<std::pair<size_t, size_t>> next;
   for (const auto& regex : regexes_) {
     // A private matcher: URegularExpression holds match state, so encode() stays thread-safe.
-    URegularExpression* matcher = uregex_clone(regex->compiled, &status);
-    uregex_setUText(matcher, utext, &status);
+    const std::unique_ptr<URegularExpression, decltype(&uregex_close)> matcher(
+        uregex_clone(regex->compiled, &status), &uregex_close);
+    PROTOKV_CHECK(U_SUCCESS(status), "pre-tokenizer regex failed: {}", u_errorName(status));
+    uregex_setUText(matcher.get(), utext.get(), &status);
     PROTOKV_CHECK(U_SUCCESS(status), "pre-tokenizer regex failed: {}", u_errorName(status));
     next.clear();
     for (const auto& [begin, end] : words) {
       // Each word is matched on its own (region bounds are opaque, as in Hugging Face's Split).
-      uregex_setRegion64(matcher, static_cast<int64_t>(begin), static_cast<int64_t>(end), &status);
+      uregex_setRegion64(matcher.get(), static_cast<int64_t>(begin), static_cast<int64_t>(end),
+                         &status);
       size_t pos = begin;
-      while (uregex_findNext(matcher, &status) && U_SUCCESS(status)) {
-        const auto match_begin = static_cast<size_t>(uregex_start64(matcher, 0, &status));
-        const auto match_end = static_cast<size_t>(uregex_end64(matcher, 0, &status));
+      while (uregex_findNext(matcher.get(), &status) && U_SUCCESS(status)) {
+        const auto match_begin = static_cast<size_t>(uregex_start64(matcher.get(), 0, &status));
+        const auto match_end = static_cast<size_t>(uregex_end64(matcher.get(), 0, &status));
         if (match_end == match_begin) continue;
         if (match_begin > pos) next.emplace_back(pos, match_begin);  // unmatched text, isolated
         next.emplace_back(match_begin, match_end);
         pos = match_end;
       }
+      PROTOKV_CHECK(U_SUCCESS(status), "pre-tokenizer regex failed: {}", u_errorName(status));
       if (pos < end) next.emplace_back(pos, end);
     }
-    uregex_close(matcher);
-    PROTOKV_CHECK(U_SUCCESS(status), "pre-tokenizer regex failed: {}", u_errorName(status));
     words.swap(next);
   }
-  utext_close(utext);
 }
 
 namespace {
