@@ -112,12 +112,14 @@ constexpr const char* kGpt2 =
 // Singleton-decomposition characters (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A) are
 // escaped so that no editor or tool can NFC-normalise them into other code points.
 constexpr const char* kDeepseekLlmLetters =
-    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-"
+    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-"
+    "ᲺᲽ-"
     "Ჿᴀ-"
     "ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-"
     "ὅὈ-Ὅὐ-ὗὙὛὝὟ-\\x{1F7D}ᾀ-ᾴᾶ-ᾼ\\x{1FBE}ῂ-ῄῆ-ῌῐ-\\x{1FD3}ῖ-\\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\\x{2126}"
     "ℨ\\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-"
-    "ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-"
+    "ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-"
+    "𑣟𞤀-"
     "𞥃]"
     "+";
 
@@ -182,6 +184,15 @@ std::vector<std::string> pre_tokenizer_regexes(std::string_view name, bool& igno
 }
 
 std::string pre_tokenizer_name_for(const std::vector<std::string>& regexes) {
+  // The tokenizer.json originals of llama.cpp's rewritten Llama 3 / Qwen2 regexes
+  // (convert_hf_to_gguf names them by vocabulary hash; these are the regexes those vocabularies
+  // ship).
+  if (regexes.size() == 1) {
+    const std::string hf_head = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|";
+    const std::string hf_tail = "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    if (regexes[0] == hf_head + "\\p{N}{1,3}" + hf_tail) return "llama-bpe";
+    if (regexes[0] == hf_head + "\\p{N}" + hf_tail) return "qwen2";
+  }
   for (const char* name : {"llama-bpe", "qwen2", "gpt-2", "deepseek-llm", "deepseek-coder",
                            "falcon", "starcoder", "default"}) {
     bool ignore = false;

@@ -96,6 +96,7 @@ void Tokenizer::write_gguf(GgufWriter& writer) const {
   writer.set_string_array("tokenizer.ggml.tokens", t.pieces);
   if (spm) {
     writer.set_f32_array("tokenizer.ggml.scores", t.scores);
+    if (!t.add_space_prefix) writer.set_bool("tokenizer.ggml.add_space_prefix", false);
   } else {
     const std::string pre = t.pre_tokenizer_name.empty()
                                 ? tokenizer::pre_tokenizer_name_for(t.pre_regexes)
