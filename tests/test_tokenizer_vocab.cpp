@@ -77,6 +77,20 @@ TEST_P(LlamaCppVocab, MatchesReferenceIds) {
   EXPECT_EQ(mismatches, 0) << "of " << cases.size() << " texts";
 }
 
+// Encode -> decode gives the text back (SentencePiece: after BOS, which drops the dummy prefix).
+TEST_P(LlamaCppVocab, DecodeRoundTrips) {
+  const std::string name = GetParam();
+  const auto gguf = vocab_dir() / ("ggml-vocab-" + name + ".gguf");
+  if (!std::filesystem::exists(gguf) || !std::filesystem::exists(gguf.string() + ".inp")) {
+    GTEST_SKIP() << gguf << " not found (set PROTOKV_SHARED_DIR); skipping";
+  }
+  const auto tokenizer = Tokenizer::from_gguf(GgufFile::open(gguf.string()));
+  for (const VocabCase& c : read_cases(name)) {
+    const auto ids = tokenizer->encode(c.text, {.add_bos = true, .parse_special = false});
+    EXPECT_EQ(tokenizer->decode(ids), c.text) << name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaCppVocab,
                          ::testing::Values("llama-spm", "phi-3", "gpt-2", "deepseek-llm",
                                            "deepseek-coder", "falcon", "starcoder", "refact",
