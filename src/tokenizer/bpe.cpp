@@ -112,13 +112,15 @@ constexpr const char* kGpt2 =
 // Singleton-decomposition characters (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A) are
 // escaped so that no editor or tool can NFC-normalise them into other code points.
 constexpr const char* kDeepseekLlmLetters =
-    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-"
+    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-"
+    "ᏽᲐ-"
     "ᲺᲽ-"
     "Ჿᴀ-"
     "ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-"
     "ὅὈ-Ὅὐ-ὗὙὛὝὟ-\\x{1F7D}ᾀ-ᾴᾶ-ᾼ\\x{1FBE}ῂ-ῄῆ-ῌῐ-\\x{1FD3}ῖ-\\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\\x{2126}"
     "ℨ\\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-"
-    "ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-"
+    "ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-"
+    "𐳲𑢠-"
     "𑣟𞤀-"
     "𞥃]"
     "+";
@@ -376,8 +378,19 @@ void BytePairEncoder::encode(const protokv::Tokenizer::Impl& t, std::string_view
   const std::string normalized = t.nfc_normalize ? nfc(text) : std::string(text);
   std::vector<std::pair<size_t, size_t>> words;
   split(normalized, words);
+  // Words repeat a lot in real text: remember each distinct word's ids for this call (a local
+  // cache keeps encode() const and thread-safe). Keys view `normalized`, which outlives the map.
+  std::unordered_map<std::string_view, std::pair<size_t, size_t>> seen;  // word -> ids in `out`
   for (const auto& [begin, end] : words) {
-    encode_word(t, std::string_view(normalized).substr(begin, end - begin), out);
+    const std::string_view word = std::string_view(normalized).substr(begin, end - begin);
+    if (const auto it = seen.find(word); it != seen.end()) {
+      const auto [first, count] = it->second;
+      for (size_t i = 0; i < count; ++i) out.push_back(out[first + i]);
+      continue;
+    }
+    const size_t first = out.size();
+    encode_word(t, word, out);
+    seen.emplace(word, std::pair{first, out.size() - first});
   }
 }
 
