@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "protokv/tokenizer.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -99,6 +100,26 @@ TEST(CliTokenize, BadInputGivesOneLineErrors) {
   const CommandResult ok = run_protokv("tokenize -m " + good + " -p abba --json");
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_EQ(nlohmann::json::parse(ok.out)["ids"], (std::vector<int32_t>{2, 1, 0}));
+}
+
+// A full GGUF model file: its tokenizer gives the same ids as the llama2.c tokenizer.bin it was
+// converted from (tok512 has no special tokens in this text, so both encoders agree).
+TEST(CliTokenize, GgufModelMatchesLlama2cTokenizer) {
+  PROTOKV_REQUIRE_STORIES();
+  testing::TempDir dir;
+  const auto gguf = dir / "stories.gguf";
+  const CommandResult converted =
+      run_protokv("convert " + quoted(testing::stories_dir() / "stories260K.bin") + " " +
+                  quoted(testing::stories_dir() / "tok512.bin") + " -o " + quoted(gguf));
+  ASSERT_EQ(converted.exit_code, 0) << converted.err;
+  const std::string text = "Once upon a time,  there was a little girl named Lily.";
+  const CommandResult r =
+      run_protokv("tokenize -m " + quoted(gguf) + " -p '" + text + "' --bos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto reference =
+      Tokenizer::load_llama2c((testing::stories_dir() / "tok512.bin").string(), 512);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int32_t>>(),
+            reference->encode(text, true));
 }
 
 // generate --chat on stories260K (which has no chat template): forced family, clear errors.
