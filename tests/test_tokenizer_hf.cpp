@@ -3,6 +3,7 @@
 // round trips, special-token handling and bad-input errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -59,15 +60,26 @@ TEST_P(HfGolden, DecodeRoundTrips) {
   const std::string name = GetParam();
   PROTOKV_REQUIRE_HF(name);
   const auto tokenizer = Tokenizer::from_hf_json((hf_dir(name) / "tokenizer.json").string());
-  for (const auto& entry : read_json(data_dir() / "hf_texts.json")["texts"]) {
+  // A named object: a range-for over a member of a temporary would read freed memory.
+  const json texts = read_json(data_dir() / "hf_texts.json")["texts"];
+  size_t checked = 0;
+  for (const auto& entry : texts) {
     const std::string text = entry.get<std::string>();
     // Qwen normalises to NFC: a decomposed text decodes to its composed form.
     if (name == "qwen3" && text.find("\xCC\x81") != std::string::npos) continue;
     for (const bool special : {true, false}) {
       const auto ids = tokenizer->encode(text, {.add_bos = false, .parse_special = special});
+      // Control tokens (<|eot_id|>, <|im_start|>, ...) decode to "": only texts without them
+      // come back whole when special tokens are parsed.
+      const bool has_control = std::any_of(ids.begin(), ids.end(), [&](int32_t id) {
+        return tokenizer->types()[id] == Tokenizer::kControl;
+      });
+      if (has_control) continue;
       EXPECT_EQ(tokenizer->decode(ids), text) << name << " special=" << special;
+      ++checked;
     }
   }
+  EXPECT_GT(checked, 80u);  // 47 texts x 2, less the few with special tokens
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfGolden, ::testing::Values("llama3", "qwen3"));
@@ -185,7 +197,9 @@ TEST_P(HfGolden, SurvivesGgufRoundTrip) {
   EXPECT_EQ(loaded->eos_id(), original->eos_id());
   EXPECT_EQ(loaded->add_bos(), original->add_bos());
   EXPECT_EQ(loaded->chat_template(), original->chat_template());
-  for (const auto& entry : read_json(data_dir() / "hf_texts.json")["texts"]) {
+  // A named object: a range-for over a member of a temporary would read freed memory.
+  const json texts = read_json(data_dir() / "hf_texts.json")["texts"];
+  for (const auto& entry : texts) {
     const std::string text = entry.get<std::string>();
     if (text.find("\xCC\x81") != std::string::npos) continue;
     EXPECT_EQ(loaded->encode(text, false), original->encode(text, false)) << text;
