@@ -1,0 +1,361 @@
+// `protokv eval niah|ruler|longbench`: the long-context benchmarks of the papers, every
+// (press, budget) on the same samples (eval/longctx_runner.h).
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "cli/cli_common.h"
+#include "cli/commands.h"
+#include "eval/fidelity.h"
+// LB_INCLUDE
+#include "eval/longctx_runner.h"
+#include "eval/niah.h"
+#include "eval/report/table.h"
+// RULER_INCLUDE
+#include "eval/spec_list.h"
+#include "protokv/error.h"
+#include "protokv/threads.h"
+#include "protokv/tokenizer.h"
+
+namespace protokv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Flags shared by the three benchmarks.
+struct LongctxArgs {
+  ModelOptions model;
+  std::vector<std::string> presses = {"full"};
+  std::string budgets;
+  std::string ratios;
+  std::string alloc;
+  std::string mode = "query-aware";
+  std::string reference = "full";
+  int64_t limit = 0;
+  uint64_t seed = 42;
+  bool json = false;
+  std::string out_dir;
+  bool resume = false;
+  bool quiet = false;
+};
+
+void add_longctx_options(CLI::App& cmd, LongctxArgs& args) {
+  add_model_options(cmd, args.model);
+  cmd.add_option("--press", args.presses,
+                 "comma-separated press specs, e.g. full,snapkv,protokv:prototypes=lsh "
+                 "(full = uncompressed reference)")
+      ->capture_default_str();
+  cmd.add_option("--budget", args.budgets, "comma-separated budgets (KV entries per head)");
+  cmd.add_option("--ratio", args.ratios,
+                 "comma-separated kept shares of the prompt in (0, 1], e.g. 0.016,0.1");
+  cmd.add_option("--alloc", args.alloc, "budget allocator: uniform|pyramid|adakv");
+  cmd.add_option("--mode", args.mode,
+                 "query-aware (question compressed with the context) or query-agnostic "
+                 "(context compressed first, question appended after)")
+      ->capture_default_str();
+  cmd.add_option("--reference", args.reference,
+                 "run the others are paired against (accuracy difference, 95% interval)")
+      ->capture_default_str();
+  cmd.add_option("--limit", args.limit, "only the first N samples (0: all)")->capture_default_str();
+  cmd.add_option("--seed", args.seed, "seed of the generated samples")->capture_default_str();
+  cmd.add_flag("--json", args.json, "JSON on stdout (the content of results.json)");
+  cmd.add_option("--out", args.out_dir,
+                 "write DIR/results.json, config.json, samples.jsonl (one line per sample, "
+                 "written as it is produced) and SVGs");
+  cmd.add_flag("--resume", args.resume,
+               "continue an interrupted run: reuse DIR/samples.jsonl records (needs --out)");
+  cmd.add_flag("--quiet", args.quiet, "no progress bar");
+}
+
+struct Prepared {
+  LoadedModel model;
+  eval::LongctxOptions options;
+  nlohmann::json config;
+};
+
+Prepared prepare(const LongctxArgs& args, const std::string& benchmark) {
+  PROTOKV_CHECK(args.mode == "query-aware" || args.mode == "query-agnostic",
+                "--mode must be query-aware or query-agnostic, got '{}'", args.mode);
+  PROTOKV_CHECK(args.limit >= 0, "--limit must be >= 0");
+  PROTOKV_CHECK(!args.resume || !args.out_dir.empty(), "--resume needs --out DIR");
+  Prepared p;
+  const std::vector<int64_t> budgets = args.budgets.empty()
+                                           ? std::vector<int64_t>{}
+                                           : eval::parse_positive_list(args.budgets, "--budget");
+  const std::vector<double> ratios =
+      args.ratios.empty() ? std::vector<double>{} : eval::parse_ratio_list(args.ratios);
+  p.options.runs = eval::make_run_specs(eval::split_press_specs(args.presses), budgets, ratios);
+  p.options.alloc = args.alloc;
+  p.options.query_agnostic = args.mode == "query-agnostic";
+  p.options.reference = args.reference;
+  p.options.progress = !args.quiet;
+  p.options.progress_label = benchmark;
+  p.options.resume = args.resume;
+  if (!args.out_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(args.out_dir, ec);
+    PROTOKV_CHECK(!ec, "cannot create {}: {}", args.out_dir, ec.message());
+    p.options.jsonl_path = (fs::path(args.out_dir) / "samples.jsonl").string();
+  }
+  p.model = load_model_from_options(args.model, /*require_tokenizer=*/true);
+  nlohmann::json runs = nlohmann::json::array();
+  for (const auto& r : p.options.runs)
+    runs.push_back({{"label", r.label()},
+                    {"press", r.press},
+                    {"budget", r.budget.is_set() ? nlohmann::json(r.budget.to_string())
+                                                 : nlohmann::json(nullptr)}});
+  p.config = {
+      {"benchmark", benchmark},
+      {"model", model_json(p.model)},
+      {"tokenizer", args.model.tokenizer_path.empty() ? "embedded" : args.model.tokenizer_path},
+      {"runs", runs},
+      {"alloc", args.alloc.empty() ? "default" : args.alloc},
+      {"mode", args.mode},
+      {"reference", args.reference},
+      {"limit", args.limit},
+      {"seed", args.seed},
+      {"threads", num_threads()},
+      {"decoding", "greedy (argmax), stop at EOS"},
+      {"chat_template", "none (plain prompt)"}};
+  return p;
+}
+
+void apply_limit(std::vector<eval::LongctxSample>& samples, int64_t limit) {
+  if (limit > 0 && static_cast<int64_t>(samples.size()) > limit)
+    samples.resize(static_cast<size_t>(limit));
+}
+
+std::string format_diff(const eval::LongctxSummary& s) {
+  if (s.paired == 0) return "-";
+  return fmt::format("{:+.1f} ± {:.1f}", 100.0 * s.diff_mean, 100.0 * s.diff_ci95);
+}
+
+// The main table: one row per run.
+std::string summary_table(const std::vector<eval::LongctxSummary>& summaries,
+                          const std::string& score_name) {
+  eval::Table table;
+  table.add_column("run", eval::Table::Align::kLeft);
+  table.add_column(score_name);
+  table.add_column("Δ vs ref (95%)");
+  table.add_column("scored");
+  table.add_column("skipped");
+  table.add_column("compress ms");
+  table.add_column("KV after");
+  table.add_column("peak KV");
+  for (const auto& s : summaries)
+    table.add_row({s.run, s.scored > 0 ? fmt::format("{:.1f}", 100.0 * s.mean_score) : "-",
+                   format_diff(s), std::to_string(s.scored), std::to_string(s.skipped),
+                   fmt::format("{:.2f}", s.compress_ms),
+                   format_bytes(static_cast<size_t>(s.kv_bytes)),
+                   format_bytes(static_cast<size_t>(s.peak_kv_bytes))});
+  return table.render();
+}
+
+nlohmann::json summaries_json(const std::vector<eval::LongctxSummary>& summaries) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& s : summaries) j.push_back(s.to_json());
+  return j;
+}
+
+// Skipped samples, one line each, so a bad sample is visible without reading the JSONL.
+void report_errors(const std::vector<eval::LongctxRecord>& records, FILE* out) {
+  std::map<std::string, int> seen;
+  for (const auto& r : records) {
+    if (r.error.empty() || seen[r.id]++ > 0) continue;
+    std::fprintf(out, "skipped %s: %s\n", r.id.c_str(), r.error.c_str());
+  }
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  PROTOKV_CHECK(out.good(), "cannot write {}", path.string());
+  out << text;
+}
+
+// Prints (text or JSON) and writes results.json / config.json.
+void finish(const LongctxArgs& args, const Prepared& p, const eval::LongctxResult& result,
+            nlohmann::json results, const std::string& text_report) {
+  results["config"] = p.config;
+  results["wall_ms"] = result.wall_ms;
+  nlohmann::json errors = nlohmann::json::array();
+  for (const auto& r : result.records)
+    if (!r.error.empty()) errors.push_back({{"run", r.run}, {"id", r.id}, {"error", r.error}});
+  results["skipped"] = errors;
+  FILE* info = args.json ? stderr : stdout;
+  if (args.json) {
+    std::printf("%s\n", results.dump(2).c_str());
+  } else {
+    std::printf("%s", text_report.c_str());
+  }
+  report_errors(result.records, info);
+  if (!args.out_dir.empty()) {
+    write_file(fs::path(args.out_dir) / "results.json", results.dump(2) + "\n");
+    write_file(fs::path(args.out_dir) / "config.json", p.config.dump(2) + "\n");
+    std::fprintf(info, "wrote %s\n", args.out_dir.c_str());
+  }
+}
+
+std::vector<double> parse_depths(const std::string& text) {
+  std::vector<double> depths;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string piece =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    const double d = std::strtod(piece.c_str(), &end);
+    PROTOKV_CHECK(!piece.empty() && end == piece.c_str() + piece.size() && d >= 0.0 && d <= 100.0,
+                  "--depths: '{}' is not a percentage in [0, 100]", piece);
+    depths.push_back(d);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return depths;
+}
+
+// ---- niah ---------------------------------------------------------------------------------
+
+struct NiahArgs {
+  LongctxArgs common;
+  std::string lengths;
+  std::string depths;
+  std::string haystack_file;
+  std::string haystack_kind = "noise";
+  eval::NiahOptions niah;
+};
+
+void run_niah(NiahArgs& args) {
+  Prepared p = prepare(args.common, "niah");
+  const Tokenizer& tok = *p.model.tokenizer;
+  eval::NiahOptions& o = args.niah;
+  o.seed = args.common.seed;
+  PROTOKV_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be at least 1");
+  PROTOKV_CHECK(o.samples_per_cell >= 1, "--samples must be at least 1");
+  const int64_t ctx = p.model.weights.config.context_length;
+  o.lengths = args.lengths.empty() ? eval::default_niah_lengths(ctx, o.max_new_tokens)
+                                   : eval::parse_positive_list(args.lengths, "--lengths");
+  o.depths = args.depths.empty() ? eval::default_niah_depths() : parse_depths(args.depths);
+  for (int64_t L : o.lengths)
+    PROTOKV_CHECK(L + o.max_new_tokens <= ctx,
+                  "--lengths: {} + {} new tokens exceeds the model's context of {} tokens", L,
+                  o.max_new_tokens, ctx);
+  const int64_t longest = *std::max_element(o.lengths.begin(), o.lengths.end());
+  std::vector<int32_t> haystack;
+  std::string haystack_desc;
+  if (!args.haystack_file.empty()) {
+    haystack = eval::haystack_from_text(tok, read_text_file(args.haystack_file), longest,
+                                        args.haystack_file);
+    haystack_desc = "file " + args.haystack_file + " (repeated/cut to length)";
+  } else if (args.haystack_kind == "noise") {
+    haystack = eval::haystack_noise(tok, longest);
+    haystack_desc = "RULER repeated noise (\"" + std::string(eval::kRulerNoise) + "\")";
+  } else if (args.haystack_kind == "model") {
+    auto sampled = eval::samples_from_model(p.model.weights, tok.bos_id(), tok.eos_id(),
+                                            std::max<int64_t>(longest, 2), 0, 1, o.seed);
+    for (int32_t t : sampled[0].prompt)
+      if (t != tok.bos_id() && t != tok.eos_id()) haystack.push_back(t);
+    while (static_cast<int64_t>(haystack.size()) < longest) {
+      const auto copy = haystack;
+      haystack.insert(haystack.end(), copy.begin(), copy.end());
+    }
+    haystack_desc = fmt::format("model-sampled (temperature 1, seed {})", o.seed);
+  } else {
+    fail("--haystack-kind must be noise or model, got '{}'", args.haystack_kind);
+  }
+  std::vector<eval::LongctxSample> samples = eval::make_niah_samples(tok, haystack, o);
+  apply_limit(samples, args.common.limit);
+  p.config["niah"] = {{"lengths", o.lengths},
+                      {"depths", o.depths},
+                      {"needle", o.needle},
+                      {"question", o.question},
+                      {"max_new_tokens", o.max_new_tokens},
+                      {"samples_per_cell", o.samples_per_cell},
+                      {"haystack", haystack_desc},
+                      {"scoring", "exact containment of the needle's value"}};
+
+  const eval::LongctxResult result =
+      eval::run_longctx(p.model.weights, tok, samples, eval::niah_score, p.options);
+  const auto summaries = eval::summarize(result.records, p.options.runs, p.options.reference);
+  nlohmann::json results;
+  results["summary"] = summaries_json(summaries);
+  std::string report = fmt::format(
+      "eval niah: {}, {} lengths x {} depths x {} sample(s), mode {}, haystack {}\n", p.model.path,
+      o.lengths.size(), o.depths.size(), o.samples_per_cell, args.common.mode, haystack_desc);
+  report += summary_table(summaries, "accuracy %");
+  nlohmann::json grids = nlohmann::json::object();
+  for (const auto& run : p.options.runs) {
+    const auto grid = eval::niah_grid(result.records, run.label(), o);
+    nlohmann::json cells = nlohmann::json::array();
+    std::string by_length;
+    for (size_t l = 0; l < o.lengths.size(); ++l) {
+      double sum = 0.0;
+      int n = 0;
+      for (size_t d = 0; d < o.depths.size(); ++d) {
+        const double a = grid[l][d];
+        cells.push_back({{"length", o.lengths[l]},
+                         {"depth", o.depths[d]},
+                         {"accuracy", std::isfinite(a) ? nlohmann::json(a) : nlohmann::json()}});
+        if (std::isfinite(a)) {
+          sum += a;
+          ++n;
+        }
+      }
+      by_length += n > 0 ? fmt::format(" {}:{:.0f}", o.lengths[l], 100.0 * sum / n)
+                         : fmt::format(" {}:-", o.lengths[l]);
+    }
+    grids[run.label()] = cells;
+    report += fmt::format("  {} accuracy by length:{}\n", run.label(), by_length);
+    if (!args.common.out_dir.empty()) {
+      const std::string title =
+          fmt::format("NIAH {} — {} ({})", run.label(), fs::path(p.model.path).filename().string(),
+                      args.common.mode);
+      std::string file = "heatmap_" + run.label() + ".svg";
+      for (char& c : file)
+        if (c == '/' || c == ':' || c == ',' || c == '=') c = '_';
+      write_file(fs::path(args.common.out_dir) / file, eval::render_niah_heatmap(grid, o, title));
+    }
+  }
+  results["cells"] = grids;
+  finish(args.common, p, result, results, report);
+}
+
+}  // namespace
+
+void register_eval_longctx(CLI::App& eval) {
+  {
+    auto args = std::make_shared<NiahArgs>();
+    auto* cmd = eval.add_subcommand(
+        "niah",
+        "Needle in a haystack (Kamradt): a grid of context lengths x needle depths per "
+        "(press, budget); greedy answer scored by exact containment of the needle's value; "
+        "heat-map SVG per run with --out.");
+    add_longctx_options(*cmd, args->common);
+    cmd->add_option("--lengths", args->lengths,
+                    "comma-separated prompt lengths in tokens (default: 512..context in 4-8 "
+                    "geometric steps, min(512, context/4) on small models)");
+    cmd->add_option("--depths", args->depths,
+                    "comma-separated needle depths in % (default 0,10,...,100)");
+    cmd->add_option("--haystack", args->haystack_file,
+                    "UTF-8 text file for the haystack (repeated/cut to length)");
+    cmd->add_option("--haystack-kind", args->haystack_kind,
+                    "without --haystack: noise (RULER's repeated sentences) or model (the "
+                    "model's own sampled text)")
+        ->capture_default_str();
+    cmd->add_option("--needle", args->niah.needle, "needle template ({key}, {value})")
+        ->capture_default_str();
+    cmd->add_option("--question", args->niah.question,
+                    "question template ({key}); appended after the context")
+        ->capture_default_str();
+    cmd->add_option("--max-new-tokens", args->niah.max_new_tokens, "tokens generated")
+        ->capture_default_str();
+    cmd->add_option("--samples", args->niah.samples_per_cell, "samples (key/value pairs) per cell")
+        ->capture_default_str();
+    cmd->callback([args] { run_niah(*args); });
+  }
+}
+
+}  // namespace protokv::cli
