@@ -15,7 +15,7 @@
 #include "eval/longctx_runner.h"
 #include "eval/niah.h"
 #include "eval/report/table.h"
-// RULER_INCLUDE
+#include "eval/ruler.h"
 #include "eval/spec_list.h"
 #include "protokv/error.h"
 #include "protokv/threads.h"
@@ -323,6 +323,118 @@ void run_niah(NiahArgs& args) {
   finish(args.common, p, result, results, report);
 }
 
+// ---- ruler --------------------------------------------------------------------------------
+
+struct RulerArgs {
+  LongctxArgs common;
+  std::string tasks;
+  std::string lengths;
+  std::string essay_file;
+  int samples = 4;
+};
+
+// Rows: runs; columns: one score per group (task, dataset...) and their average.
+std::string group_table(const std::vector<eval::LongctxRecord>& records,
+                        const std::vector<eval::LongctxRunSpec>& runs,
+                        const std::vector<std::string>& groups, const std::string& group_key,
+                        nlohmann::json& out) {
+  eval::Table table;
+  table.add_column("run", eval::Table::Align::kLeft);
+  for (const auto& g : groups) table.add_column(g);
+  table.add_column("average");
+  out = nlohmann::json::object();
+  for (const auto& run : runs) {
+    std::vector<std::string> row = {run.label()};
+    double sum = 0.0;
+    int n = 0;
+    for (const auto& g : groups) {
+      const auto s = eval::summarize(records, {run}, "", [&](const eval::LongctxRecord& r) {
+        return r.meta.value(group_key, std::string()) == g;
+      });
+      if (s[0].scored > 0) {
+        row.push_back(fmt::format("{:.2f}", 100.0 * s[0].mean_score));
+        out[run.label()][g] = 100.0 * s[0].mean_score;
+        sum += 100.0 * s[0].mean_score;
+        ++n;
+      } else {
+        row.push_back("-");
+        out[run.label()][g] = nullptr;
+      }
+    }
+    row.push_back(n > 0 ? fmt::format("{:.2f}", sum / n) : "-");
+    out[run.label()]["average"] = n > 0 ? nlohmann::json(sum / n) : nlohmann::json();
+    table.add_row(row);
+  }
+  return table.render();
+}
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    std::string piece =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    PROTOKV_CHECK(!piece.empty(), "empty name in list '{}'", text);
+    names.push_back(piece);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return names;
+}
+
+void run_ruler(RulerArgs& args) {
+  Prepared p = prepare(args.common, "ruler");
+  const Tokenizer& tok = *p.model.tokenizer;
+  eval::RulerOptions o;
+  o.tasks = args.tasks.empty() ? eval::ruler_task_names() : split_names(args.tasks);
+  const int64_t ctx = p.model.weights.config.context_length;
+  o.lengths = args.lengths.empty() ? eval::default_ruler_lengths(ctx)
+                                   : eval::parse_positive_list(args.lengths, "--lengths");
+  for (int64_t L : o.lengths)
+    PROTOKV_CHECK(L <= ctx, "--lengths: {} exceeds the model's context of {} tokens", L, ctx);
+  o.samples = args.samples;
+  o.seed = args.common.seed;
+  std::string essay_desc =
+      "RULER repeated noise (no --haystack given; RULER uses Paul Graham essays)";
+  if (!args.essay_file.empty()) {
+    o.essay_text = read_text_file(args.essay_file);
+    eval::haystack_from_text(tok, o.essay_text, 1, args.essay_file);  // empty / UTF-8 checks
+    essay_desc = "file " + args.essay_file;
+  }
+  std::vector<eval::LongctxSample> samples = eval::make_ruler_samples(tok, o);
+  apply_limit(samples, args.common.limit);
+  p.config["ruler"] = {{"tasks", o.tasks},
+                       {"lengths", o.lengths},
+                       {"samples_per_task_and_length", o.samples},
+                       {"essay_haystack", essay_desc},
+                       {"word_lists", "hand-written lists committed in src/eval/longctx_words.cpp"},
+                       {"scoring", "string_match_all (niah, vt, cwe, fwe) x100, as RULER"}};
+  eval::LongctxResult result =
+      eval::run_longctx(p.model.weights, tok, samples, eval::ruler_score, p.options);
+  const auto summaries = eval::summarize(result.records, p.options.runs, p.options.reference);
+  nlohmann::json results;
+  results["summary"] = summaries_json(summaries);
+  nlohmann::json per_task;
+  std::string report =
+      fmt::format("eval ruler: {}, lengths {}, {} sample(s) per task, mode {}\n", p.model.path,
+                  fmt::join(o.lengths, ","), o.samples, args.common.mode);
+  report += group_table(result.records, p.options.runs, o.tasks, "task", per_task);
+  report += "\n" + summary_table(summaries, "score (all)");
+  results["per_task"] = per_task;
+  if (o.lengths.size() > 1) {
+    std::vector<std::string> lengths;
+    for (int64_t L : o.lengths) lengths.push_back(std::to_string(L));
+    for (auto& r : result.records)
+      r.meta["length_name"] = std::to_string(r.meta.value("length", int64_t{0}));
+    nlohmann::json per_length;
+    report += "\nby length:\n" +
+              group_table(result.records, p.options.runs, lengths, "length_name", per_length);
+    results["per_length"] = per_length;
+  }
+  finish(args.common, p, result, results, report);
+}
+
 }  // namespace
 
 void register_eval_longctx(CLI::App& eval) {
@@ -355,6 +467,25 @@ void register_eval_longctx(CLI::App& eval) {
     cmd->add_option("--samples", args->niah.samples_per_cell, "samples (key/value pairs) per cell")
         ->capture_default_str();
     cmd->callback([args] { run_niah(*args); });
+  }
+  {
+    auto args = std::make_shared<RulerArgs>();
+    auto* cmd = eval.add_subcommand(
+        "ruler",
+        "RULER's synthetic tasks (niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, "
+        "niah_multiquery, vt, cwe, fwe) with its templates, generators (seeded) and scoring "
+        "(string_match_all x100), per task and averaged, per (press, budget).");
+    add_longctx_options(*cmd, args->common);
+    cmd->add_option("--tasks", args->tasks, "comma-separated tasks (default: all eleven)");
+    cmd->add_option("--lengths", args->lengths,
+                    "comma-separated sequence lengths (prompt + generated tokens; default "
+                    "4096, 8192, ... up to the context, or the context when smaller)");
+    cmd->add_option("--samples", args->samples, "samples per task and length")
+        ->capture_default_str();
+    cmd->add_option("--haystack", args->essay_file,
+                    "UTF-8 text for the essay haystack (RULER: Paul Graham essays); default: "
+                    "repeated noise");
+    cmd->callback([args] { run_ruler(*args); });
   }
 }
 
