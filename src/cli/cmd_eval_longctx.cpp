@@ -11,7 +11,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "eval/fidelity.h"
-// LB_INCLUDE
+#include "eval/longbench.h"
 #include "eval/longctx_runner.h"
 #include "eval/niah.h"
 #include "eval/report/table.h"
@@ -435,6 +435,104 @@ void run_ruler(RulerArgs& args) {
   finish(args.common, p, result, results, report);
 }
 
+// ---- longbench ----------------------------------------------------------------------------
+
+struct LongbenchArgs {
+  LongctxArgs common;
+  std::string data_dir;
+  std::string datasets;
+  bool longbench_e = false;
+  int64_t max_length = 0;
+};
+
+void run_longbench(LongbenchArgs& args) {
+  PROTOKV_CHECK(args.max_length >= 0, "--max-length must be positive");
+  std::error_code ec;
+  PROTOKV_CHECK(fs::is_directory(args.data_dir, ec), "--data {} is not a directory", args.data_dir);
+  // Names first: an unknown dataset fails before the model is loaded.
+  std::vector<const eval::LongbenchDataset*> datasets;
+  const std::string suffix = args.longbench_e ? "_e.jsonl" : ".jsonl";
+  if (!args.datasets.empty()) {
+    for (const auto& name : split_names(args.datasets)) {
+      const auto& d = eval::find_longbench_dataset(name);
+      const fs::path file = fs::path(args.data_dir) / (d.name + suffix);
+      PROTOKV_CHECK(fs::is_regular_file(file, ec), "no {} in {} for dataset {}",
+                    file.filename().string(), args.data_dir, d.name);
+      datasets.push_back(&d);
+    }
+  } else {
+    for (const auto& d : eval::longbench_datasets())
+      if (fs::is_regular_file(fs::path(args.data_dir) / (d.name + suffix), ec))
+        datasets.push_back(&d);
+    PROTOKV_CHECK(!datasets.empty(), "no LongBench{} file (<dataset>{}) in {}",
+                  args.longbench_e ? "-E" : "", suffix, args.data_dir);
+  }
+  Prepared p = prepare(args.common, args.longbench_e ? "longbench-e" : "longbench");
+  const Tokenizer& tok = *p.model.tokenizer;
+  const int64_t ctx = p.model.weights.config.context_length;
+  std::vector<eval::LongctxSample> samples;
+  std::vector<std::string> names;
+  for (const auto* d : datasets) {
+    names.push_back(d->name);
+    const std::string file = (fs::path(args.data_dir) / (d->name + suffix)).string();
+    for (const auto& ex : eval::read_longbench_jsonl(file))
+      samples.push_back(eval::make_longbench_sample(tok, *d, ex, args.max_length, ctx));
+  }
+  // --limit: the first N samples of each dataset.
+  if (args.common.limit > 0) {
+    std::map<std::string, int64_t> kept;
+    std::vector<eval::LongctxSample> limited;
+    for (auto& s : samples)
+      if (kept[s.meta["dataset"].get<std::string>()]++ < args.common.limit)
+        limited.push_back(std::move(s));
+    samples = std::move(limited);
+  }
+  for (auto& s : samples)
+    s.meta["dataset_bucket"] =
+        s.meta["dataset"].get<std::string>() + ":" + s.meta["bucket"].get<std::string>();
+  nlohmann::json dataset_config = nlohmann::json::array();
+  for (const auto* d : datasets)
+    dataset_config.push_back({{"name", d->name},
+                              {"max_new_tokens", d->max_new_tokens},
+                              {"metric", d->metric},
+                              {"chat_template", d->chat_template},
+                              {"first_line_only", d->first_line_only},
+                              {"prompt", d->prompt}});
+  p.config["longbench"] = {{"data", args.data_dir},
+                           {"e", args.longbench_e},
+                           {"datasets", dataset_config},
+                           {"max_length", args.max_length},
+                           {"truncation",
+                            "middle (first and last max_length/2 tokens), capped at context - max "
+                            "new tokens"},
+                           {"chat_template_hook", "plain prompt (chat templates not wired yet)"},
+                           {"limit_per_dataset", args.common.limit}};
+  p.config["limit"] = nullptr;  // applied per dataset, recorded above
+  eval::LongctxResult result =
+      eval::run_longctx(p.model.weights, tok, samples, eval::longbench_score, p.options);
+  const auto summaries = eval::summarize(result.records, p.options.runs, p.options.reference);
+  nlohmann::json results;
+  results["summary"] = summaries_json(summaries);
+  nlohmann::json per_dataset;
+  std::string report =
+      fmt::format("eval longbench{}: {}, {} dataset(s), max length {}, mode {}\n",
+                  args.longbench_e ? " -E" : "", p.model.path, names.size(),
+                  args.max_length > 0 ? std::to_string(args.max_length) : "none", args.common.mode);
+  report += group_table(result.records, p.options.runs, names, "dataset", per_dataset);
+  results["per_dataset"] = per_dataset;
+  if (args.longbench_e) {
+    std::vector<std::string> groups;
+    for (const auto& n : names)
+      for (const char* b : {"0-4k", "4-8k", "8k+"}) groups.push_back(n + ":" + b);
+    nlohmann::json per_bucket;
+    report += "\nby length (LongBench-E):\n" +
+              group_table(result.records, p.options.runs, groups, "dataset_bucket", per_bucket);
+    results["per_dataset_length"] = per_bucket;
+  }
+  report += "\n" + summary_table(summaries, "score (all)");
+  finish(args.common, p, result, results, report);
+}
+
 }  // namespace
 
 void register_eval_longctx(CLI::App& eval) {
@@ -486,6 +584,27 @@ void register_eval_longctx(CLI::App& eval) {
                     "UTF-8 text for the essay haystack (RULER: Paul Graham essays); default: "
                     "repeated noise");
     cmd->callback([args] { run_ruler(*args); });
+  }
+  {
+    auto args = std::make_shared<LongbenchArgs>();
+    auto* cmd = eval.add_subcommand(
+        "longbench",
+        "LongBench / LongBench-E on the official JSONL files: official prompt templates, "
+        "max new tokens, middle truncation to --max-length, official metrics (qa_f1, rouge_l, "
+        "classification, retrieval, count, code_sim; Chinese with a character-level stand-in "
+        "for jieba), per dataset (and per length bucket with --e) and averaged.");
+    add_longctx_options(*cmd, args->common);
+    cmd->add_option("--data", args->data_dir,
+                    "directory of <dataset>.jsonl files (<dataset>_e.jsonl with --e)")
+        ->required();
+    cmd->add_option("--datasets", args->datasets,
+                    "comma-separated datasets (default: every file found in --data)");
+    cmd->add_flag("--e", args->longbench_e, "LongBench-E: *_e.jsonl, scores per length bucket");
+    cmd->add_option("--max-length", args->max_length,
+                    "truncate prompts in the middle to N tokens (as pred.py); without it, a "
+                    "prompt beyond the model's context is an error")
+        ->capture_default_str();
+    cmd->callback([args] { run_longbench(*args); });
   }
 }
 
