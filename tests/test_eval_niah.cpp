@@ -91,6 +91,13 @@ TEST(LongctxRunner, SummaryPairsOnlySamplesBothScored) {
   EXPECT_DOUBLE_EQ(s[1].diff_mean, -0.5);
 }
 
+TEST(LongctxRunner, PredictionsAreMadeValidUtf8) {
+  EXPECT_EQ(eval::sanitize_utf8("ok \xC3\xA9"), "ok \xC3\xA9");
+  EXPECT_EQ(eval::sanitize_utf8("a\xFF b"), "a\xEF\xBF\xBD b");
+  EXPECT_EQ(eval::sanitize_utf8("cut \xE4\xB8"), "cut \xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_TRUE(eval::is_valid_utf8(eval::sanitize_utf8("\xC0\xAF\xED\xA0\x80")));
+}
+
 TEST(LongctxRunner, EtaFormat) {
   EXPECT_EQ(eval::format_eta(0, 10, 0.0), "?");
   EXPECT_EQ(eval::format_eta(1, 11, 1000.0), "10s");

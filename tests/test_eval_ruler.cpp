@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -91,6 +92,54 @@ TEST(Ruler, TooShortLengthIsASkippedSampleAndUnknownTaskAnError) {
   const auto samples = eval::make_ruler_samples(*tok, o);
   EXPECT_NE(samples[0].error.find("too short"), std::string::npos);
   o.tasks = {"niah_single_9"};
+  EXPECT_THROW(eval::make_ruler_samples(*tok, o), Error);
+}
+
+TEST(Ruler, QaTasksReadSquadAndHotpotqa) {
+  PROTOKV_REQUIRE_STORIES();
+  testing::TempDir dir;
+  {
+    std::ofstream squad(dir / "squad.json");
+    squad << R"({"data": [{"title": "t", "paragraphs": [
+      {"context": "The river Alba flows to the sea.", "qas": [
+        {"question": "Where does the Alba flow?", "answers": [{"text": "to the sea"}],
+         "is_impossible": false},
+        {"question": "Unanswerable?", "answers": [], "is_impossible": true}]},
+      {"context": "Bread is baked at dawn.", "qas": []}]},
+      {"title": "u", "paragraphs": [{"context": "Owls hunt at night.", "qas": [
+        {"question": "When do owls hunt?", "answers": [{"text": "at night"}]}]}]}]})";
+    std::ofstream hotpot(dir / "hotpot.json");
+    hotpot << R"([{"question": "Which is older?", "answer": "Rome",
+      "context": [["Rome", ["Rome is old.", " Very old."]], ["Paris", ["Paris is younger."]]]}])";
+    std::ofstream bad(dir / "bad.json");
+    bad << R"({"data": [{"paragraphs": [{"qas": []}]}]})";
+  }
+  const auto squad = eval::read_squad((dir / "squad.json").string());
+  EXPECT_EQ(squad.documents.size(), 3u);
+  ASSERT_EQ(squad.questions.size(), 2u);  // the impossible one is dropped
+  EXPECT_EQ(squad.questions[0].answers, std::vector<std::string>{"to the sea"});
+  EXPECT_EQ(squad.questions[0].more.size(), 1u);  // the other paragraph of its article
+  const auto hotpot = eval::read_hotpotqa((dir / "hotpot.json").string());
+  EXPECT_EQ(hotpot.documents[1], "Rome\nRome is old. Very old.");
+  EXPECT_THROW(eval::read_squad((dir / "bad.json").string()), Error);
+
+  const auto tok = stories_tokenizer();
+  eval::RulerOptions o;
+  o.tasks = {"qa_1", "qa_2"};
+  o.lengths = {512};
+  o.samples = 2;
+  o.squad_path = (dir / "squad.json").string();
+  o.hotpotqa_path = (dir / "hotpot.json").string();
+  const auto samples = eval::make_ruler_samples(*tok, o);
+  ASSERT_EQ(samples.size(), 4u);
+  for (const auto& s : samples) {
+    ASSERT_TRUE(s.error.empty()) << s.error;
+    EXPECT_EQ(s.meta["metric"], "string_match_part");
+    const std::string text = tok->decode(s.context);
+    EXPECT_NE(text.find("Document 1:"), std::string::npos) << text;
+    EXPECT_NE(text.find(s.answers[0]), std::string::npos) << text;  // gold document present
+  }
+  o.squad_path.clear();
   EXPECT_THROW(eval::make_ruler_samples(*tok, o), Error);
 }
 

@@ -144,8 +144,8 @@ std::string summary_table(const std::vector<eval::LongctxSummary>& summaries,
   table.add_column("scored");
   table.add_column("skipped");
   table.add_column("compress ms");
-  table.add_column("KV after");
-  table.add_column("peak KV");
+  table.add_column("KV at answer");
+  table.add_column("prefill peak KV");
   for (const auto& s : summaries)
     table.add_row({s.run, s.scored > 0 ? fmt::format("{:.1f}", 100.0 * s.mean_score) : "-",
                    format_diff(s), std::to_string(s.scored), std::to_string(s.skipped),
@@ -330,6 +330,8 @@ struct RulerArgs {
   std::string tasks;
   std::string lengths;
   std::string essay_file;
+  std::string squad;
+  std::string hotpotqa;
   int samples = 4;
 };
 
@@ -395,6 +397,11 @@ void run_ruler(RulerArgs& args) {
     PROTOKV_CHECK(L <= ctx, "--lengths: {} exceeds the model's context of {} tokens", L, ctx);
   o.samples = args.samples;
   o.seed = args.common.seed;
+  o.squad_path = args.squad;
+  o.hotpotqa_path = args.hotpotqa;
+  // qa_1 / qa_2 join the default task list when their data is given.
+  if (args.tasks.empty() && !args.squad.empty()) o.tasks.push_back("qa_1");
+  if (args.tasks.empty() && !args.hotpotqa.empty()) o.tasks.push_back("qa_2");
   std::string essay_desc =
       "RULER repeated noise (no --haystack given; RULER uses Paul Graham essays)";
   if (!args.essay_file.empty()) {
@@ -409,7 +416,11 @@ void run_ruler(RulerArgs& args) {
                        {"samples_per_task_and_length", o.samples},
                        {"essay_haystack", essay_desc},
                        {"word_lists", "hand-written lists committed in src/eval/longctx_words.cpp"},
-                       {"scoring", "string_match_all (niah, vt, cwe, fwe) x100, as RULER"}};
+                       {"squad", args.squad},
+                       {"hotpotqa", args.hotpotqa},
+                       {"scoring",
+                        "string_match_all (niah, vt, cwe, fwe), string_match_part "
+                        "(qa_1, qa_2), x100, as RULER"}};
   eval::LongctxResult result =
       eval::run_longctx(p.model.weights, tok, samples, eval::ruler_score, p.options);
   const auto summaries = eval::summarize(result.records, p.options.runs, p.options.reference);
@@ -571,8 +582,9 @@ void register_eval_longctx(CLI::App& eval) {
     auto* cmd = eval.add_subcommand(
         "ruler",
         "RULER's synthetic tasks (niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, "
-        "niah_multiquery, vt, cwe, fwe) with its templates, generators (seeded) and scoring "
-        "(string_match_all x100), per task and averaged, per (press, budget).");
+        "niah_multiquery, vt, cwe, fwe; qa_1/qa_2 with --squad/--hotpotqa) with its templates, "
+        "generators (seeded) and scoring (string_match_all / string_match_part x100), per task "
+        "and averaged, per (press, budget).");
     add_longctx_options(*cmd, args->common);
     cmd->add_option("--tasks", args->tasks, "comma-separated tasks (default: all eleven)");
     cmd->add_option("--lengths", args->lengths,
@@ -583,6 +595,10 @@ void register_eval_longctx(CLI::App& eval) {
     cmd->add_option("--haystack", args->essay_file,
                     "UTF-8 text for the essay haystack (RULER: Paul Graham essays); default: "
                     "repeated noise");
+    cmd->add_option("--squad", args->squad,
+                    "SQuAD JSON (v2.0 dev format) for qa_1 (added to the default tasks)");
+    cmd->add_option("--hotpotqa", args->hotpotqa,
+                    "HotpotQA JSON (distractor dev format) for qa_2 (added to the default tasks)");
     cmd->callback([args] { run_ruler(*args); });
   }
   {

@@ -190,6 +190,37 @@ std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
   return out;
 }
 
+std::string sanitize_utf8(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    const int extra = c < 0x80             ? 0
+                      : (c & 0xE0) == 0xC0 ? 1
+                      : (c & 0xF0) == 0xE0 ? 2
+                      : (c & 0xF8) == 0xF0 ? 3
+                                           : -1;
+    bool ok = extra >= 0 && i + static_cast<size_t>(extra) < n;
+    uint32_t cp = extra <= 0 ? c : c & (0x3Fu >> extra);
+    for (int k = 1; ok && k <= extra; ++k) {
+      ok = (s[i + static_cast<size_t>(k)] & 0xC0) == 0x80;
+      cp = (cp << 6) | (s[i + static_cast<size_t>(k)] & 0x3Fu);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMin[extra] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (!ok) {
+      out += "\xEF\xBF\xBD";  // U+FFFD, as Python's errors="replace"
+      ++i;
+      continue;
+    }
+    out.append(text, i, static_cast<size_t>(extra) + 1);
+    i += static_cast<size_t>(extra) + 1;
+  }
+  return out;
+}
+
 std::string decode_prediction(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens) {
   std::string text;
   int32_t prev = -1;
@@ -198,7 +229,7 @@ std::string decode_prediction(const Tokenizer& tokenizer, const std::vector<int3
     if (t >= 0 && t < tokenizer.vocab_size()) text += tokenizer.decode(prev, t);
     prev = t;
   }
-  return text;
+  return sanitize_utf8(text);
 }
 
 std::string format_eta(int64_t done, int64_t total, double elapsed_ms) {

@@ -129,7 +129,9 @@ std::vector<LongctxSummary> summarize(
 std::pair<double, double> paired_difference(const std::vector<double>& a,
                                             const std::vector<double>& b);
 
-// Greedy text of a finished generation, cut at the first EOS (tokens after BOS/EOS dropped).
+// Invalid UTF-8 sequences replaced by U+FFFD (a byte-fallback model can emit broken text).
+std::string sanitize_utf8(const std::string& text);
+// Greedy text of a finished generation, cut at the first EOS, with invalid UTF-8 replaced.
 std::string decode_prediction(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens);
 
 // Remaining time as "1m23s" from done/total and elapsed ms ("?" before the first step).

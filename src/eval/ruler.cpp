@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -46,6 +48,12 @@ constexpr const char* kFweTemplate =
     "above coded text?";
 constexpr const char* kFweAnswerPrefix =
     " Answer: According to the coded text above, the three most frequently appeared words are:";
+constexpr const char* kQaTemplate =
+    "Answer the question based on the given documents. Only give me the answer and do not "
+    "output any other words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the "
+    "question based on the given documents. Only give me the answer and do not output any other "
+    "words.\n\nQuestion: {query}";
+constexpr const char* kQaAnswerPrefix = " Answer:";
 // niah.py's needle sentence.
 constexpr const char* kRulerNeedle =
     "One of the special magic {type_needle_v} for {key} is: {value}.";
@@ -327,6 +335,61 @@ Built fwe_generate(int64_t num_words, int64_t length, double alpha, std::mt19937
   return b;
 }
 
+// qa.py generate_input_output: the gold documents, then the question's other paragraphs, then
+// random others, up to num_docs; shuffled; "Document {i}:\n{document}" joined by blank lines.
+Built qa_generate(const RulerQaData& data, size_t index, int64_t num_docs, std::mt19937_64& rng) {
+  const auto& q = data.questions[index % data.questions.size()];
+  const auto n_docs = static_cast<int64_t>(data.documents.size());
+  num_docs = std::max<int64_t>(num_docs, static_cast<int64_t>(q.gold.size()));
+  std::vector<int64_t> chosen = q.gold;
+  if (num_docs < n_docs) {
+    const int64_t extra = num_docs - static_cast<int64_t>(q.gold.size());
+    if (extra > static_cast<int64_t>(q.more.size())) {
+      chosen.insert(chosen.end(), q.more.begin(), q.more.end());
+      std::set<int64_t> used(chosen.begin(), chosen.end());
+      std::vector<int64_t> others;
+      for (int64_t i = 0; i < n_docs; ++i)
+        if (used.count(i) == 0) others.push_back(i);
+      const int64_t need = std::min<int64_t>(num_docs - static_cast<int64_t>(chosen.size()),
+                                             static_cast<int64_t>(others.size()));
+      for (int64_t k : sample_indices(rng, static_cast<int64_t>(others.size()), need))
+        chosen.push_back(others[static_cast<size_t>(k)]);
+    } else {
+      for (int64_t k : sample_indices(rng, static_cast<int64_t>(q.more.size()), extra))
+        chosen.push_back(q.more[static_cast<size_t>(k)]);
+    }
+  } else {
+    chosen.clear();
+    for (int64_t i = 0; i < n_docs; ++i) chosen.push_back(i);
+  }
+  portable_shuffle(chosen, rng);
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < chosen.size(); ++i)
+    parts.push_back(
+        fmt::format("Document {}:\n{}", i + 1, data.documents[static_cast<size_t>(chosen[i])]));
+  Built b = split_template(std::string(kQaTemplate) + kQaAnswerPrefix, join(parts, "\n\n"),
+                           {{"query", q.query}});
+  b.answers = q.answers;
+  return b;
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  PROTOKV_CHECK(in.good(), "cannot read QA file {}", path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  PROTOKV_CHECK(!j.is_discarded(), "QA file {} is not valid JSON", path);
+  return j;
+}
+
+// Sorted distinct documents and their index.
+std::map<std::string, int64_t> index_documents(std::vector<std::string>& docs) {
+  std::sort(docs.begin(), docs.end());
+  docs.erase(std::unique(docs.begin(), docs.end()), docs.end());
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < docs.size(); ++i) index[docs[i]] = static_cast<int64_t>(i);
+  return index;
+}
+
 // FNV-1a: a task's seed must not depend on the standard library's std::hash.
 uint64_t fnv1a(const std::string& text) {
   uint64_t h = 14695981039346656037ULL;
@@ -408,13 +471,84 @@ double riemann_zeta(double s) {
          s / 12.0 * std::pow(n, -s - 1.0);
 }
 
+RulerQaData read_squad(const std::string& path) {
+  const nlohmann::json j = read_json_file(path);
+  RulerQaData data;
+  try {
+    for (const auto& article : j.at("data"))
+      for (const auto& p : article.at("paragraphs"))
+        data.documents.push_back(p.at("context").get<std::string>());
+    const auto index = index_documents(data.documents);
+    for (const auto& article : j.at("data")) {
+      std::vector<int64_t> article_docs;
+      for (const auto& p : article.at("paragraphs"))
+        article_docs.push_back(index.at(p.at("context").get<std::string>()));
+      for (const auto& p : article.at("paragraphs")) {
+        const int64_t doc = index.at(p.at("context").get<std::string>());
+        for (const auto& qa : p.at("qas")) {
+          if (qa.value("is_impossible", false)) continue;
+          RulerQaData::Question q;
+          q.query = qa.at("question").get<std::string>();
+          for (const auto& a : qa.at("answers"))
+            q.answers.push_back(a.at("text").get<std::string>());
+          if (q.answers.empty()) continue;
+          q.gold = {doc};
+          for (int64_t d : article_docs)
+            if (d != doc) q.more.push_back(d);
+          data.questions.push_back(std::move(q));
+        }
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("{} is not in SQuAD format (data/paragraphs/qas): {}", path, e.what());
+  }
+  PROTOKV_CHECK(!data.questions.empty(), "{} has no answerable question", path);
+  return data;
+}
+
+RulerQaData read_hotpotqa(const std::string& path) {
+  const nlohmann::json j = read_json_file(path);
+  RulerQaData data;
+  auto doc_text = [](const nlohmann::json& entry) {
+    std::string text = entry.at(0).get<std::string>() + "\n";
+    for (const auto& sentence : entry.at(1)) text += sentence.get<std::string>();
+    return text;
+  };
+  try {
+    PROTOKV_CHECK(j.is_array(), "{} is not a list of HotpotQA questions", path);
+    for (const auto& item : j)
+      for (const auto& entry : item.at("context")) data.documents.push_back(doc_text(entry));
+    const auto index = index_documents(data.documents);
+    for (const auto& item : j) {
+      RulerQaData::Question q;
+      q.query = item.at("question").get<std::string>();
+      q.answers = {item.at("answer").get<std::string>()};
+      for (const auto& entry : item.at("context")) q.gold.push_back(index.at(doc_text(entry)));
+      data.questions.push_back(std::move(q));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("{} is not in HotpotQA format (question/answer/context): {}", path, e.what());
+  }
+  PROTOKV_CHECK(!data.questions.empty(), "{} has no question", path);
+  return data;
+}
+
 std::vector<LongctxSample> make_ruler_samples(const Tokenizer& tokenizer,
                                               const RulerOptions& options) {
   const std::vector<std::string> tasks = options.tasks.empty() ? ruler_task_names() : options.tasks;
+  std::optional<RulerQaData> squad, hotpotqa;
   for (const auto& t : tasks) {
     ruler_tokens_to_generate(t);  // throws for an unknown task
-    PROTOKV_CHECK(t != "qa_1" && t != "qa_2",
-                  "RULER {} needs its QA data set, which this build does not read yet", t);
+    if (t == "qa_1") {
+      PROTOKV_CHECK(!options.squad_path.empty(),
+                    "RULER qa_1 needs a SQuAD file: give --squad FILE");
+      squad = read_squad(options.squad_path);
+    }
+    if (t == "qa_2") {
+      PROTOKV_CHECK(!options.hotpotqa_path.empty(),
+                    "RULER qa_2 needs a HotpotQA file: give --hotpotqa FILE");
+      hotpotqa = read_hotpotqa(options.hotpotqa_path);
+    }
   }
   PROTOKV_CHECK(options.samples >= 1, "--samples must be at least 1");
   std::vector<std::string> essay_words = whitespace_words(options.essay_text);
@@ -422,7 +556,8 @@ std::vector<LongctxSample> make_ruler_samples(const Tokenizer& tokenizer,
   std::vector<LongctxSample> samples;
   for (const auto& task : tasks) {
     const int gen_tokens = ruler_tokens_to_generate(task);
-    const std::string metric = "string_match_all";  // niah, vt, cwe, fwe
+    const bool qa = task == "qa_1" || task == "qa_2";
+    const std::string metric = qa ? "string_match_part" : "string_match_all";
     for (int64_t length : options.lengths) {
       const int64_t budget = length - gen_tokens;
       for (int i = 0; i < options.samples; ++i) {
@@ -435,6 +570,13 @@ std::vector<LongctxSample> make_ruler_samples(const Tokenizer& tokenizer,
           const NiahTask& t = it->second;
           gen = [t, &essay_words](int64_t n, std::mt19937_64& rng) {
             return niah_generate(t, n, essay_words, rng);
+          };
+        } else if (qa) {
+          const RulerQaData& data = task == "qa_1" ? *squad : *hotpotqa;
+          n_max = static_cast<int64_t>(data.documents.size());
+          const auto index = static_cast<size_t>(i);
+          gen = [&data, index](int64_t n, std::mt19937_64& rng) {
+            return qa_generate(data, index, n, rng);
           };
         } else if (task == "vt") {
           // One-shot example first (variable_tracking.py's ICL example), at most length / 5.

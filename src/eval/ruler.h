@@ -14,6 +14,7 @@
 //    part (the rest, answer prefix included), encoded separately like every protokv benchmark;
 //  - the sample length is fitted exactly by binary search on the haystack size (the original
 //    grows it in steps);
+//  - qa_1/qa_2 documents are drawn with the seeded generator, like the others;
 //  - variable tracking's one-shot example uses the full template and at most a fifth of the
 //    length (the original's example is up to 500 tokens and trims the template).
 #include <cstdint>
@@ -39,8 +40,26 @@ struct RulerOptions {
   std::vector<int64_t> lengths;    // prompt + generated tokens, as RULER's max_seq_length
   int samples = 4;                 // per task and length
   uint64_t seed = 42;
-  std::string essay_text;  // haystack for "essay" tasks; empty: repeated noise
+  std::string essay_text;     // haystack for "essay" tasks; empty: repeated noise
+  std::string squad_path;     // SQuAD JSON (v2.0 dev format) for qa_1
+  std::string hotpotqa_path;  // HotpotQA JSON (distractor dev format) for qa_2
 };
+
+// RULER's QA data (scripts/data/synthetic/qa.py): distinct documents (sorted) and the questions,
+// each with its answers, its gold documents and (SQuAD) the other paragraphs of its article.
+struct RulerQaData {
+  struct Question {
+    std::string query;
+    std::vector<std::string> answers;
+    std::vector<int64_t> gold;
+    std::vector<int64_t> more;
+  };
+  std::vector<std::string> documents;
+  std::vector<Question> questions;
+};
+// Throws Error for an unreadable file or one not in the expected format.
+RulerQaData read_squad(const std::string& path);
+RulerQaData read_hotpotqa(const std::string& path);
 
 // Default lengths: RULER's 4096, 8192, ... up to the context; the context itself below 4096.
 std::vector<int64_t> default_ruler_lengths(int64_t context_length);
