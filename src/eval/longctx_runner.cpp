@@ -329,7 +329,9 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   }
   std::unique_ptr<std::ofstream> jsonl;
   if (!options.jsonl_path.empty()) {
-    const bool fresh = !options.resume || !std::filesystem::exists(options.jsonl_path);
+    std::error_code ec;
+    const bool fresh = !options.resume || !std::filesystem::exists(options.jsonl_path) ||
+                       std::filesystem::file_size(options.jsonl_path, ec) == 0;
     jsonl = std::make_unique<std::ofstream>(
         options.jsonl_path,
         fresh ? std::ios::trunc | std::ios::binary : std::ios::app | std::ios::binary);
