@@ -197,6 +197,7 @@ void register_eval(CLI::App& app) {
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->footer("Presses:\n" + press_help());
   cmd->callback([args] { run_fidelity_command(*args); });
+  register_eval_longctx(*eval);
 }
 
 }  // namespace protokv::cli

@@ -12,6 +12,8 @@ void register_bench(CLI::App& app);
 // `bench compress`, added to the `bench` subcommand by register_bench.
 void register_bench_compress(CLI::App& bench);
 void register_eval(CLI::App& app);
+// `eval niah|ruler|longbench`, added to the `eval` subcommand by register_eval.
+void register_eval_longctx(CLI::App& eval);
 void register_demo(CLI::App& app);
 void register_tokenize(CLI::App& app);
 

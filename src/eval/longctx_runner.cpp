@@ -1,0 +1,420 @@
+#include "eval/longctx_runner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "eval/progress.h"
+#include "protokv/engine.h"
+#include "protokv/error.h"
+#include "protokv/press_registry.h"
+#include "protokv/sampler.h"
+#include "protokv/timer.h"
+#include "protokv/tokenizer.h"
+
+namespace protokv::eval {
+
+std::string LongctxRunSpec::label() const {
+  if (!budget.is_set()) return press;
+  if (budget.entries > 0) return fmt::format("{}@{}", press, budget.entries);
+  return fmt::format("{}@r{:g}", press, budget.ratio);
+}
+
+std::vector<double> parse_ratio_list(const std::string& text) {
+  std::vector<double> ratios;
+  std::stringstream ss(text);
+  std::string piece;
+  while (std::getline(ss, piece, ',')) {
+    double r = 0.0;
+    const auto [end, ec] = std::from_chars(piece.data(), piece.data() + piece.size(), r);
+    PROTOKV_CHECK(ec == std::errc() && end == piece.data() + piece.size() && r > 0.0 && r <= 1.0,
+                  "--ratio: '{}' is not a number in (0, 1] (in '{}')", piece, text);
+    ratios.push_back(r);
+  }
+  PROTOKV_CHECK(!ratios.empty(), "--ratio: empty list");
+  return ratios;
+}
+
+std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& presses,
+                                           const std::vector<int64_t>& budgets,
+                                           const std::vector<double>& ratios) {
+  PROTOKV_CHECK(!presses.empty(), "give at least one press (--press full,snapkv,...)");
+  std::vector<LongctxRunSpec> runs;
+  bool full_added = false;
+  for (const auto& press : presses) {
+    // "full" keeps every entry whatever the budget: one run, no budget.
+    if (press == "full") {
+      if (!full_added) runs.push_back(LongctxRunSpec{});
+      full_added = true;
+      continue;
+    }
+    PROTOKV_CHECK(!budgets.empty() || !ratios.empty(),
+                  "press {} needs --budget N[,N...] or --ratio R[,R...]", press);
+    for (int64_t b : budgets) {
+      LongctxRunSpec spec;
+      spec.press = press;
+      spec.budget.entries = b;
+      runs.push_back(spec);
+    }
+    for (double r : ratios) {
+      LongctxRunSpec spec;
+      spec.press = press;
+      spec.budget.ratio = r;
+      runs.push_back(spec);
+    }
+  }
+  return runs;
+}
+
+nlohmann::json LongctxRecord::to_json() const {
+  nlohmann::json j;
+  j["run"] = run;
+  j["id"] = id;
+  j["prediction"] = prediction;
+  j["score"] = score;
+  if (!error.empty()) j["error"] = error;
+  j["prompt_tokens"] = prompt_tokens;
+  j["generated_tokens"] = generated_tokens;
+  j["compress_ms"] = compress_ms;
+  j["prefill_ms"] = prefill_ms;
+  j["decode_ms"] = decode_ms;
+  j["kv_bytes"] = kv_bytes;
+  j["peak_kv_bytes"] = peak_kv_bytes;
+  j["meta"] = meta;
+  return j;
+}
+
+LongctxRecord LongctxRecord::from_json(const nlohmann::json& j) {
+  LongctxRecord r;
+  r.run = j.at("run").get<std::string>();
+  r.id = j.at("id").get<std::string>();
+  r.prediction = j.value("prediction", "");
+  r.score = j.value("score", 0.0);
+  r.error = j.value("error", "");
+  r.prompt_tokens = j.value("prompt_tokens", int64_t{0});
+  r.generated_tokens = j.value("generated_tokens", int64_t{0});
+  r.compress_ms = j.value("compress_ms", 0.0);
+  r.prefill_ms = j.value("prefill_ms", 0.0);
+  r.decode_ms = j.value("decode_ms", 0.0);
+  r.kv_bytes = j.value("kv_bytes", size_t{0});
+  r.peak_kv_bytes = j.value("peak_kv_bytes", size_t{0});
+  r.meta = j.value("meta", nlohmann::json::object());
+  r.resumed = true;
+  return r;
+}
+
+nlohmann::json LongctxSummary::to_json() const {
+  nlohmann::json j;
+  j["run"] = run;
+  j["scored"] = scored;
+  j["skipped"] = skipped;
+  j["score"] = mean_score;
+  if (paired > 0) {
+    j["paired"] = paired;
+    j["diff_vs_reference"] = diff_mean;
+    j["diff_ci95"] = diff_ci95;
+  }
+  j["compress_ms"] = compress_ms;
+  j["kv_bytes"] = kv_bytes;
+  j["peak_kv_bytes"] = peak_kv_bytes;
+  return j;
+}
+
+std::pair<double, double> paired_difference(const std::vector<double>& a,
+                                            const std::vector<double>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  if (n == 0) return {0.0, 0.0};
+  double mean = 0.0;
+  for (size_t i = 0; i < n; ++i) mean += a[i] - b[i];
+  mean /= static_cast<double>(n);
+  if (n < 2) return {mean, 0.0};
+  double ss = 0.0;
+  for (size_t i = 0; i < n; ++i) ss += (a[i] - b[i] - mean) * (a[i] - b[i] - mean);
+  const double sd = std::sqrt(ss / static_cast<double>(n - 1));
+  return {mean, 1.96 * sd / std::sqrt(static_cast<double>(n))};
+}
+
+std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
+                                      const std::vector<LongctxRunSpec>& runs,
+                                      const std::string& reference,
+                                      const std::function<bool(const LongctxRecord&)>& filter) {
+  std::map<std::string, std::map<std::string, double>> scores;  // run -> id -> score
+  std::vector<LongctxSummary> out;
+  for (const auto& spec : runs) {
+    LongctxSummary s;
+    s.run = spec.label();
+    for (const auto& r : records) {
+      if (r.run != s.run || (filter && !filter(r))) continue;
+      if (!r.error.empty()) {
+        ++s.skipped;
+        continue;
+      }
+      ++s.scored;
+      s.mean_score += r.score;
+      s.compress_ms += r.compress_ms;
+      s.kv_bytes += static_cast<double>(r.kv_bytes);
+      s.peak_kv_bytes += static_cast<double>(r.peak_kv_bytes);
+      scores[s.run][r.id] = r.score;
+    }
+    if (s.scored > 0) {
+      const double n = static_cast<double>(s.scored);
+      s.mean_score /= n;
+      s.compress_ms /= n;
+      s.kv_bytes /= n;
+      s.peak_kv_bytes /= n;
+    }
+    out.push_back(s);
+  }
+  if (scores.count(reference) == 0) return out;
+  const auto& ref = scores[reference];
+  for (auto& s : out) {
+    if (s.run == reference) continue;
+    std::vector<double> a, b;
+    for (const auto& [id, score] : scores[s.run]) {
+      const auto it = ref.find(id);
+      if (it == ref.end()) continue;
+      a.push_back(score);
+      b.push_back(it->second);
+    }
+    s.paired = static_cast<int64_t>(a.size());
+    std::tie(s.diff_mean, s.diff_ci95) = paired_difference(a, b);
+  }
+  return out;
+}
+
+std::string sanitize_utf8(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    const int extra = c < 0x80             ? 0
+                      : (c & 0xE0) == 0xC0 ? 1
+                      : (c & 0xF0) == 0xE0 ? 2
+                      : (c & 0xF8) == 0xF0 ? 3
+                                           : -1;
+    bool ok = extra >= 0 && i + static_cast<size_t>(extra) < n;
+    uint32_t cp = extra <= 0 ? c : c & (0x3Fu >> extra);
+    for (int k = 1; ok && k <= extra; ++k) {
+      ok = (s[i + static_cast<size_t>(k)] & 0xC0) == 0x80;
+      cp = (cp << 6) | (s[i + static_cast<size_t>(k)] & 0x3Fu);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMin[extra] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (!ok) {
+      out += "\xEF\xBF\xBD";  // U+FFFD, as Python's errors="replace"
+      ++i;
+      continue;
+    }
+    out.append(text, i, static_cast<size_t>(extra) + 1);
+    i += static_cast<size_t>(extra) + 1;
+  }
+  return out;
+}
+
+std::string decode_prediction(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens) {
+  std::string text;
+  int32_t prev = -1;
+  for (int32_t t : tokens) {
+    if (t == tokenizer.eos_id()) break;
+    if (t >= 0 && t < tokenizer.vocab_size()) text += tokenizer.decode(prev, t);
+    prev = t;
+  }
+  return sanitize_utf8(text);
+}
+
+std::string format_eta(int64_t done, int64_t total, double elapsed_ms) {
+  if (done <= 0 || total <= done) return done >= total ? "0s" : "?";
+  const double left_s =
+      elapsed_ms / 1000.0 * static_cast<double>(total - done) / static_cast<double>(done);
+  const auto secs = static_cast<int64_t>(std::llround(left_s));
+  if (secs >= 3600) return fmt::format("{}h{:02}m", secs / 3600, secs / 60 % 60);
+  if (secs >= 60) return fmt::format("{}m{:02}s", secs / 60, secs % 60);
+  return fmt::format("{}s", secs);
+}
+
+namespace {
+
+// Reads the records of an interrupted run; a last line cut by the interruption is dropped and
+// the file truncated before it, so that appending continues on a clean line.
+std::vector<LongctxRecord> read_resume_file(const std::string& path, const nlohmann::json& header) {
+  std::vector<LongctxRecord> records;
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return records;  // nothing yet: a fresh start
+  std::string line;
+  int64_t line_no = 0;
+  size_t good_bytes = 0;
+  bool truncated_tail = false;
+  while (std::getline(in, line)) {
+    ++line_no;
+    const bool complete = !in.eof();  // the line ended in '\n'
+    if (line.empty()) {
+      good_bytes += 1;
+      continue;
+    }
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      PROTOKV_CHECK(!complete, "{} line {}: not valid JSON; cannot resume from this file", path,
+                    line_no);
+      truncated_tail = true;
+      break;
+    }
+    if (line_no == 1) {
+      PROTOKV_CHECK(j.contains("header"), "{}: not a protokv results file (no header line)", path);
+      PROTOKV_CHECK(j["header"] == header,
+                    "{} was written with another configuration ({}); use another --out or drop "
+                    "--resume (now: {})",
+                    path, j["header"].dump(), header.dump());
+    } else {
+      try {
+        records.push_back(LongctxRecord::from_json(j));
+      } catch (const nlohmann::json::exception& e) {
+        fail("{} line {}: bad record: {}", path, line_no, e.what());
+      }
+    }
+    good_bytes += line.size() + (complete ? 1 : 0);
+    if (!complete) {
+      // A valid last line without '\n': keep it and add the newline.
+      std::ofstream fix(path, std::ios::app | std::ios::binary);
+      fix << '\n';
+      good_bytes += 1;
+    }
+  }
+  in.close();
+  if (truncated_tail) {
+    std::filesystem::resize_file(path, good_bytes);
+    std::fprintf(stderr, "protokv: warning: %s: dropped an incomplete last line\n", path.c_str());
+  }
+  return records;
+}
+
+}  // namespace
+
+LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenizer,
+                          const std::vector<LongctxSample>& samples, const LongctxScorer& scorer,
+                          const LongctxOptions& options) {
+  PROTOKV_CHECK(!options.runs.empty(), "nothing to run: no press");
+  PROTOKV_CHECK(!(options.resume && options.jsonl_path.empty()), "--resume needs --out DIR");
+  const int64_t context_length = weights.config.context_length;
+  const std::string mode = options.query_agnostic ? "query-agnostic" : "query-aware";
+
+  // Presses are built up front so that a bad spec fails before any work.
+  std::vector<std::unique_ptr<Press>> presses;
+  for (const auto& spec : options.runs) {
+    if (!spec.budget.is_set()) {
+      presses.push_back(nullptr);
+      continue;
+    }
+    spec.budget.validate();
+    presses.push_back(make_press(spec.press, options.alloc));
+  }
+
+  const nlohmann::json header = {{"mode", mode},
+                                 {"alloc", options.alloc.empty() ? "default" : options.alloc}};
+  std::map<std::pair<std::string, std::string>, LongctxRecord> previous;
+  if (options.resume) {
+    for (auto& r : read_resume_file(options.jsonl_path, header)) {
+      auto key = std::make_pair(r.run, r.id);
+      previous[key] = std::move(r);
+    }
+  }
+  std::unique_ptr<std::ofstream> jsonl;
+  if (!options.jsonl_path.empty()) {
+    std::error_code ec;
+    const bool fresh = !options.resume || !std::filesystem::exists(options.jsonl_path) ||
+                       std::filesystem::file_size(options.jsonl_path, ec) == 0;
+    jsonl = std::make_unique<std::ofstream>(
+        options.jsonl_path,
+        fresh ? std::ios::trunc | std::ios::binary : std::ios::app | std::ios::binary);
+    PROTOKV_CHECK(jsonl->good(), "cannot write {}", options.jsonl_path);
+    if (fresh) *jsonl << nlohmann::json{{"header", header}}.dump() << '\n' << std::flush;
+  }
+
+  LongctxResult result;
+  Timer wall;
+  const int64_t total = static_cast<int64_t>(options.runs.size() * samples.size());
+  int64_t done = 0, computed = 0, to_compute = 0;
+  for (const auto& spec : options.runs)
+    for (const auto& s : samples)
+      if (previous.count({spec.label(), s.id}) == 0) ++to_compute;
+  Progress progress(options.progress_label, total, options.progress);
+  Timer compute_timer;
+
+  for (size_t run_index = 0; run_index < options.runs.size(); ++run_index) {
+    const LongctxRunSpec& spec = options.runs[run_index];
+    const std::string label = spec.label();
+    SessionOptions session_options;
+    session_options.press = presses[run_index].get();
+    session_options.budget = spec.budget;
+    Session session(weights, session_options);
+    for (const auto& sample : samples) {
+      ++done;
+      if (auto it = previous.find({label, sample.id}); it != previous.end()) {
+        result.records.push_back(it->second);
+        progress.advance(1, label + " (resumed)");
+        continue;
+      }
+      LongctxRecord rec;
+      rec.run = label;
+      rec.id = sample.id;
+      rec.meta = sample.meta;
+      rec.prompt_tokens = static_cast<int64_t>(sample.context.size() + sample.question.size());
+      try {
+        PROTOKV_CHECK(sample.error.empty(), "{}", sample.error);
+        PROTOKV_CHECK(!sample.context.empty(), "empty prompt");
+        const int64_t need = rec.prompt_tokens + sample.max_new_tokens;
+        PROTOKV_CHECK(need <= context_length,
+                      "prompt {} + {} new tokens exceeds the model's context of {} tokens",
+                      rec.prompt_tokens, sample.max_new_tokens, context_length);
+        session.reset();
+        std::vector<int32_t> prefill = sample.context;
+        if (!options.query_agnostic)
+          prefill.insert(prefill.end(), sample.question.begin(), sample.question.end());
+        std::span<const float> logits = session.prefill(prefill);
+        const PrefillStats stats = session.prefill_stats();
+        rec.compress_ms = stats.compress_ms;
+        rec.prefill_ms = stats.prefill_ms;
+        rec.peak_kv_bytes = stats.peak_kv_bytes;
+        Timer decode_timer;
+        if (options.query_agnostic) {
+          // The question reaches the compressed cache token by token (decode appends).
+          for (int32_t t : sample.question) logits = session.decode(t);
+        }
+        rec.kv_bytes = session.cache().kv_bytes();
+        std::vector<int32_t> generated;
+        for (int i = 0; i < sample.max_new_tokens; ++i) {
+          const int32_t next = argmax(logits);
+          generated.push_back(next);
+          if (next == tokenizer.eos_id()) break;
+          if (i + 1 < sample.max_new_tokens) logits = session.decode(next);
+        }
+        rec.decode_ms = decode_timer.ms();
+        rec.generated_tokens = static_cast<int64_t>(generated.size());
+        rec.prediction = decode_prediction(tokenizer, generated);
+        rec.score = scorer(sample, rec.prediction);
+      } catch (const Error& e) {
+        rec.error = e.what();
+        rec.score = 0.0;
+      }
+      if (jsonl) *jsonl << rec.to_json().dump() << '\n' << std::flush;
+      result.records.push_back(std::move(rec));
+      ++computed;
+      progress.advance(1, fmt::format("{}  ETA {}", label,
+                                      format_eta(computed, to_compute, compute_timer.ms())));
+    }
+  }
+  progress.finish();
+  result.wall_ms = wall.ms();
+  return result;
+}
+
+}  // namespace protokv::eval

@@ -1,0 +1,140 @@
+#pragma once
+// Shared harness of the long-context benchmarks (`eval niah`, `eval ruler`, `eval longbench`):
+// every (press, budget) answers the same samples by greedy decoding; each sample's context is
+// prefilled once per (press, budget); per-sample records are appended to a JSONL file as they are
+// produced, so a stopped run resumes where it was (--resume); a sample that fails (prompt too
+// long, a press that refuses the budget) is recorded with its error and skipped, never the run.
+//
+// Token protocol (the same as `protokv generate --mode`): the prompt is two token spans,
+// `context` (BOS included) and `question` (encoded on its own, no BOS), so query-aware and
+// query-agnostic runs see exactly the same tokens and differ only in what is compressed:
+//  - query-aware: context + question are prefilled (and compressed) together;
+//  - query-agnostic: the context alone is prefilled and compressed, then the question tokens are
+//    appended one by one through Session::decode (the realistic protocol: the cache is
+//    compressed before the question is known).
+// One question per sample: the engine has no cache snapshot, so several questions on one
+// compressed context would need a re-prefill each anyway (RULER's multi-query task asks its
+// queries in one prompt, as the original does).
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "protokv/model.h"
+#include "protokv/press.h"
+
+namespace protokv {
+class Tokenizer;
+}
+
+namespace protokv::eval {
+
+struct LongctxSample {
+  std::string id;                    // unique and stable across runs (the resume key)
+  std::vector<int32_t> context;      // BOS + context tokens
+  std::vector<int32_t> question;     // appended after the context (may be empty)
+  std::vector<std::string> answers;  // references for the scorer
+  int max_new_tokens = 32;
+  nlohmann::json meta = nlohmann::json::object();  // task, length, depth, dataset... (grouping)
+  std::string error;  // set by the generator: the sample is recorded as skipped, not run
+};
+
+// Scores one prediction of one sample in [0, 1].
+using LongctxScorer = std::function<double(const LongctxSample&, const std::string& prediction)>;
+
+// One (press, budget) configuration. `press` == "full" with no budget: the uncompressed cache.
+struct LongctxRunSpec {
+  std::string press = "full";
+  Budget budget;
+  std::string label() const;  // "full", "snapkv@64", "snapkv@r0.25"
+};
+
+// "full,snapkv" x budgets "64,128" (or ratios "0.1,0.25") -> runs; full appears once (no budget).
+std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& presses,
+                                           const std::vector<int64_t>& budgets,
+                                           const std::vector<double>& ratios);
+// "0.1,0.25" -> {0.1, 0.25}; each in (0, 1]. Throws Error otherwise.
+std::vector<double> parse_ratio_list(const std::string& text);
+
+struct LongctxOptions {
+  std::vector<LongctxRunSpec> runs;
+  std::string alloc;  // budget allocator for scoring presses; empty: method default
+  bool query_agnostic = false;
+  std::string reference = "full";  // label of the run the others are paired against
+  std::string jsonl_path;          // empty: keep records in memory only
+  bool resume = false;             // reuse records of jsonl_path whose (run, id) match
+  bool progress = true;
+  std::string progress_label = "eval";
+};
+
+// One sample answered by one run.
+struct LongctxRecord {
+  std::string run;  // LongctxRunSpec::label()
+  std::string id;
+  std::string prediction;
+  double score = 0.0;
+  std::string error;  // non-empty: skipped (not scored)
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double compress_ms = 0.0;
+  double prefill_ms = 0.0;
+  size_t kv_bytes = 0;       // after prefill (and after the question in query-agnostic mode)
+  size_t peak_kv_bytes = 0;  // prefill's peak
+  double decode_ms = 0.0;    // question feeding + generation
+  nlohmann::json meta;
+  bool resumed = false;
+  nlohmann::json to_json() const;
+  static LongctxRecord from_json(const nlohmann::json& j);
+};
+
+// Mean score of a set of records, with the paired difference against the reference.
+struct LongctxSummary {
+  std::string run;
+  int64_t scored = 0;
+  int64_t skipped = 0;
+  double mean_score = 0.0;  // in [0, 1]
+  // Paired with the reference on the samples both scored: mean(run - reference) and the
+  // half-width of its normal 95% interval (1.96 * sd / sqrt(n), sd with n - 1); n = 0: none.
+  int64_t paired = 0;
+  double diff_mean = 0.0;
+  double diff_ci95 = 0.0;
+  double compress_ms = 0.0;  // mean per scored sample
+  double kv_bytes = 0.0;     // mean per scored sample
+  double peak_kv_bytes = 0.0;
+  nlohmann::json to_json() const;
+};
+
+struct LongctxResult {
+  std::vector<LongctxRecord> records;  // run-major, samples in order
+  double wall_ms = 0.0;
+};
+
+// Runs every spec over every sample. Throws Error for an unknown press, a bad budget, a resume
+// file written with another configuration. Per-sample failures become records with `error`.
+LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenizer,
+                          const std::vector<LongctxSample>& samples, const LongctxScorer& scorer,
+                          const LongctxOptions& options);
+
+// Summaries of `records` per run (in `runs` order), restricted to records accepted by `filter`
+// (null: all), paired against `reference` (a label; absent: no pairing).
+std::vector<LongctxSummary> summarize(
+    const std::vector<LongctxRecord>& records, const std::vector<LongctxRunSpec>& runs,
+    const std::string& reference,
+    const std::function<bool(const LongctxRecord&)>& filter = nullptr);
+
+// Paired difference a_i - b_i: mean and 95% half-width (normal approximation, sd with n - 1;
+// 0 for n < 2).
+std::pair<double, double> paired_difference(const std::vector<double>& a,
+                                            const std::vector<double>& b);
+
+// Invalid UTF-8 sequences replaced by U+FFFD (a byte-fallback model can emit broken text).
+std::string sanitize_utf8(const std::string& text);
+// Greedy text of a finished generation, cut at the first EOS, with invalid UTF-8 replaced.
+std::string decode_prediction(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens);
+
+// Remaining time as "1m23s" from done/total and elapsed ms ("?" before the first step).
+std::string format_eta(int64_t done, int64_t total, double elapsed_ms);
+
+}  // namespace protokv::eval

@@ -1,0 +1,264 @@
+// The long-context harness (eval/longctx_runner.h) and `eval niah`.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "eval/longctx_runner.h"
+#include "eval/longctx_words.h"
+#include "eval/niah.h"
+#include "protokv/error.h"
+#include "protokv/tokenizer.h"
+#include "test_util.h"
+
+namespace protokv {
+namespace {
+
+using testing::CommandResult;
+using testing::run_protokv;
+using testing::TempDir;
+
+void expect_one_line_error(const CommandResult& r, const std::string& contains) {
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("protokv: error: ", 0), 0u) << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  EXPECT_NE(r.err.find(contains), std::string::npos) << r.err;
+}
+
+std::string stories_args() {
+  const auto dir = testing::stories_dir();
+  return fmt::format("-m '{}' -z '{}'", (dir / "stories260K.bin").string(),
+                     (dir / "tok512.bin").string());
+}
+
+std::vector<std::string> read_lines(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(line);
+  return lines;
+}
+
+TEST(LongctxRunner, PairedDifferenceMatchesHandComputation) {
+  // d = {1, 0, -1, 0}: mean 0, sd = sqrt(2/3), half-width 1.96 * sd / 2.
+  const auto [mean, ci] = eval::paired_difference({1, 1, 0, 1}, {0, 1, 1, 1});
+  EXPECT_DOUBLE_EQ(mean, 0.0);
+  EXPECT_NEAR(ci, 1.96 * std::sqrt(2.0 / 3.0) / 2.0, 1e-12);
+  const auto [m1, c1] = eval::paired_difference({1}, {0});
+  EXPECT_DOUBLE_EQ(m1, 1.0);
+  EXPECT_DOUBLE_EQ(c1, 0.0);
+}
+
+TEST(LongctxRunner, RunSpecsPutFullOnceAndNeedABudget) {
+  const auto runs = eval::make_run_specs({"full", "snapkv", "full"}, {16, 32}, {0.5});
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_EQ(runs[0].label(), "full");
+  EXPECT_EQ(runs[1].label(), "snapkv@16");
+  EXPECT_EQ(runs[3].label(), "snapkv@r0.5");
+  EXPECT_THROW(eval::make_run_specs({"snapkv"}, {}, {}), Error);
+  EXPECT_THROW(eval::parse_ratio_list("0.5,1.5"), Error);
+}
+
+TEST(LongctxRunner, SummaryPairsOnlySamplesBothScored) {
+  std::vector<eval::LongctxRecord> records;
+  auto add = [&](const std::string& run, const std::string& id, double score,
+                 const std::string& error = "") {
+    eval::LongctxRecord r;
+    r.run = run;
+    r.id = id;
+    r.score = score;
+    r.error = error;
+    records.push_back(r);
+  };
+  add("full", "a", 1);
+  add("full", "b", 1);
+  add("full", "c", 0);
+  add("snapkv@8", "a", 0);
+  add("snapkv@8", "b", 1);
+  add("snapkv@8", "c", 0, "refused");
+  const auto runs = eval::make_run_specs({"full", "snapkv"}, {8}, {});
+  const auto s = eval::summarize(records, runs, "full");
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_NEAR(s[0].mean_score, 2.0 / 3.0, 1e-12);
+  EXPECT_EQ(s[1].scored, 2);
+  EXPECT_EQ(s[1].skipped, 1);
+  EXPECT_EQ(s[1].paired, 2);
+  EXPECT_DOUBLE_EQ(s[1].diff_mean, -0.5);
+}
+
+TEST(LongctxRunner, PredictionsAreMadeValidUtf8) {
+  EXPECT_EQ(eval::sanitize_utf8("ok \xC3\xA9"), "ok \xC3\xA9");
+  EXPECT_EQ(eval::sanitize_utf8("a\xFF b"), "a\xEF\xBF\xBD b");
+  EXPECT_EQ(eval::sanitize_utf8("cut \xE4\xB8"), "cut \xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_TRUE(eval::is_valid_utf8(eval::sanitize_utf8("\xC0\xAF\xED\xA0\x80")));
+}
+
+TEST(LongctxRunner, EtaFormat) {
+  EXPECT_EQ(eval::format_eta(0, 10, 0.0), "?");
+  EXPECT_EQ(eval::format_eta(1, 11, 1000.0), "10s");
+  EXPECT_EQ(eval::format_eta(1, 101, 1000.0), "1m40s");
+}
+
+TEST(LongctxWords, SeededGeneratorsRepeat) {
+  std::mt19937_64 a(7), b(7);
+  EXPECT_EQ(eval::random_number_text(a), eval::random_number_text(b));
+  const std::string uuid = eval::random_uuid(a);
+  EXPECT_EQ(uuid.size(), 36u);
+  EXPECT_EQ(uuid[14], '4');
+  EXPECT_GT(eval::adjective_noun_keys().size(), 1000u);
+  const auto idx = eval::sample_indices(a, 10, 10);
+  EXPECT_EQ(std::set<int64_t>(idx.begin(), idx.end()).size(), 10u);
+}
+
+TEST(Niah, DefaultGrid) {
+  const auto small = eval::default_niah_lengths(512, 16);
+  ASSERT_EQ(small.size(), 4u);
+  EXPECT_EQ(small.front(), 124);
+  EXPECT_EQ(small.back(), 496);
+  const auto big = eval::default_niah_lengths(32768, 16);
+  EXPECT_EQ(big.front(), 512);
+  EXPECT_EQ(big.back(), 32752);
+  EXPECT_GE(big.size(), 4u);
+  EXPECT_LE(big.size(), 8u);
+  EXPECT_EQ(eval::default_niah_depths().size(), 11u);
+}
+
+TEST(Niah, Utf8Validation) {
+  EXPECT_TRUE(eval::is_valid_utf8("plain ascii"));
+  EXPECT_TRUE(eval::is_valid_utf8("caf\xC3\xA9 \xE4\xB8\xAD"));
+  EXPECT_FALSE(eval::is_valid_utf8("bad \xFF byte"));
+  EXPECT_FALSE(eval::is_valid_utf8("cut \xE4\xB8"));
+  EXPECT_FALSE(eval::is_valid_utf8("overlong \xC0\xAF"));
+}
+
+TEST(Niah, SamplesHaveExactLengthAndTheNeedleAtItsDepth) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto tok = Tokenizer::load_llama2c((testing::stories_dir() / "tok512.bin").string(), 512);
+  eval::NiahOptions o;
+  o.lengths = {200, 300};
+  o.depths = {0, 50, 100};
+  const auto haystack = eval::haystack_noise(*tok, 300);
+  const auto samples = eval::make_niah_samples(*tok, haystack, o);
+  ASSERT_EQ(samples.size(), 6u);
+  for (const auto& s : samples) {
+    EXPECT_TRUE(s.error.empty()) << s.error;
+    EXPECT_EQ(static_cast<int64_t>(s.context.size() + s.question.size()),
+              s.meta["length"].get<int64_t>());
+    const std::string text = tok->decode(s.context);
+    const std::string needle = fmt::format("The special magic number for {} is {}.",
+                                           s.meta["key"].get<std::string>(), s.answers[0]);
+    const size_t at = text.find(needle);
+    ASSERT_NE(at, std::string::npos) << text;
+    const double depth = s.meta["depth"].get<double>();
+    if (depth == 0.0) {
+      EXPECT_LT(at, 2u);
+    }
+    if (depth == 100.0) {
+      EXPECT_EQ(at + needle.size(), text.size());
+    }
+    if (depth == 50.0) {
+      EXPECT_GT(at, text.size() / 4);
+      EXPECT_LT(at, text.size() * 3 / 4);
+      EXPECT_EQ(text[at - 2], '.');  // after a sentence end
+    }
+  }
+  // A length too short for needle + question is a skipped sample, not a failure.
+  o.lengths = {20};
+  const auto tiny = eval::make_niah_samples(*tok, haystack, o);
+  EXPECT_FALSE(tiny[0].error.empty());
+  EXPECT_DOUBLE_EQ(eval::niah_score(samples[0], "It is " + samples[0].answers[0] + "."), 1.0);
+  EXPECT_DOUBLE_EQ(eval::niah_score(samples[0], "no idea"), 0.0);
+}
+
+TEST(Niah, HeatmapHasOneCellPerLengthAndDepth) {
+  eval::NiahOptions o;
+  o.lengths = {100, 200, 300};
+  o.depths = {0, 50, 100};
+  std::vector<std::vector<double>> grid(3, std::vector<double>(3, 1.0));
+  grid[1][1] = 0.0;
+  grid[2][2] = std::nan("");
+  const std::string svg = eval::render_niah_heatmap(grid, o, "t <x>");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("t &lt;x&gt;"), std::string::npos);
+  size_t cells = 0;
+  for (size_t p = svg.find("stroke=\"white\""); p != std::string::npos;
+       p = svg.find("stroke=\"white\"", p + 1))
+    ++cells;
+  EXPECT_EQ(cells, 9u);
+  EXPECT_NE(svg.find("#d73027"), std::string::npos);  // accuracy 0: red
+  EXPECT_NE(svg.find("#1a9850"), std::string::npos);  // accuracy 1: green
+}
+
+TEST(NiahCli, RunsEndToEndAndResumes) {
+  PROTOKV_REQUIRE_STORIES();
+  TempDir dir;
+  const std::string base =
+      "eval niah " + stories_args() +
+      " --press full,streaming_llm --budget 32 --lengths 128,256 --depths 0,100 --quiet -t 1 "
+      "--out '" +
+      dir.path().string() + "'";
+  CommandResult r = run_protokv(base + " --limit 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("streaming_llm@32"), std::string::npos) << r.out;
+  auto lines = read_lines(dir / "samples.jsonl");
+  EXPECT_EQ(lines.size(), 1u + 2 * 2);  // header + 2 samples x 2 runs
+  // Simulate an interruption in the middle of a line, then resume the whole grid.
+  {
+    std::ofstream out(dir / "samples.jsonl", std::ios::app);
+    out << "{\"run\":\"full\",\"id\":\"L2";
+  }
+  r = run_protokv(base + " --resume --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  lines = read_lines(dir / "samples.jsonl");
+  EXPECT_EQ(lines.size(), 1u + 4 * 2);
+  for (size_t i = 1; i < lines.size(); ++i)
+    EXPECT_FALSE(nlohmann::json::parse(lines[i]).is_discarded());
+  const auto results = nlohmann::json::parse(r.out);
+  EXPECT_EQ(results["summary"].size(), 2u);
+  EXPECT_EQ(results["summary"][0]["scored"].get<int>(), 4);
+  EXPECT_TRUE(results["summary"][1].contains("diff_vs_reference"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "heatmap_streaming_llm@32.svg"));
+  const auto config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  EXPECT_EQ(config["niah"]["lengths"].size(), 2u);
+  EXPECT_EQ(config["mode"], "query-aware");
+  // A resume under another mode is refused.
+  r = run_protokv(base + " --resume --mode query-agnostic");
+  expect_one_line_error(r, "another configuration");
+}
+
+TEST(NiahCli, QueryAgnosticRuns) {
+  PROTOKV_REQUIRE_STORIES();
+  const CommandResult r =
+      run_protokv("eval niah " + stories_args() +
+                  " --press snapkv --ratio 0.5 --lengths 200 --depths 50 --mode query-agnostic "
+                  "--quiet -t 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["summary"][0]["run"], "snapkv@r0.5");
+  EXPECT_EQ(j["summary"][0]["scored"], 1);
+}
+
+TEST(NiahCli, BadHaystackIsOneClearError) {
+  PROTOKV_REQUIRE_STORIES();
+  TempDir dir;
+  {
+    std::ofstream(dir / "empty.txt") << "  \n";
+    std::ofstream(dir / "binary.txt", std::ios::binary) << std::string("abc\xFF\xFE def", 9);
+  }
+  const std::string base = "eval niah " + stories_args() + " --lengths 128 --depths 0 --haystack ";
+  expect_one_line_error(run_protokv(base + "'" + (dir / "empty.txt").string() + "'"), "empty");
+  expect_one_line_error(run_protokv(base + "'" + (dir / "binary.txt").string() + "'"),
+                        "not valid UTF-8");
+  expect_one_line_error(run_protokv(base + "'" + (dir / "missing.txt").string() + "'"),
+                        "not found");
+  expect_one_line_error(run_protokv("eval niah " + stories_args() + " --lengths 600 --depths 0"),
+                        "exceeds the model's context");
+}
+
+}  // namespace
+}  // namespace protokv
