@@ -36,7 +36,7 @@ std::vector<MethodCase> all_methods() {
       {"streaming_llm", "", AllocatorKind::Uniform, 0, 4},
       {"streaming_llm:sinks=2", "", AllocatorKind::Uniform, 0, 2},
       {"h2o", "", AllocatorKind::Uniform, 8},
-      {"h2o:decode=1,gqa=max", "", AllocatorKind::Uniform, 8},
+      {"h2o:decode=1,gqa=max", "", AllocatorKind::Uniform, 20},  // recent = B/2 = 20
       {"h2o", "adakv", AllocatorKind::AdaKv, 8},
       {"snapkv", "", AllocatorKind::Uniform, 8},
       {"snapkv:pool_type=avg,gqa=sum,window=4", "", AllocatorKind::Uniform, 4},
