@@ -156,6 +156,26 @@ TEST(StreamingLlm, KeepsSinksAndTheMostRecentTokensExactly) {
   EXPECT_EQ(testing::kept_positions(cache.heads[0]), expected);
 }
 
+TEST(StreamingLlm, KeepsOriginalPositionsAndNeverEvictsDuringDecode) {
+  // docs/methods.md: entries keep the positions they were rotated with (no re-indexing inside
+  // the cache), and the cache grows by one entry per decoded token.
+  SyntheticLayer layer(30, 2, 1, 4);
+  layer.fill_random(6);
+  auto press = make_press("streaming_llm:sinks=2");
+  press->begin(layer.info(), testing::entries(6));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  EXPECT_EQ(testing::kept_positions(cache.heads[0]), (std::vector<int32_t>{0, 1, 26, 27, 28, 29}));
+  std::vector<float> q(8, 0.25f), kv(4, 0.5f);
+  for (int step = 0; step < 5; ++step) {
+    cache.heads[0].append(kv.data(), kv.data(), 30 + step);
+    press->on_decode(0, q.data(), 30 + step, cache);
+    EXPECT_EQ(cache.heads[0].size(), 7 + step);
+  }
+  EXPECT_EQ(cache.heads[0].positions().front(), 0);
+  EXPECT_EQ(cache.heads[0].positions()[2], 26);
+}
+
 TEST(RatioBudget, ResolvesAgainstThePromptLength) {
   SyntheticLayer layer(100, 4, 2, 8);
   layer.fill_random(11);

@@ -49,7 +49,10 @@ std::string press_help() {
       "               per query head (stride 1, padding pool/2; max pads -inf, avg zero-pads and\n"
       "               divides by pool), then reduced over the GQA group; keep the top B-w prefix\n"
       "               entries (ties: lower position) plus the window.\n"
-      "               window={} pool={} pool_type=max|avg (max) gqa=mean|max|sum (mean).\n\n",
+      "               window={} pool={} pool_type=max|avg (max) gqa=mean|max|sum (mean).\n"
+      "               gqa_order=pool_first|reduce_first (pool_first): pool each query head, then\n"
+      "               reduce (as kvpress does), or reduce the group, then pool (FFY0/\n"
+      "               AdaKV, KVCache-Factory's kv_head mode). Also for pyramidkv and adakv.\n\n",
       w, pool));
   add(fmt::format(
       "pyramidkv      snapkv scores + the pyramid allocator: b = B-w, min = b//beta,\n"
