@@ -9,7 +9,9 @@
 #include <string>
 
 #include "press/allocator.h"
+#include "press/scores.h"
 #include "protokv/press_registry.h"
+#include "protokv/threads.h"
 #include "test_press_util.h"
 
 namespace protokv {
@@ -154,6 +156,39 @@ TEST(StreamingLlm, KeepsSinksAndTheMostRecentTokensExactly) {
   press->compress_prefill(layer.view(), cache);
   const std::vector<int32_t> expected = {0, 1, 2, 23, 24, 25, 26, 27, 28, 29};
   EXPECT_EQ(testing::kept_positions(cache.heads[0]), expected);
+}
+
+// The presses parallelise their per-head loops only for layers of at least
+// press::kParallelMinElements floats (n_tokens * n_heads * head_dim); every other test runs the
+// serial branch. Here a layer at the threshold runs the OpenMP branch with 1 and with 2 threads
+// (also under ASan/UBSan in CI): the kept entries must be identical, as each head's work is
+// independent of the others.
+TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoThreads) {
+  constexpr int64_t kTokens = 1024;
+  constexpr int kHeads = 8, kKvHeads = 2, kDim = 32;
+  SyntheticLayer layer(kTokens, kHeads, kKvHeads, kDim);
+  layer.n_layers = 3;
+  layer.layer = 1;
+  layer.fill_random(314, 1.5f);
+  ASSERT_TRUE(press::worth_parallel(layer.view()));
+  for (const char* spec :
+       {"snapkv", "pyramidkv", "adakv", "h2o", "h2o:decode=1", "protokv", "streaming_llm"}) {
+    std::vector<std::vector<int32_t>> kept[2];
+    for (const int threads : {1, 2}) {
+      set_threads(threads);
+      auto press = make_press(spec);
+      press->begin(layer.info(), testing::entries(96));
+      LayerCache cache = layer.empty_cache();
+      press->compress_prefill(layer.view(), cache);
+      for (int h = 0; h < kKvHeads; ++h) {
+        testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 1);
+        kept[threads - 1].push_back(testing::kept_positions(cache.heads[static_cast<size_t>(h)]));
+      }
+    }
+    EXPECT_EQ(kept[0], kept[1]) << spec;
+    EXPECT_LT(kept[0][0].size(), static_cast<size_t>(kTokens)) << spec;
+  }
+  set_threads(0);  // back to the default: all hardware threads
 }
 
 TEST(StreamingLlm, KeepsOriginalPositionsAndNeverEvictsDuringDecode) {

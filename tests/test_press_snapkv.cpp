@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 
+#include "press/scores.h"
 #include "press/window_scores.h"
 #include "protokv/error.h"
 #include "protokv/press_registry.h"
@@ -168,6 +169,23 @@ TEST(SnapKv, KeepsTheKeysTheWindowAttendsTo) {
   press->compress_prefill(layer.view(), cache);
   EXPECT_EQ(testing::kept_positions(cache.heads[0]),
             (std::vector<int32_t>{10, 50, 60, 61, 62, 63}));
+}
+
+TEST(SnapKv, ParallelBranchAboveTheThresholdMatchesNaive) {
+  // 1024 tokens x 8 heads x 32 dims = 2^18 floats: the per-head loops take their OpenMP branch.
+  constexpr int64_t kWindow = 8, kBudget = 64;
+  SyntheticLayer layer(1024, 8, 2, 32);
+  layer.fill_random(2718, 2.0f);
+  ASSERT_TRUE(press::worth_parallel(layer.view()));
+  auto press = make_press("snapkv");
+  press->begin(layer.info(), testing::entries(kBudget));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  for (int h = 0; h < 2; ++h)
+    EXPECT_EQ(
+        testing::kept_positions(cache.heads[static_cast<size_t>(h)]),
+        naive_kept(naive_window_scores(layer, h, kWindow, 7, "max", "mean"), kBudget, kWindow))
+        << "head " << h;
 }
 
 TEST(SnapKv, GqaOrderPoolsBeforeOrAfterTheGroupReduction) {
