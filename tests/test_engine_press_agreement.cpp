@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -83,6 +84,10 @@ struct AgreementCase {
   const char* press;
   int budget;
 };
+
+void PrintTo(const AgreementCase& c, std::ostream* os) {
+  *os << c.press << " budget " << c.budget;
+}
 
 class EnginePressAgreement : public ::testing::TestWithParam<AgreementCase> {};
 
