@@ -2,6 +2,7 @@
 // output, JSON records, and one-line errors for bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -161,22 +162,89 @@ TEST(CliGenerate, QueryAgnosticModeFeedsTheSameTokens) {
   EXPECT_EQ(a["generated_tokens"], b["generated_tokens"]);
 }
 
+// A llama2.c model and tokenizer whose greedy continuation is a fixed chain of tokens: attention
+// and FFN outputs are zero (wo = w_down = 0), so the final state is the current token's one-hot
+// embedding, and classifier row j holds the embeddings of the tokens whose successor is j.
+// From BOS (1) the chain runs 3, 4, ..., 2 + kTokensBeforeEos, then EOS (2), then on to 3 +
+// kTokensBeforeEos and upwards, wrapping to 3.
+constexpr int kTokensBeforeEos = 5;
+constexpr int kChainVocab = 32;
+
+int32_t chain_successor(int32_t token) {
+  if (token == 1) return 3;
+  if (token == 2 + kTokensBeforeEos) return 2;
+  if (token == 2) return 3 + kTokensBeforeEos;
+  if (token == 0 || token + 1 >= kChainVocab) return 3;
+  return token + 1;
+}
+
+void write_chain_model(const std::filesystem::path& model_path,
+                       const std::filesystem::path& tokenizer_path) {
+  testing::RandomModelSpec spec;
+  spec.dim = 64;
+  spec.hidden_dim = 32;
+  spec.n_layers = 1;
+  spec.n_heads = 4;
+  spec.n_kv_heads = 4;
+  spec.vocab_size = kChainVocab;
+  spec.context_length = 64;
+  auto model = testing::make_random_model(spec);
+  const int dim = spec.dim;
+  std::fill(model.token_embd.begin(), model.token_embd.end(), 0.0f);
+  std::fill(model.output.begin(), model.output.end(), 0.0f);
+  std::fill(model.output_norm.begin(), model.output_norm.end(), 1.0f);
+  for (int32_t t = 0; t < kChainVocab; ++t) {
+    model.token_embd[static_cast<size_t>(t * dim + t)] = 1.0f;
+    model.output[static_cast<size_t>(chain_successor(t) * dim + t)] = 10.0f;
+  }
+  for (auto& layer : model.layers) {
+    std::fill(layer.wo.begin(), layer.wo.end(), 0.0f);
+    std::fill(layer.w_down.begin(), layer.w_down.end(), 0.0f);
+  }
+  testing::write_llama2c(model, model_path);
+
+  // llama2.c tokenizer.bin: max_token_length, then per token (score, length, bytes).
+  std::ofstream out(tokenizer_path, std::ios::binary);
+  std::vector<std::string> pieces = {"<unk>", "\n<s>\n", "\n</s>\n"};
+  for (int t = 3; t < kChainVocab; ++t)
+    pieces.push_back(std::string(1, static_cast<char>('A' + t - 3)));
+  const int32_t max_length = 8;
+  out.write(reinterpret_cast<const char*>(&max_length), 4);
+  for (const auto& piece : pieces) {
+    const float score = 0.0f;
+    const auto length = static_cast<int32_t>(piece.size());
+    out.write(reinterpret_cast<const char*>(&score), 4);
+    out.write(reinterpret_cast<const char*>(&length), 4);
+    out.write(piece.data(), length);
+  }
+}
+
 TEST(CliGenerate, StopsAtEosUnlessIgnored) {
-  PROTOKV_REQUIRE_STORIES();
-  // stories260K ends a story with EOS within a few hundred tokens at temperature 0.
-  const auto r = run_protokv("generate " + stories_args() + " -n 480 --temp 0 --json");
+  TempDir dir;
+  write_chain_model(dir / "chain.bin", dir / "chain_tok.bin");
+  const std::string args = "generate -m '" + (dir / "chain.bin").string() + "' -z '" +
+                           (dir / "chain_tok.bin").string() + "' -n 12 --temp 0 -t 1 --json";
+  const auto r = run_protokv(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
-  for (int32_t t : j["generated_tokens"].get<std::vector<int32_t>>()) EXPECT_NE(t, 2);
-  if (j["stopped"] == "eos") {
-    EXPECT_LT(j["generated_tokens"].size(), 480u);
-    const auto ignored =
-        run_protokv("generate " + stories_args() + " -n 480 --temp 0 --json --ignore-eos");
-    const auto k = nlohmann::json::parse(ignored.out);
-    EXPECT_EQ(k["generated_tokens"].size(), 480u);
-  } else {
-    EXPECT_EQ(j["generated_tokens"].size(), 480u);
-  }
+  EXPECT_EQ(j["stopped"], "eos");
+  EXPECT_EQ(j["config"]["stop_at_eos"], true);
+  EXPECT_EQ(j["generated_tokens"].get<std::vector<int32_t>>(),
+            (std::vector<int32_t>{3, 4, 5, 6, 7}));  // EOS itself is not emitted
+  EXPECT_EQ(j["text"], "ABCDE");
+
+  const auto ignored = run_protokv(args + " --ignore-eos");
+  ASSERT_EQ(ignored.exit_code, 0) << ignored.err;
+  const auto k = nlohmann::json::parse(ignored.out);
+  EXPECT_EQ(k["stopped"], "max_tokens");
+  EXPECT_EQ(k["config"]["stop_at_eos"], false);
+  EXPECT_EQ(k["generated_tokens"].get<std::vector<int32_t>>(),
+            (std::vector<int32_t>{3, 4, 5, 6, 7, 2, 8, 9, 10, 11, 12, 13}));
+
+  // Streaming (no --json) stops at the same place.
+  const auto streamed = run_protokv(args.substr(0, args.size() - std::string(" --json").size()));
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+  EXPECT_EQ(streamed.out, "ABCDE");
 }
 
 TEST(CliGenerate, GenerationStopsWhenTheContextIsFull) {

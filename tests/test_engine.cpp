@@ -143,6 +143,49 @@ TEST(Session, VariantsMatchReference) {
   }
 }
 
+TEST(Session, RopeThetaAndNormEpsFromTheConfigMatchReference) {
+  // Llama 3 uses rope_theta = 500000 and norm_eps = 1e-5 or 1e-6; an engine that hard-codes
+  // 10000 or 1e-5 must fail here. Embeddings of scale 1e-3 (mean square 3e-7) make the first
+  // RMSNorm depend strongly on epsilon: 1e-6 vs 1e-5 changes its scale almost threefold.
+  RandomModelSpec spec;
+  spec.rope_theta = 500000.0f;
+  spec.norm_eps = 1e-6f;
+  spec.embedding_scale = 1e-3f;
+  spec.seed = 31;
+  const auto model = make_random_model(spec);
+  ASSERT_EQ(model.weights.config.rope_theta, 500000.0f);
+  ASSERT_EQ(model.weights.config.norm_eps, 1e-6f);
+  const auto tokens = random_tokens(40, spec.vocab_size, 32);
+  Session session(model.weights);
+  expect_close(session.prefill(std::span<const int32_t>(tokens.data(), 36)),
+               reference_logits(model.weights, {tokens.begin(), tokens.begin() + 36}), 1e-4f);
+  std::span<const float> logits;
+  for (size_t i = 36; i < tokens.size(); ++i) logits = session.decode(tokens[i]);
+  const auto expected = reference_logits(model.weights, tokens);
+  expect_close(logits, expected, 1e-4f);
+
+  // The test can fail: the same weights read with the defaults give other logits.
+  const auto with_default_theta = [&] {
+    auto w = model.weights;
+    w.config.rope_theta = 10000.0f;
+    return reference_logits(w, tokens);
+  }();
+  const auto with_default_eps = [&] {
+    auto w = model.weights;
+    w.config.norm_eps = 1e-5f;
+    return reference_logits(w, tokens);
+  }();
+  double theta_diff = 0.0, eps_diff = 0.0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    theta_diff =
+        std::max(theta_diff, std::fabs(static_cast<double>(with_default_theta[i]) - expected[i]));
+    eps_diff =
+        std::max(eps_diff, std::fabs(static_cast<double>(with_default_eps[i]) - expected[i]));
+  }
+  EXPECT_GT(theta_diff, 1e-2);
+  EXPECT_GT(eps_diff, 1e-2);
+}
+
 TEST(Session, DecodeFromEmptyCacheEqualsPrefill) {
   const auto model = make_random_model({});
   const auto tokens = random_tokens(6, 300, 5);

@@ -29,6 +29,11 @@ struct RandomModelSpec {
   bool biases = false;
   DType type = DType::F32;  // matrices; norms and biases stay F32
   uint64_t seed = 1234;
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  // Token embeddings are Uniform(-scale, scale). A small scale puts the first RMSNorm's mean
+  // square near norm_eps, so that a wrong epsilon shows in the logits.
+  float embedding_scale = 1.0f;
 };
 
 // Owns the F32 master values of every tensor so tests can write the same model in other forms.
@@ -80,13 +85,15 @@ inline RandomModel make_random_model(const RandomModelSpec& spec) {
   c.context_length = spec.context_length;
   c.rope_neox = spec.rope_neox;
   c.shared_classifier = spec.shared_classifier;
+  c.rope_theta = spec.rope_theta;
+  c.norm_eps = spec.norm_eps;
   const int64_t dim = c.dim, hidden = c.hidden_dim, q_dim = dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim();
   // Uniform(-a, a) with a = sqrt(3 / cols): unit-variance outputs for unit-variance inputs.
   auto matrix_scale = [](int64_t cols) { return std::sqrt(3.0f / static_cast<float>(cols)); };
   auto& storage = m.weights.storage;
 
-  m.token_embd = random_values(rng, static_cast<size_t>(c.vocab_size * dim), 1.0f);
+  m.token_embd = random_values(rng, static_cast<size_t>(c.vocab_size * dim), spec.embedding_scale);
   m.weights.token_embd = make_matrix(m.token_embd, c.vocab_size, dim, spec.type, storage);
   for (int l = 0; l < c.n_layers; ++l) {
     RandomModel::Layer L;
@@ -173,16 +180,27 @@ inline void write_llama2c(const RandomModel& m, const std::filesystem::path& pat
 struct CacheVisibility {
   std::function<bool(int, int, int)> kept = [](int, int, int) { return true; };
   std::function<double(int, int, int)> log_weight = [](int, int, int) { return 0.0; };
+  // When set, replaces `kept` for every earlier entry, decoded ones included, as seen by the
+  // decode query at `query` (layer, kv_head, position): a press that also evicts during decode
+  // changes what each later step sees.
+  std::function<bool(int query, int layer, int kv_head, int position)> kept_by_query;
+};
+
+// Post-RoPE queries and keys, and values, of every layer as the reference computes them (double):
+// q[layer][token] is [n_heads * head_dim], k and v [n_kv_heads * head_dim], token-major.
+struct ReferenceTensors {
+  std::vector<std::vector<std::vector<double>>> q, k, v;
 };
 
 // Naive forward pass over `tokens` (positions 0..n-1), returning the logits of the last token.
 // Tokens [0, n_prompt) form the prompt: they attend causally over each other in full; later
 // tokens see only the prompt entries `visibility` keeps (plus every later token), as a decode
-// step over a compressed cache does.
+// step over a compressed cache does. With `tensors`, also returns every layer's Q/K/V.
 inline std::vector<float> reference_logits(const ModelWeights& w,
                                            const std::vector<int32_t>& tokens,
                                            int64_t n_prompt = -1,
-                                           const CacheVisibility& visibility = {}) {
+                                           const CacheVisibility& visibility = {},
+                                           ReferenceTensors* tensors = nullptr) {
   const ModelConfig& c = w.config;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n_prompt < 0) n_prompt = n;
@@ -239,6 +257,11 @@ inline std::vector<float> reference_logits(const ModelWeights& w,
       rope(q[static_cast<size_t>(i)], c.n_heads, i);
       rope(k[static_cast<size_t>(i)], c.n_kv_heads, i);
     }
+    if (tensors != nullptr) {
+      tensors->q.push_back(q);
+      tensors->k.push_back(k);
+      tensors->v.push_back(v);
+    }
     for (int64_t i = 0; i < n; ++i) {
       std::vector<double> att(static_cast<size_t>(dim), 0.0);
       for (int h = 0; h < c.n_heads; ++h) {
@@ -247,8 +270,12 @@ inline std::vector<float> reference_logits(const ModelWeights& w,
         std::vector<int64_t> keys;
         for (int64_t j = 0; j <= i; ++j) {
           double extra = 0.0;
+          if (visibility.kept_by_query && i >= n_prompt && j < i &&
+              !visibility.kept_by_query(static_cast<int>(i), l, kvh, static_cast<int>(j)))
+            continue;
           if (i >= n_prompt && j < n_prompt) {
-            if (!visibility.kept(l, kvh, static_cast<int>(j))) continue;
+            if (!visibility.kept_by_query && !visibility.kept(l, kvh, static_cast<int>(j)))
+              continue;
             extra = visibility.log_weight(l, kvh, static_cast<int>(j));
           }
           double dot = 0.0;

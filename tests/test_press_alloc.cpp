@@ -81,16 +81,46 @@ TEST(AdaKvAllocator, ConcentratedHeadGivesBudgetToTheFlatHead) {
   EXPECT_EQ(press::adakv_head_budgets(scores, 20, 0.0, false), (std::vector<int64_t>{5, 35}));
 }
 
-TEST(AdaKvAllocator, NormalisationComparesHeadsByTheirOwnDistribution) {
-  // Head 0 sums to 5 + 95*0.001 = 5.095, head 1 to 10: normalised, head 0's heavy hitters
-  // (0.196) still lead, its small entries (0.0002) trail head 1's 0.01: same counts as before.
+TEST(AdaKvAllocator, NormalisationScalesByTopBMassOverTotalMass) {
+  // normalise=1 as FFY0/AdaKV and KVCache-Factory: head h's scores times m_h = (sum of its b
+  // largest) / (sum of all). Four heads, 80 prefix entries each, b = 23, f = 0.2:
+  //   heads 0, 1: 40 x 0.5 and 40 x 0.1: top-23 mass 11.5, total 24, m = 0.4792 -> 0.2396, 0.0479
+  //   head 2: 17 x 10 and 63 x 0.1: top-23 mass 170.6, total 176.3, m = 0.9677 -> 9.677, 0.0968
+  //   head 3: 80 x 1.0: top-23 mass 23, total 80, m = 0.2875 -> 0.2875
+  // The global top H*b = 92: head 2's 17 (9.677), then 75 of head 3's 80 (0.2875 > 0.2396):
+  // cnt = (0, 0, 17, 75). floor(f*b) = 4 guaranteed; 92 - 16 = 76 shared as cnt*76/92 = (0, 0,
+  // 14.04, 61.96) -> 14 and 61, the one left to the larger remainder (head 3): budgets
+  // 4 / 4 / 18 / 66.
+  press::LayerScores scores;
+  scores.reset(4, 80, false, false);
+  for (int64_t j = 0; j < 80; ++j) {
+    scores.head_score(0)[j] = scores.head_score(1)[j] = j % 2 == 0 ? 0.5f : 0.1f;
+    scores.head_score(2)[j] = j % 4 == 1 && j / 4 < 17 ? 10.0f : 0.1f;  // 17 heavy, spread out
+    scores.head_score(3)[j] = 1.0f;
+  }
+  int heavy = 0;
+  for (int64_t j = 0; j < 80; ++j) heavy += scores.head_score(2)[j] == 10.0f;
+  ASSERT_EQ(heavy, 17);
+  EXPECT_EQ(press::adakv_head_budgets(scores, 23, 0.2, true), (std::vector<int64_t>{4, 4, 18, 66}));
+  // Dividing each head by its own sum instead (the earlier rule) ranks heads 0 and 1's 0.5/24 =
+  // 0.0208 above head 3's 1/80 = 0.0125: cnt = (40, 35, 17, 0), budgets 37 / 33 / 18 / 4.
+  // Unnormalised, the order is the same as the reference's here: 4 / 4 / 18 / 66.
+  EXPECT_EQ(press::adakv_head_budgets(scores, 23, 0.2, false),
+            (std::vector<int64_t>{4, 4, 18, 66}));
+  // A constant factor on one head is not normalised away (m_h is scale-free, the scores are not):
+  // head 3 times 0.5 (0.14375) now trails heads 0 and 1 (0.2396): their 40 + 35 take the rest.
+  auto halved = scores;
+  for (int64_t j = 0; j < 80; ++j) halved.head_score(3)[j] *= 0.5f;
+  EXPECT_EQ(press::adakv_head_budgets(halved, 23, 0.2, true),
+            (std::vector<int64_t>{37, 33, 18, 4}));
+}
+
+TEST(AdaKvAllocator, NormalisationKeepsTheConcentratedHeadsLead) {
+  // concentrated_and_flat, b = 20: head 0's m = (5 + 15*0.001) / 5.095 = 0.984, head 1's m =
+  // 2 / 10 = 0.2: heavy hitters 0.984 > flat 0.02 > head 0's rest 0.00098: cnt = (5, 35) as
+  // without normalisation, budgets 8 and 32.
   const auto scores = concentrated_and_flat(100);
   EXPECT_EQ(press::adakv_head_budgets(scores, 20, 0.2, true), (std::vector<int64_t>{8, 32}));
-  // Scaling one head's scores changes nothing once normalised.
-  auto scaled = scores;
-  for (int64_t j = 0; j < 100; ++j) scaled.head_score(1)[j] *= 1000.0f;
-  EXPECT_EQ(press::adakv_head_budgets(scaled, 20, 0.2, true), (std::vector<int64_t>{8, 32}));
-  EXPECT_EQ(press::adakv_head_budgets(scaled, 20, 0.2, false), (std::vector<int64_t>{4, 36}));
 }
 
 TEST(AdaKvAllocator, FractionalFloorStillSumsExactlyToTheTotal) {

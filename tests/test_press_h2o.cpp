@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 
 #include "press/h2o.h"
+#include "protokv/error.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 
@@ -93,7 +95,7 @@ TEST(H2o, DecodeEvictsTheLowestAccumulatedScoreOutsideTheRecentWindow) {
   constexpr int64_t kWindow = 4, kBudget = 12;
   SyntheticLayer layer(40, 2, 1, 8);  // MHA-like group of 2 on one KV head
   layer.fill_random(5, 1.5f);
-  auto made = make_press("h2o:decode=1,window=4");
+  auto made = make_press("h2o:decode=1,recent=4");
   auto* press = dynamic_cast<press::H2oPress*>(made.get());
   ASSERT_NE(press, nullptr);
   press->begin(layer.info(), testing::entries(kBudget));
@@ -155,10 +157,63 @@ TEST(H2o, DecodeEvictsTheLowestAccumulatedScoreOutsideTheRecentWindow) {
   }
 }
 
+TEST(H2o, DecodeSplitsTheBudgetHalfHeavyHittersHalfRecentByDefault) {
+  // H2O's code keeps heavy_budget + recent_budget with equal ratios in its scripts: at B = 12,
+  // the last 6 tokens and the 6 best of the column sums over the rest.
+  constexpr int64_t kBudget = 12, kRecent = kBudget / 2;
+  SyntheticLayer layer(40, 2, 1, 8);
+  layer.fill_random(9, 1.5f);
+  auto press = make_press("h2o:decode=1");
+  EXPECT_EQ(press->config()["recent"], "B/2");
+  press->begin(layer.info(), testing::entries(kBudget));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  const int64_t prefix = layer.n - kRecent;
+  const auto col0 = naive_column_sums(layer, 0, prefix), col1 = naive_column_sums(layer, 1, prefix);
+  std::vector<int32_t> order(static_cast<size_t>(prefix));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return col0[static_cast<size_t>(a)] + col1[static_cast<size_t>(a)] >
+           col0[static_cast<size_t>(b)] + col1[static_cast<size_t>(b)];
+  });
+  order.resize(kBudget - kRecent);
+  for (int64_t j = prefix; j < layer.n; ++j) order.push_back(static_cast<int32_t>(j));
+  std::sort(order.begin(), order.end());
+  EXPECT_EQ(testing::kept_positions(cache.heads[0]), order);
+
+  // During decode the last B/2 entries are never evicted.
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  HeadCache& head = cache.heads[0];
+  for (int step = 0; step < 8; ++step) {
+    const auto position = static_cast<int32_t>(layer.n + step);
+    std::vector<float> key(8), q(16);
+    for (float& x : key) x = normal(rng);
+    for (float& x : q) x = normal(rng);
+    head.append(key.data(), key.data(), position);
+    press->on_decode(0, q.data(), position, cache);
+    ASSERT_EQ(head.size(), kBudget);
+    for (int64_t r = 0; r < kRecent; ++r)
+      EXPECT_EQ(head.positions()[static_cast<size_t>(kBudget - 1 - r)], position - r)
+          << "step " << step;
+  }
+}
+
+TEST(H2o, RecentAndWindowBelongToDifferentModes) {
+  EXPECT_EQ(make_press("h2o:decode=1,recent=5")->config()["recent"], 5);
+  EXPECT_THROW(make_press("h2o:decode=1,window=4"), Error);  // decode=1's window is recent=
+  EXPECT_THROW(make_press("h2o:recent=4"), Error);           // prefill-only h2o takes window=
+  EXPECT_THROW(make_press("h2o:decode=1,recent=0"), Error);
+  // A recent window larger than the budget cannot be honoured.
+  SyntheticLayer layer(40, 2, 1, 8);
+  auto press = make_press("h2o:decode=1,recent=20");
+  EXPECT_THROW(press->begin(layer.info(), testing::entries(12)), Error);
+}
+
 TEST(H2o, DecodeWithoutCompressedPrefillNeverEvicts) {
   SyntheticLayer layer(10, 2, 1, 8);
   layer.fill_random(8);
-  auto press = make_press("h2o:decode=1,window=4");
+  auto press = make_press("h2o:decode=1,recent=4");
   press->begin(layer.info(), testing::entries(16));  // covers the prompt: no compression
   LayerCache cache = layer.empty_cache();
   for (int64_t t = 0; t < layer.n; ++t)

@@ -9,7 +9,9 @@
 #include <string>
 
 #include "press/allocator.h"
+#include "press/scores.h"
 #include "protokv/press_registry.h"
+#include "protokv/threads.h"
 #include "test_press_util.h"
 
 namespace protokv {
@@ -36,7 +38,7 @@ std::vector<MethodCase> all_methods() {
       {"streaming_llm", "", AllocatorKind::Uniform, 0, 4},
       {"streaming_llm:sinks=2", "", AllocatorKind::Uniform, 0, 2},
       {"h2o", "", AllocatorKind::Uniform, 8},
-      {"h2o:decode=1,gqa=max", "", AllocatorKind::Uniform, 8},
+      {"h2o:decode=1,gqa=max", "", AllocatorKind::Uniform, 20},  // recent = B/2 = 20
       {"h2o", "adakv", AllocatorKind::AdaKv, 8},
       {"snapkv", "", AllocatorKind::Uniform, 8},
       {"snapkv:pool_type=avg,gqa=sum,window=4", "", AllocatorKind::Uniform, 4},
@@ -154,6 +156,59 @@ TEST(StreamingLlm, KeepsSinksAndTheMostRecentTokensExactly) {
   press->compress_prefill(layer.view(), cache);
   const std::vector<int32_t> expected = {0, 1, 2, 23, 24, 25, 26, 27, 28, 29};
   EXPECT_EQ(testing::kept_positions(cache.heads[0]), expected);
+}
+
+// The presses parallelise their per-head loops only for layers of at least
+// press::kParallelMinElements floats (n_tokens * n_heads * head_dim); every other test runs the
+// serial branch. Here a layer at the threshold runs the OpenMP branch with 1 and with 2 threads
+// (also under ASan/UBSan in CI): the kept entries must be identical, as each head's work is
+// independent of the others.
+TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoThreads) {
+  constexpr int64_t kTokens = 1024;
+  constexpr int kHeads = 8, kKvHeads = 2, kDim = 32;
+  SyntheticLayer layer(kTokens, kHeads, kKvHeads, kDim);
+  layer.n_layers = 3;
+  layer.layer = 1;
+  layer.fill_random(314, 1.5f);
+  ASSERT_TRUE(press::worth_parallel(layer.view()));
+  for (const char* spec :
+       {"snapkv", "pyramidkv", "adakv", "h2o", "h2o:decode=1", "protokv", "streaming_llm"}) {
+    std::vector<std::vector<int32_t>> kept[2];
+    for (const int threads : {1, 2}) {
+      set_threads(threads);
+      auto press = make_press(spec);
+      press->begin(layer.info(), testing::entries(96));
+      LayerCache cache = layer.empty_cache();
+      press->compress_prefill(layer.view(), cache);
+      for (int h = 0; h < kKvHeads; ++h) {
+        testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 1);
+        kept[threads - 1].push_back(testing::kept_positions(cache.heads[static_cast<size_t>(h)]));
+      }
+    }
+    EXPECT_EQ(kept[0], kept[1]) << spec;
+    EXPECT_LT(kept[0][0].size(), static_cast<size_t>(kTokens)) << spec;
+  }
+  set_threads(0);  // back to the default: all hardware threads
+}
+
+TEST(StreamingLlm, KeepsOriginalPositionsAndNeverEvictsDuringDecode) {
+  // docs/methods.md: entries keep the positions they were rotated with (no re-indexing inside
+  // the cache), and the cache grows by one entry per decoded token.
+  SyntheticLayer layer(30, 2, 1, 4);
+  layer.fill_random(6);
+  auto press = make_press("streaming_llm:sinks=2");
+  press->begin(layer.info(), testing::entries(6));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  EXPECT_EQ(testing::kept_positions(cache.heads[0]), (std::vector<int32_t>{0, 1, 26, 27, 28, 29}));
+  std::vector<float> q(8, 0.25f), kv(4, 0.5f);
+  for (int step = 0; step < 5; ++step) {
+    cache.heads[0].append(kv.data(), kv.data(), 30 + step);
+    press->on_decode(0, q.data(), 30 + step, cache);
+    EXPECT_EQ(cache.heads[0].size(), 7 + step);
+  }
+  EXPECT_EQ(cache.heads[0].positions().front(), 0);
+  EXPECT_EQ(cache.heads[0].positions()[2], 26);
 }
 
 TEST(RatioBudget, ResolvesAgainstThePromptLength) {

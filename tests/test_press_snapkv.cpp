@@ -7,7 +7,9 @@
 #include <numeric>
 #include <string>
 
+#include "press/scores.h"
 #include "press/window_scores.h"
+#include "protokv/error.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 
@@ -17,11 +19,35 @@ namespace {
 using testing::SyntheticLayer;
 
 // s(j) for prefix keys j < n - w of KV head h: per query head, the window queries' softmax rows
-// (causal), summed; pooled with stride 1 and padding k/2; reduced over the group.
+// (causal), summed; pooled with stride 1 and padding k/2; reduced over the group (or, with
+// reduce_first, reduced over the group and then pooled).
 std::vector<double> naive_window_scores(const SyntheticLayer& layer, int h, int64_t w, int pool,
-                                        const std::string& pool_type, const std::string& gqa) {
+                                        const std::string& pool_type, const std::string& gqa,
+                                        bool reduce_first = false) {
   const int64_t n = layer.n, prefix = n - w;
   const int group = layer.n_heads / layer.n_kv_heads;
+  auto pooled = [&](const std::vector<double>& sums) {
+    std::vector<double> out(static_cast<size_t>(prefix));
+    for (int64_t j = 0; j < prefix; ++j) {
+      double value = pool_type == "max" ? -INFINITY : 0.0;
+      for (int64_t t = j - pool / 2; t <= j + pool / 2; ++t) {
+        const bool inside = t >= 0 && t < prefix;
+        if (pool_type == "max") {
+          if (inside) value = std::max(value, sums[static_cast<size_t>(t)]);
+        } else {
+          value += inside ? sums[static_cast<size_t>(t)] : 0.0;  // zero padding counts
+        }
+      }
+      out[static_cast<size_t>(j)] = pool_type == "avg" ? value / pool : value;
+    }
+    return out;
+  };
+  auto reduce_into = [&](std::vector<double>& reduced, const std::vector<double>& row) {
+    for (int64_t j = 0; j < prefix; ++j) {
+      double& r = reduced[static_cast<size_t>(j)];
+      r = gqa == "max" ? std::max(r, row[static_cast<size_t>(j)]) : r + row[static_cast<size_t>(j)];
+    }
+  };
   std::vector<double> reduced(static_cast<size_t>(prefix), gqa == "max" ? -INFINITY : 0.0);
   for (int g = 0; g < group; ++g) {
     const int qh = h * group + g;
@@ -41,24 +67,11 @@ std::vector<double> naive_window_scores(const SyntheticLayer& layer, int h, int6
       for (int64_t j = 0; j < prefix; ++j)
         sums[static_cast<size_t>(j)] += logits[static_cast<size_t>(j)] / total;
     }
-    for (int64_t j = 0; j < prefix; ++j) {
-      double value = pool_type == "max" ? -INFINITY : 0.0;
-      for (int64_t t = j - pool / 2; t <= j + pool / 2; ++t) {
-        const bool inside = t >= 0 && t < prefix;
-        if (pool_type == "max") {
-          if (inside) value = std::max(value, sums[static_cast<size_t>(t)]);
-        } else {
-          value += inside ? sums[static_cast<size_t>(t)] : 0.0;  // zero padding counts
-        }
-      }
-      if (pool_type == "avg") value /= pool;
-      double& r = reduced[static_cast<size_t>(j)];
-      r = gqa == "max" ? std::max(r, value) : r + value;
-    }
+    reduce_into(reduced, reduce_first ? sums : pooled(sums));
   }
   if (gqa == "mean")
     for (double& r : reduced) r /= group;
-  return reduced;
+  return reduce_first ? pooled(reduced) : reduced;
 }
 
 std::vector<int32_t> naive_kept(const std::vector<double>& scores, int64_t budget, int64_t w) {
@@ -156,6 +169,66 @@ TEST(SnapKv, KeepsTheKeysTheWindowAttendsTo) {
   press->compress_prefill(layer.view(), cache);
   EXPECT_EQ(testing::kept_positions(cache.heads[0]),
             (std::vector<int32_t>{10, 50, 60, 61, 62, 63}));
+}
+
+TEST(SnapKv, ParallelBranchAboveTheThresholdMatchesNaive) {
+  // 1024 tokens x 8 heads x 32 dims = 2^18 floats: the per-head loops take their OpenMP branch.
+  constexpr int64_t kWindow = 8, kBudget = 64;
+  SyntheticLayer layer(1024, 8, 2, 32);
+  layer.fill_random(2718, 2.0f);
+  ASSERT_TRUE(press::worth_parallel(layer.view()));
+  auto press = make_press("snapkv");
+  press->begin(layer.info(), testing::entries(kBudget));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  for (int h = 0; h < 2; ++h)
+    EXPECT_EQ(
+        testing::kept_positions(cache.heads[static_cast<size_t>(h)]),
+        naive_kept(naive_window_scores(layer, h, kWindow, 7, "max", "mean"), kBudget, kWindow))
+        << "head " << h;
+}
+
+TEST(SnapKv, GqaOrderPoolsBeforeOrAfterTheGroupReduction) {
+  // Two query heads' rows [1, 0, 2] and [0, 3, 0], max-pool 3, mean over the group:
+  //   pool_first:   pooled rows [1, 2, 2] and [3, 3, 3] -> mean [2, 2.5, 2.5]
+  //   reduce_first: mean [0.5, 1.5, 1] -> pooled [1.5, 1.5, 1.5]
+  const float rows[] = {1.0f, 0.0f, 2.0f, 0.0f, 3.0f, 0.0f};
+  press::WindowScoreConfig config;
+  config.pool = 3;
+  std::vector<float> out(3);
+  press::pool_and_reduce(rows, 2, 3, config, out.data());
+  EXPECT_EQ(out, (std::vector<float>{2.0f, 2.5f, 2.5f}));
+  config.gqa_order = press::GqaOrder::ReduceFirst;
+  press::pool_and_reduce(rows, 2, 3, config, out.data());
+  EXPECT_EQ(out, (std::vector<float>{1.5f, 1.5f, 1.5f}));
+
+  // On a GQA layer, each order keeps the top of its own naive scores, and here they differ.
+  constexpr int64_t kWindow = 8, kBudget = 24;
+  SyntheticLayer layer(96, 8, 2, 16);
+  layer.fill_random(41, 2.0f);
+  std::vector<std::vector<int32_t>> kept_by_order;
+  for (const bool reduce_first : {false, true}) {
+    auto made = make_press(std::string("snapkv:gqa_order=") +
+                           (reduce_first ? "reduce_first" : "pool_first"));
+    EXPECT_EQ(made->config()["gqa_order"], reduce_first ? "reduce_first" : "pool_first");
+    made->begin(layer.info(), testing::entries(kBudget));
+    LayerCache cache = layer.empty_cache();
+    made->compress_prefill(layer.view(), cache);
+    for (int h = 0; h < 2; ++h) {
+      const auto expected = naive_kept(
+          naive_window_scores(layer, h, kWindow, 7, "max", "mean", reduce_first), kBudget, kWindow);
+      EXPECT_EQ(testing::kept_positions(cache.heads[static_cast<size_t>(h)]), expected)
+          << "reduce_first " << reduce_first << " head " << h;
+    }
+    kept_by_order.push_back(testing::kept_positions(cache.heads[0]));
+  }
+  EXPECT_NE(kept_by_order[0], kept_by_order[1]);
+
+  // The option is shared by snapkv's allocator variants; the default is pool_first.
+  EXPECT_EQ(make_press("snapkv")->config()["gqa_order"], "pool_first");
+  EXPECT_EQ(make_press("adakv:gqa_order=reduce_first")->config()["gqa_order"], "reduce_first");
+  EXPECT_EQ(make_press("pyramidkv:gqa_order=reduce_first")->config()["gqa_order"], "reduce_first");
+  EXPECT_THROW(make_press("snapkv:gqa_order=mean_first"), Error);
 }
 
 }  // namespace

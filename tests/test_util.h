@@ -18,12 +18,24 @@ inline std::filesystem::path stories_dir() {
   return shared_dir() / "models" / "stories260K";
 }
 
-// Skips the current test when stories260K is absent.
-#define PROTOKV_REQUIRE_STORIES()                                                        \
-  do {                                                                                   \
-    if (!std::filesystem::exists(::protokv::testing::stories_dir() / "stories260K.bin")) \
-      GTEST_SKIP() << "stories260K not found at " << ::protokv::testing::stories_dir()   \
-                   << " (set PROTOKV_SHARED_DIR); skipping end-to-end test";             \
+// True under continuous integration (CI set to anything but "" / "0" / "false"): there a missing
+// shared model is a failure, because ctest counts a skipped test as passed.
+inline bool running_in_ci() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && *ci != '\0' && std::string(ci) != "0" && std::string(ci) != "false";
+}
+
+// Skips the current test when stories260K is absent (fails instead under CI).
+#define PROTOKV_REQUIRE_STORIES()                                                               \
+  do {                                                                                          \
+    if (!std::filesystem::exists(::protokv::testing::stories_dir() / "stories260K.bin")) {      \
+      if (::protokv::testing::running_in_ci())                                                  \
+        FAIL() << "stories260K not found at " << ::protokv::testing::stories_dir()              \
+               << " and CI is set: the golden tests must run (put shared/ beside the checkout " \
+                  "or set PROTOKV_SHARED_DIR)";                                                 \
+      GTEST_SKIP() << "stories260K not found at " << ::protokv::testing::stories_dir()          \
+                   << " (set PROTOKV_SHARED_DIR); skipping end-to-end test";                    \
+    }                                                                                           \
   } while (0)
 
 // A fresh temporary directory, removed at destruction.

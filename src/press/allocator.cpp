@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "press/options.h"
@@ -76,14 +77,23 @@ std::vector<int64_t> adakv_head_budgets(const LayerScores& scores, int64_t prefi
 
   // Global ranking of all heads' entries: by (possibly normalised) score, then head, then the
   // head's own order, so that equal scores resolve deterministically.
+  // normalise=1 follows both reference implementations (FFY0/AdaKV and KVCache-Factory): each
+  // head's scores are multiplied by (mass of its own top b) / (its total mass), which boosts
+  // concentrated heads, whose top b hold nearly all their attention, over flat ones.
   std::vector<float> scale(static_cast<size_t>(heads), 1.0f);
   if (normalise) {
+    std::vector<float> finite;
     for (int h = 0; h < heads; ++h) {
-      double sum = 0.0;
       const float* s = scores.head_score(h);
+      finite.clear();
       for (int64_t j = 0; j < n; ++j)
-        if (std::isfinite(s[j])) sum += s[j];
-      if (sum > 0.0) scale[static_cast<size_t>(h)] = static_cast<float>(1.0 / sum);
+        if (std::isfinite(s[j])) finite.push_back(s[j]);
+      const auto top_end = finite.begin() + std::min<int64_t>(b, std::ssize(finite));
+      std::partial_sort(finite.begin(), top_end, finite.end(), std::greater<float>());
+      const double top_mass = std::accumulate(finite.begin(), top_end, 0.0);
+      const double total_mass = std::accumulate(finite.begin(), finite.end(), 0.0);
+      if (total_mass > 0.0)
+        scale[static_cast<size_t>(h)] = static_cast<float>(top_mass / total_mass);
     }
   }
   const int64_t total = static_cast<int64_t>(heads) * b;

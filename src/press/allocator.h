@@ -24,7 +24,7 @@ struct AllocatorConfig {
   AllocatorKind kind = AllocatorKind::Uniform;
   int beta = kDefaultBeta;       // pyramid: min = b // beta
   double floor = kDefaultFloor;  // adakv: share of b every head is guaranteed
-  bool normalise = false;        // adakv: divide each head's scores by their sum first
+  bool normalise = false;        // adakv: scale each head's scores by top-b mass / total mass
 };
 
 // "uniform" | "pyramid" | "adakv"; throws Error for anything else.
@@ -45,7 +45,9 @@ std::vector<int64_t> pyramid_layer_budgets(int64_t budget, int64_t window, int64
 // cnt_h = entries of head h among the global top H*b of all heads' scores; head h gets
 // cnt_h * (1 - f) + floor(f * b) (DESIGN §5), apportioned by largest remainder so that the
 // counts are integers summing exactly to H*b (the plain rounding of DESIGN can miss the total by
-// up to H entries, and the budget is a memory promise).
+// up to H entries, and the budget is a memory promise). With `normalise`, head h's scores are
+// first multiplied by (sum of its b largest scores) / (sum of all its scores), as FFY0/AdaKV and
+// KVCache-Factory do.
 std::vector<int64_t> adakv_head_budgets(const LayerScores& scores, int64_t prefix_budget,
                                         double floor, bool normalise);
 

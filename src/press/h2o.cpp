@@ -62,19 +62,32 @@ void H2oScorer::score(const LayerView& layer, int64_t window, LayerScores& out) 
 }
 
 H2oPress::H2oPress(std::unique_ptr<H2oScorer> scorer, int64_t window, AllocatorConfig allocator,
-                   bool decode_eviction, GqaReduce gqa)
-    : ScoringPress("h2o", std::move(scorer), window, allocator),
+                   bool decode_eviction, GqaReduce gqa, int64_t recent)
+    : ScoringPress("h2o", std::move(scorer),
+                   decode_eviction ? std::max<int64_t>(1, recent) : window, allocator),
       h2o_(static_cast<H2oScorer*>(&ScoringPress::scorer())),
       decode_eviction_(decode_eviction),
-      gqa_(gqa) {}
+      gqa_(gqa),
+      recent_(recent) {}
 
 nlohmann::json H2oPress::config() const {
   nlohmann::json out = ScoringPress::config();
   out["decode"] = decode_eviction_;
+  if (decode_eviction_) {
+    // The recent window is the kept window; "B/2" until a budget is known.
+    out.erase("window");
+    out["recent"] = recent_ == kRecentHalfBudget ? nlohmann::json("B/2") : nlohmann::json(recent_);
+  }
   return out;
 }
 
 void H2oPress::begin(const SequenceInfo& info, const Budget& budget) {
+  // H2O splits the budget into heavy hitters and recent tokens (heavy_ratio / recent_ratio in its
+  // code, equal in its scripts): by default the last B/2 tokens are kept, at least one.
+  if (decode_eviction_)
+    set_window(recent_ == kRecentHalfBudget
+                   ? std::max<int64_t>(1, budget.resolve(info.n_tokens) / 2)
+                   : recent_);
   ScoringPress::begin(info, budget);
   n_kv_heads_ = info.n_kv_heads;
   states_.assign(static_cast<size_t>(std::max(0, info.n_layers) * std::max(0, info.n_kv_heads)),

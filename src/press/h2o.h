@@ -3,7 +3,10 @@
 // prompt query, reduced over the GQA group (mean by default); keep the top B - w prefix entries
 // plus the last w. Option decode=1 adds H2O's decode-time policy: every decode step adds the new
 // query's attention to the scores of the entries it saw, and when a head is over its budget the
-// lowest-scored entry outside the recent window is evicted.
+// lowest-scored entry outside the recent window is evicted. With decode=1 the budget is split as
+// in H2O's code (heavy_budget + recent_budget, half and half in its scripts): the last `recent`
+// tokens (default B/2) are always kept, in prefill and in decode, and the other B - recent
+// entries are heavy hitters.
 #include <cstdint>
 #include <vector>
 
@@ -40,8 +43,13 @@ class H2oScorer final : public Scorer {
 
 class H2oPress final : public ScoringPress {
  public:
+  // recent= when not given: half the resolved budget.
+  static constexpr int64_t kRecentHalfBudget = 0;
+
+  // `window` is the kept recent window without decode eviction; with it, `recent` (or B/2 for
+  // kRecentHalfBudget) replaces it once begin() knows the budget.
   H2oPress(std::unique_ptr<H2oScorer> scorer, int64_t window, AllocatorConfig allocator,
-           bool decode_eviction, GqaReduce gqa);
+           bool decode_eviction, GqaReduce gqa, int64_t recent = kRecentHalfBudget);
   nlohmann::json config() const override;
   void begin(const SequenceInfo& info, const Budget& budget) override;
   void on_decode(int layer, const float* q, int32_t position, LayerCache& cache) override;
@@ -63,6 +71,7 @@ class H2oPress final : public ScoringPress {
   H2oScorer* h2o_;  // owned by the base class
   bool decode_eviction_;
   GqaReduce gqa_;
+  int64_t recent_;
   int n_kv_heads_ = 0;
   std::vector<HeadState> states_;  // [n_layers, n_kv_heads]
 };

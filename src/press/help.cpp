@@ -36,10 +36,12 @@ std::string press_help() {
       "top\n"
       "               B-w plus the last w.  window={} gqa=mean decode=0.\n"
       "               decode=1: each decode step adds the new query's attention to the kept\n"
-      "               entries' scores and evicts the lowest-scored entry outside the last w when "
-      "a\n"
-      "               head exceeds its prefill budget (only for sequences whose prefill was\n"
-      "               compressed). Cost O(n^2 d) per head: slow on long prompts by nature.\n\n",
+      "               entries' scores and evicts the lowest-scored entry outside the last\n"
+      "               `recent` when a head exceeds its prefill budget (only for sequences whose\n"
+      "               prefill was compressed). As in H2O's code the budget is split into heavy\n"
+      "               hitters and recent tokens: recent=B/2 by default (it replaces window=),\n"
+      "               the top B-recent by score are the heavy hitters.\n"
+      "               Cost O(n^2 d) per head: slow on long prompts by nature.\n\n",
       w));
   add(fmt::format(
       "snapkv         score = observation-window attention (last w queries, fp32 softmax over\n"
@@ -47,7 +49,10 @@ std::string press_help() {
       "               per query head (stride 1, padding pool/2; max pads -inf, avg zero-pads and\n"
       "               divides by pool), then reduced over the GQA group; keep the top B-w prefix\n"
       "               entries (ties: lower position) plus the window.\n"
-      "               window={} pool={} pool_type=max|avg (max) gqa=mean|max|sum (mean).\n\n",
+      "               window={} pool={} pool_type=max|avg (max) gqa=mean|max|sum (mean).\n"
+      "               gqa_order=pool_first|reduce_first (pool_first): pool each query head, then\n"
+      "               reduce (as kvpress does), or reduce the group, then pool (FFY0/\n"
+      "               AdaKV, KVCache-Factory's kv_head mode). Also for pyramidkv and adakv.\n\n",
       w, pool));
   add(fmt::format(
       "pyramidkv      snapkv scores + the pyramid allocator: b = B-w, min = b//beta,\n"
@@ -61,8 +66,9 @@ std::string press_help() {
       "               heads' scores (b = B-w); cnt_h = head h's share; head h keeps\n"
       "               cnt_h*(1-f) + floor(f*b) + w, apportioned by largest remainder so the heads\n"
       "               sum exactly to H*B (plain rounding can miss by up to H entries).\n"
-      "               floor={} normalise=0 (1: divide each head's scores by their sum before the\n"
-      "               global ranking) plus the snapkv options. Heads get different lengths.\n\n",
+      "               floor={} normalise=0 (1: multiply each head's scores by its top-b mass over\n"
+      "               its total mass before the global ranking, as the reference code does) plus\n"
+      "               the snapkv options. Heads get different lengths.\n\n",
       AllocatorConfig::kDefaultFloor));
   add(fmt::format(
       "protokv        ProtoKV Algorithm 1 per KV head over the prefix keys (positions < n-w,\n"

@@ -63,11 +63,20 @@ std::unique_ptr<Press> make_press(std::string_view spec, std::string_view alloc)
   } else if (name == "h2o") {
     const press::AllocatorConfig allocator =
         press::read_allocator_options(resolve_allocator(name, alloc), options);
-    const int64_t window = press::read_window_option(options);
     const press::GqaReduce gqa = press::read_gqa_option(options);
     const bool decode = options.get_bool("decode", false);
+    // decode=1 splits the budget between heavy hitters and `recent` tokens as H2O's code does
+    // (its scripts use half and half); window= belongs to prefill-only h2o.
+    int64_t window = 0, recent = 0;
+    if (decode) {
+      options.reject_if_given("window", "decode=1 (its recent window is recent=, default B/2)");
+      recent = options.get_int("recent", press::H2oPress::kRecentHalfBudget, 1, int64_t{1} << 30);
+    } else {
+      options.reject_if_given("recent", "decode=0 (recent= is decode=1's window; use window=)");
+      window = press::read_window_option(options);
+    }
     result = std::make_unique<press::H2oPress>(std::make_unique<press::H2oScorer>(gqa, decode),
-                                               window, allocator, decode, gqa);
+                                               window, allocator, decode, gqa, recent);
   } else if (name == "protokv") {
     const press::AllocatorConfig allocator =
         press::read_allocator_options(resolve_allocator(name, alloc), options);

@@ -44,6 +44,8 @@ class ScoringPress : public Press {
   // After head `h` of `layer` kept the token indices `kept` (ascending, window included).
   virtual void on_kept(int /*layer*/, int /*h*/, const std::vector<int32_t>& /*kept*/) {}
   const SequenceInfo& info() const { return info_; }
+  // For a press whose kept window depends on the budget (h2o:decode=1); before begin().
+  void set_window(int64_t window) { window_ = window; }
 
  private:
   std::string name_;

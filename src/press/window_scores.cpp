@@ -27,6 +27,10 @@ WindowScoreConfig read_window_score_options(OptionReader& options) {
                          ? PoolType::Max
                          : PoolType::Avg;
   config.gqa = read_gqa_option(options);
+  config.gqa_order =
+      options.get_choice("gqa_order", "pool_first", {"pool_first", "reduce_first"}) == "pool_first"
+          ? GqaOrder::PoolFirst
+          : GqaOrder::ReduceFirst;
   return config;
 }
 
@@ -57,11 +61,16 @@ std::string to_string(GqaReduce reduce) {
   return "mean";
 }
 
+std::string to_string(GqaOrder order) {
+  return order == GqaOrder::PoolFirst ? "pool_first" : "reduce_first";
+}
+
 void add_window_score_config(const WindowScoreConfig& config, nlohmann::json& out) {
   out["window"] = config.window;
   out["pool"] = config.pool;
   out["pool_type"] = to_string(config.pool_type);
   out["gqa"] = to_string(config.gqa);
+  out["gqa_order"] = to_string(config.gqa_order);
 }
 
 void pool1d(const float* in, float* out, int64_t n, int kernel, PoolType type) {
@@ -138,12 +147,23 @@ void window_scores_kv_head(const LayerView& layer, int kv_head, const WindowScor
   const int group = layer.group_size();
   std::vector<float> sums(static_cast<size_t>(group * n_prefix));  // [group, n_prefix]
   window_attention_sums(layer, kv_head, config.window, sums.data());
+  pool_and_reduce(sums.data(), group, n_prefix, config, out);
+}
+
+void pool_and_reduce(const float* sums, int group, int64_t n, const WindowScoreConfig& config,
+                     float* out) {
+  if (config.gqa_order == GqaOrder::ReduceFirst) {
+    // Reduce the group's rows (e.g. average), then pool the one row, SnapKV Eq. 5.
+    std::vector<float> reduced(static_cast<size_t>(n));
+    reduce_group(sums, group, n, config.gqa, reduced.data());
+    pool1d(reduced.data(), out, n, config.pool, config.pool_type);
+    return;
+  }
   // Pool each query head's row first (as the reference does before any GQA handling), SnapKV Eq. 5.
-  std::vector<float> pooled(sums.size());
+  std::vector<float> pooled(static_cast<size_t>(group * n));
   for (int g = 0; g < group; ++g)
-    pool1d(sums.data() + g * n_prefix, pooled.data() + g * n_prefix, n_prefix, config.pool,
-           config.pool_type);
-  reduce_group(pooled.data(), group, n_prefix, config.gqa, out);
+    pool1d(sums + g * n, pooled.data() + g * n, n, config.pool, config.pool_type);
+  reduce_group(pooled.data(), group, n, config.gqa, out);
 }
 
 void window_scores(const LayerView& layer, const WindowScoreConfig& config, float* out) {

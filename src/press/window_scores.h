@@ -14,6 +14,10 @@ class OptionReader;
 
 enum class PoolType { Max, Avg };
 enum class GqaReduce { Mean, Max, Sum };
+// Under GQA: pool each query head's row, then reduce over the group (PoolFirst, as kvpress does),
+// or reduce the group's rows, then pool once (ReduceFirst, as FFY0/AdaKV and KVCache-Factory's
+// kv_head mode do).
+enum class GqaOrder { PoolFirst, ReduceFirst };
 
 struct WindowScoreConfig {
   static constexpr int64_t kDefaultWindow = 8;
@@ -23,9 +27,10 @@ struct WindowScoreConfig {
   int pool = kDefaultPool;          // odd kernel size; 1 = no pooling
   PoolType pool_type = PoolType::Max;
   GqaReduce gqa = GqaReduce::Mean;
+  GqaOrder gqa_order = GqaOrder::PoolFirst;
 };
 
-// Reads window=, pool=, pool_type=, gqa= (all optional).
+// Reads window=, pool=, pool_type=, gqa=, gqa_order= (all optional).
 WindowScoreConfig read_window_score_options(OptionReader& options);
 void add_window_score_config(const WindowScoreConfig& config, nlohmann::json& out);
 // Reads only window= (methods that keep a recent window but do not pool).
@@ -33,6 +38,7 @@ int64_t read_window_option(OptionReader& options);
 GqaReduce read_gqa_option(OptionReader& options);
 std::string to_string(PoolType type);
 std::string to_string(GqaReduce reduce);
+std::string to_string(GqaOrder order);
 
 // 1-D pooling with stride 1 and padding kernel/2: max-pool pads with -inf, avg-pool pads with
 // zeros and divides by `kernel` (the padding counts). in, out: [n]; they must not alias.
@@ -40,6 +46,11 @@ void pool1d(const float* in, float* out, int64_t n, int kernel, PoolType type);
 
 // Reduces `group` rows of `n` scores (rows [group, n]) into out [n].
 void reduce_group(const float* rows, int group, int64_t n, GqaReduce reduce, float* out);
+
+// Pools and group-reduces a KV head's unpooled rows `sums` [group, n] into out [n], in the order
+// config.gqa_order says (SnapKV Eq. 5 pooling, then/after the GQA reduction).
+void pool_and_reduce(const float* sums, int group, int64_t n, const WindowScoreConfig& config,
+                     float* out);
 
 // Unpooled per-query-head window attention sums for KV head `kv_head`:
 //   s_g(j) = sum_i softmax_fp32(q_i . k_j / sqrt(d))  over the last w queries i of head g,
