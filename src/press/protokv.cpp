@@ -91,6 +91,9 @@ ProtoKvConfig read_protokv_options(OptionReader& options) {
                          : Deviation::Neighbourhood;
   if (config.score == ClusterScore::Mean) {
     config.window_scores = read_window_score_options(options);
+    // Eq. 18 / Algorithm 1 lines 19-20 average the unpooled Eq. 4 scores: the cluster mean
+    // replaces SnapKV's pooling, so protokv pools only when pool= is given.
+    if (!options.given("pool")) config.window_scores.pool = ProtoKvConfig::kDefaultPool;
   } else {
     config.window_scores.window = read_window_option(options);
     for (const char* key : {"pool", "pool_type", "gqa"})

@@ -26,8 +26,15 @@ struct ProtoKvConfig {
   static constexpr double kDefaultGamma = 1.0;
   static constexpr uint64_t kDefaultSeed = 0;
   static constexpr int kDefaultKappa = 5;
+  static constexpr int kDefaultPool = 1;  // Eq. 18: unpooled window scores (snapkv pools 7)
 
-  WindowScoreConfig window_scores;
+  static WindowScoreConfig default_window_scores() {
+    WindowScoreConfig c;
+    c.pool = kDefaultPool;
+    return c;
+  }
+
+  WindowScoreConfig window_scores = default_window_scores();
   int64_t chunks = 0;  // 0: automatic, k = clamp(round(n_prefix / chunk_len), 1, max_chunks)
   int64_t chunk_len = kDefaultChunkLen;
   int64_t max_chunks = kDefaultMaxChunks;
