@@ -47,14 +47,6 @@ void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
   out.origin.push_back(origin);
 }
 
-// Chunk of token t (inverse of chunk_begin).
-int64_t chunk_of(int64_t t, int64_t n, int64_t k) {
-  int64_t m = (t * k) / n;  // never above the true chunk; step up at most once or twice
-  while (m + 1 < k && chunk_begin(m + 1, n, k) <= t) ++m;
-  while (m > 0 && chunk_begin(m, n, k) > t) --m;
-  return m;
-}
-
 // Regular prototypes (ProtoKV Eq. 11): normalised sum of each chunk's keys outside O, from the
 // chunk sums of chunk_pass minus the irregular keys; chunks left empty are dropped.
 void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, std::vector<float> sums,
@@ -103,6 +95,13 @@ void add_bucket_prototypes(const float* keys, const float* norms, const std::vec
 
 int64_t chunk_begin(int64_t m, int64_t n, int64_t k) {
   return m * n / k;
+}
+
+int64_t chunk_of(int64_t t, int64_t n, int64_t k) {
+  int64_t m = (t * k) / n;  // never above the true chunk; step up at most once or twice
+  while (m + 1 < k && chunk_begin(m + 1, n, k) <= t) ++m;
+  while (m > 0 && chunk_begin(m, n, k) > t) --m;
+  return m;
 }
 
 void normalise_rows(const float* in, int64_t n, int d, float* out) {
@@ -296,6 +295,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       out.irregular = top_indices(deviation.data(), n, config.irregular);
       add_chunk_prototypes(keys, n, d, k, std::move(sums), out.irregular, out);
       out.n_regular = out.n_prototypes();
+      out.n_chunks = k;
       // Lines 8-13: only the irregular tokens are hashed.
       add_bucket_prototypes(keys, norms.data(), out.irregular, d, config.lsh_bits, config.gamma,
                             config.lsh_seed, out);
@@ -308,6 +308,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       chunk_pass(keys, n, d, chunks, norms.data(), sums.data(), nullptr);
       add_chunk_prototypes(keys, n, d, chunks, std::move(sums), {}, out);
       out.n_regular = out.n_prototypes();
+      out.n_chunks = chunks;
       break;
     }
     case PrototypeSet::Lsh: {

@@ -29,6 +29,7 @@ struct Clustering {
   std::vector<float> prototypes;    // [n_prototypes, head_dim], unit rows; regular ones first
   std::vector<int32_t> origin;      // [n_prototypes] chunk index (regular) or bucket (irregular)
   int n_regular = 0;                // prototypes [0, n_regular) come from chunks
+  int64_t n_chunks = 0;             // chunks the regular prototypes were cut from (0: none)
   std::vector<int32_t> assignment;  // [n_prefix] index of each token's prototype
 
   int n_prototypes() const { return static_cast<int>(origin.size()); }
@@ -37,6 +38,8 @@ struct Clustering {
 // Chunk m of k over n tokens is [m*n/k, (m+1)*n/k): consecutive, sizes floor(n/k) or ceil(n/k),
 // every token in exactly one chunk.
 int64_t chunk_begin(int64_t m, int64_t n, int64_t k);
+// Chunk of token t (inverse of chunk_begin).
+int64_t chunk_of(int64_t t, int64_t n, int64_t k);
 
 // Rows of `in` [n, d] scaled to unit L2 norm (zero rows stay zero).
 void normalise_rows(const float* in, int64_t n, int d, float* out);
