@@ -328,6 +328,9 @@ TEST(BenchCompress, TinyTensorsGiveSaneResults) {
   ASSERT_EQ(report.results.size(), 4u);  // snapkv added first as the reference
   EXPECT_EQ(report.results[0].press, "snapkv");
   EXPECT_EQ(report.results[0].ratio_to_snapkv, 1.0);
+  EXPECT_EQ(report.results[0].min_ratio_to_snapkv, 1.0);
+  for (const auto& r : report.results)
+    EXPECT_DOUBLE_EQ(r.min_ratio_to_snapkv, r.min_ms / report.results[0].min_ms);
   for (const auto& r : report.results) {
     EXPECT_EQ(r.n, 256);
     EXPECT_EQ(r.times_ms.size(), 2u);
@@ -338,7 +341,8 @@ TEST(BenchCompress, TinyTensorsGiveSaneResults) {
   const auto json = to_json(report);
   EXPECT_EQ(json["results"].size(), 4u);
   EXPECT_EQ(json["config"]["reference"], "snapkv");
-  EXPECT_NE(render_table(report).find("x snapkv"), std::string::npos);
+  EXPECT_NE(render_table(report).find("x snapkv (min)"), std::string::npos);
+  EXPECT_TRUE(json["results"][1].contains("min_ratio_to_snapkv"));
 
   options.budget.entries = 256;  // keeps everything
   EXPECT_THROW(run_compress_bench(options), Error);
