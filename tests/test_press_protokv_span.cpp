@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "press/scoring_press.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 
@@ -98,6 +99,25 @@ TEST(ProtoKvPlantedSpan, ProtoKvKeepsTheWholeSpanWhereSnapKvKeepsOnlyItsPeakFrag
     SCOPED_TRACE(spec);
     EXPECT_EQ(kept_prefix(spec, layer, budget), expected);
   }
+
+  // The diagnostics say why: the budget went to whole clusters (the span and the peaks' bucket),
+  // and the span's tokens from the next chunk joined the cluster of their own direction.
+  auto press = make_press("protokv");
+  press->begin(layer.info(), testing::entries(budget));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  auto* scoring = dynamic_cast<press::ScoringPress*>(press.get());
+  ASSERT_NE(scoring, nullptr);
+  const nlohmann::json diagnostics = scoring->scorer().diagnostics();
+  ASSERT_EQ(diagnostics.size(), 1u);
+  const auto& layer0 = diagnostics[0];
+  EXPECT_EQ(layer0["whole_cluster_budget_share"].get<double>(), 1.0);
+  EXPECT_EQ(layer0["irregular"].get<double>(), 12.0);
+  EXPECT_GT(layer0["outside_own_chunk"].get<double>(), 0.0);
+  EXPECT_LT(layer0["outside_own_chunk"].get<double>(), 1.0);
+  EXPECT_GE(layer0["cluster_size_max"].get<double>(), 12.0);
+  EXPECT_NEAR(layer0["cluster_size_mean"].get<double>() * layer0["clusters"].get<double>(),
+              static_cast<double>(kPrefix), 1e-9);  // one head: exact
 }
 
 }  // namespace
