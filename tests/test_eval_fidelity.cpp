@@ -274,6 +274,10 @@ TEST(EvalFidelityPaired, ReferenceDefaultsToFullWithoutSnapKvAndMustBeAPress) {
               1e-12);
   EXPECT_NEAR(row["paired"]["top1_diff"]["mean"].get<double>(), row["top1"].get<double>() - 1.0,
               1e-12);
+  // Seeded samples and a deterministic engine: a second run reproduces every per-sample value.
+  const auto again = samples_synthetic(weights.config.vocab_size, 48, 2, 3);
+  ASSERT_EQ(again[1].prompt, samples[1].prompt);
+  EXPECT_EQ(run_fidelity(weights, again, options).rows[0].kl_samples, report.rows[0].kl_samples);
   options.reference = "snapkv";
   EXPECT_THROW(run_fidelity(weights, samples, options), Error);
 }
