@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
 
 namespace protokv::press {
 namespace {
@@ -260,12 +261,70 @@ int first_argmax(const float* row, int count) {
 
 }  // namespace
 
+#if defined(PROTOKV_HAVE_AVX512)
+namespace {
+
+constexpr int kTileRows = 12;  // key rows per micro-tile: 12 x 2 accumulators of 16 lanes
+constexpr int kTileCols = 32;  // prototypes per micro-tile
+
+// dots[r][j] = keys[r] . prototype j for kTileRows key rows and every prototype, from the
+// prototypes transposed to [d, padded] (padded a multiple of kTileCols, zero columns past the
+// count). The 24 accumulators stay in registers over the whole head dimension; each step is two
+// prototype loads and 24 FMAs with broadcast key entries.
+void dot_tile(const float* keys, int d, const float* transposed, int padded, float* dots) {
+  for (int j0 = 0; j0 < padded; j0 += kTileCols) {
+    __m512 acc[kTileRows][2];
+    for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
+    const float* column = transposed + j0;
+    for (int c = 0; c < d; ++c) {
+      const __m512 lo = _mm512_loadu_ps(column + static_cast<int64_t>(c) * padded);
+      const __m512 hi = _mm512_loadu_ps(column + static_cast<int64_t>(c) * padded + 16);
+      for (int r = 0; r < kTileRows; ++r) {
+        const __m512 key = _mm512_set1_ps(keys[static_cast<int64_t>(r) * d + c]);
+        acc[r][0] = _mm512_fmadd_ps(key, lo, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(key, hi, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < kTileRows; ++r) {
+      _mm512_storeu_ps(dots + static_cast<int64_t>(r) * padded + j0, acc[r][0]);
+      _mm512_storeu_ps(dots + static_cast<int64_t>(r) * padded + j0 + 16, acc[r][1]);
+    }
+  }
+}
+
+}  // namespace
+#endif
+
 void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prototypes, int count,
                           int32_t* out) {
   if (count <= 0) {
     std::fill(out, out + n, 0);
     return;
   }
+#if defined(PROTOKV_HAVE_AVX512)
+  // A register-blocked GEMM fused with the argmax: the dots of a 12-key tile against every
+  // prototype stay in L1 until their first maximum is taken. Workspaces are reused across calls
+  // (one set per thread), so no call pays for fresh zeroed pages.
+  const int padded = (count + kTileCols - 1) / kTileCols * kTileCols;
+  thread_local std::vector<float> transposed, dots, tail;
+  transposed.assign(static_cast<size_t>(d) * static_cast<size_t>(padded), 0.0f);
+  for (int j = 0; j < count; ++j)
+    for (int c = 0; c < d; ++c)
+      transposed[static_cast<size_t>(c) * static_cast<size_t>(padded) + static_cast<size_t>(j)] =
+          prototypes[static_cast<int64_t>(j) * d + c];
+  dots.resize(static_cast<size_t>(kTileRows) * static_cast<size_t>(padded));
+  for (int64_t t0 = 0; t0 < n; t0 += kTileRows) {
+    const int64_t rows = std::min<int64_t>(kTileRows, n - t0);
+    const float* tile = keys + t0 * d;
+    if (rows < kTileRows) {  // last partial tile: zero rows, their results unused
+      tail.assign(static_cast<size_t>(kTileRows) * static_cast<size_t>(d), 0.0f);
+      std::copy(tile, tile + rows * d, tail.begin());
+      tile = tail.data();
+    }
+    dot_tile(tile, d, transposed.data(), padded, dots.data());
+    for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(dots.data() + r * padded, count);
+  }
+#else
   constexpr int64_t kBlock = 256;
   // k . c for unit prototypes c: cos(k, c) times ||k||, the same argmax over c (so the keys need
   // no normalised copy).
@@ -276,6 +335,7 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
                 keys + t0 * d, d, prototypes, d, 0.0f, cosine.data(), count);
     for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(cosine.data() + r * count, count);
   }
+#endif
 }
 
 Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config) {
