@@ -93,7 +93,12 @@ std::string press_help() {
       "               with score=mean it differs from tokens only when two clusters tie).\n"
       "               Ablations, same prototype count: prototypes=chunk (k+u chunks, no O),\n"
       "               prototypes=lsh (every prefix key hashed with r' = round(log2(k+u)) bits,\n"
-      "               at most 12), prototypes=hybrid (default).\n\n",
+      "               at most 12), prototypes=hybrid (default).\n"
+      "               assign=exact (default: Eq. 17 over every prototype) | assign=local: an\n"
+      "               opt-in APPROXIMATION of Eq. 17, not the paper's: each token is compared\n"
+      "               only with the prototypes of its own chunk, assign_neighbours=1 chunks on\n"
+      "               each side and the LSH buckets (docs/methods.md gives how often it differs\n"
+      "               from exact); needs prototypes=hybrid or chunk.\n\n",
       ProtoKvConfig::kDefaultChunkLen, ProtoKvConfig::kDefaultMaxChunks,
       ProtoKvConfig::kDefaultLshBits, 3 * (1 << ProtoKvConfig::kDefaultLshBits),
       ProtoKvConfig::kDefaultGamma, ProtoKvConfig::kDefaultSeed, ProtoKvConfig::kDefaultKappa));

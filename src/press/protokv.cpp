@@ -70,6 +70,8 @@ ClusteringConfig ProtoKvConfig::clustering(int64_t n_prefix, int layer, int kv_h
   c.deviation = deviation;
   c.kappa = kappa;
   c.prototypes = prototypes;
+  c.assignment = assignment;
+  c.local_neighbours = local_neighbours;
   return c;
 }
 
@@ -123,6 +125,14 @@ ProtoKvConfig read_protokv_options(OptionReader& options) {
     for (const char* key : {"deviation", "kappa", "irregular"})
       options.reject_if_given(key, "prototypes=lsh (every key is hashed, no irregular set)");
   }
+  config.assignment = options.get_choice("assign", "exact", {"exact", "local"}) == "local"
+                          ? Assignment::Local
+                          : Assignment::Exact;
+  config.local_neighbours = static_cast<int>(options.get_int("assign_neighbours", 1, 0, 1 << 20));
+  if (config.assignment == Assignment::Exact)
+    options.reject_if_given("assign_neighbours", "assign=exact (every prototype is compared)");
+  if (config.assignment == Assignment::Local && config.prototypes == PrototypeSet::Lsh)
+    throw Error("protokv: assign=local needs chunk prototypes (prototypes=hybrid or chunk)");
   return config;
 }
 
@@ -149,6 +159,10 @@ void ProtoKvScorer::add_config(nlohmann::json& out) const {
     out["deviation"] = to_string(c.deviation);
     if (c.deviation == Deviation::Neighbourhood) out["kappa"] = c.kappa;
   }
+  if (c.assignment == Assignment::Local) {
+    out["assign"] = "local";  // approximate Eq. 17
+    out["assign_neighbours"] = c.local_neighbours;
+  }
   out["score"] = to_string(c.score);
   out["select"] = to_string(c.select);
 }
@@ -172,12 +186,12 @@ void ProtoKvScorer::record_diagnostics(int layer, int h, Clustering clusters,
   if (clusters.n_chunks > 0 && n_prefix > 0) {
     // Eq. 17 re-assigns every token by cosine: it may leave its own chunk's prototype.
     int64_t outside = 0;
-    for (int64_t t = 0; t < n_prefix; ++t) {
-      const int32_t c = clusters.assignment[static_cast<size_t>(t)];
-      outside += c >= clusters.n_regular || clusters.origin[static_cast<size_t>(c)] !=
-                                                chunk_of(t, n_prefix, clusters.n_chunks)
-                     ? 1
-                     : 0;
+    for (int64_t m = 0; m < clusters.n_chunks; ++m) {
+      for (int64_t t = chunk_begin(m, n_prefix, clusters.n_chunks);
+           t < chunk_begin(m + 1, n_prefix, clusters.n_chunks); ++t) {
+        const int32_t c = clusters.assignment[static_cast<size_t>(t)];
+        outside += c >= clusters.n_regular || clusters.origin[static_cast<size_t>(c)] != m ? 1 : 0;
+      }
     }
     d.outside_own_chunk = static_cast<double>(outside) / static_cast<double>(n_prefix);
   }
@@ -286,7 +300,7 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
       score[t] = cluster_score[static_cast<size_t>(clusters.assignment[static_cast<size_t>(t)])];
     if (config_.select == Selection::Clusters)
       std::copy(clusters.assignment.begin(), clusters.assignment.end(), out.head_group(h));
-    record_diagnostics(layer.layer, h, clusters, std::move(size));
+    record_diagnostics(layer.layer, h, std::move(clusters), std::move(size));
   }
 }
 

@@ -47,6 +47,8 @@ struct ProtoKvConfig {
   ClusterScore score = ClusterScore::Mean;
   Selection select = Selection::Tokens;
   PrototypeSet prototypes = PrototypeSet::Hybrid;
+  Assignment assignment = Assignment::Exact;  // assign=local: opt-in approximation of Eq. 17
+  int local_neighbours = 1;
 
   // k for a prefix of n_prefix tokens (never more than n_prefix).
   int64_t resolve_chunks(int64_t n_prefix) const;

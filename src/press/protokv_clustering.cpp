@@ -9,6 +9,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/simd.h"
+#include "protokv/error.h"
 
 namespace protokv::press {
 namespace {
@@ -338,6 +339,90 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
 #endif
 }
 
+#if defined(PROTOKV_HAVE_AVX2)
+namespace {
+
+// assign_locally for up to 8 candidates: the candidates transposed to [d, 8] (zero-padded), one
+// 8-lane accumulator per key (8-lane FMAs run on two ports where 16-lane ones often run on one).
+// Eight keys at a time give eight independent FMA chains; rows past `end` repeat the last key and
+// are dropped. Padding lanes are masked out of the maximum.
+void local_dots_8(const float* keys, int64_t begin, int64_t end, int d, const float* prototypes,
+                  const std::vector<int32_t>& candidates, int32_t* out) {
+  constexpr int kLanes = 8, kRows = 8;
+  thread_local std::vector<float> transposed;
+  transposed.assign(static_cast<size_t>(d) * kLanes, 0.0f);
+  for (size_t i = 0; i < candidates.size(); ++i)
+    for (int c = 0; c < d; ++c)
+      transposed[static_cast<size_t>(c) * kLanes + i] =
+          prototypes[static_cast<int64_t>(candidates[i]) * d + c];
+  const auto live = static_cast<int>(candidates.size());
+  for (int64_t t0 = begin; t0 < end; t0 += kRows) {
+    const float* row[kRows];
+    for (int r = 0; r < kRows; ++r) row[r] = keys + std::min(t0 + r, end - 1) * d;
+    __m256 acc[kRows];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int c = 0; c < d; ++c) {
+      const __m256 column = _mm256_loadu_ps(transposed.data() + static_cast<int64_t>(c) * kLanes);
+      for (int r = 0; r < kRows; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row[r][c]), column, acc[r]);
+    }
+    alignas(32) float dots[kRows][kLanes];
+    for (int r = 0; r < kRows; ++r) _mm256_store_ps(dots[r], acc[r]);  // after the loop
+    for (int r = 0; r < kRows && t0 + r < end; ++r) {
+      int best = 0;  // first maximum over the live lanes, in candidate (= prototype) order
+      for (int i = 1; i < live; ++i)
+        if (dots[r][i] > dots[r][best]) best = i;
+      out[t0 + r] = candidates[static_cast<size_t>(best)];
+    }
+  }
+}
+
+}  // namespace
+#endif
+
+void assign_locally(const float* keys, int64_t n, int d, const Clustering& clusters, int neighbours,
+                    int32_t* out) {
+  const int64_t k = clusters.n_chunks;
+  PROTOKV_CHECK(k > 0, "local assignment needs chunk prototypes");
+  std::vector<int32_t> prototype_of_chunk(static_cast<size_t>(k), -1);  // -1: chunk dropped
+  for (int i = 0; i < clusters.n_regular; ++i)
+    prototype_of_chunk[static_cast<size_t>(clusters.origin[static_cast<size_t>(i)])] = i;
+  const float* prototypes = clusters.prototypes.data();
+  std::vector<int32_t> candidates;
+  for (int64_t m = 0; m < k; ++m) {
+    // Ascending prototype indices, so the first maximum is the lowest index as in Eq. 17 exact.
+    candidates.clear();
+    for (int64_t j = std::max<int64_t>(0, m - neighbours); j <= std::min(k - 1, m + neighbours);
+         ++j)
+      if (prototype_of_chunk[static_cast<size_t>(j)] >= 0)
+        candidates.push_back(prototype_of_chunk[static_cast<size_t>(j)]);
+    for (int i = clusters.n_regular; i < clusters.n_prototypes(); ++i) candidates.push_back(i);
+    const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
+    if (candidates.empty()) {
+      assign_to_prototypes(keys + begin * d, end - begin, d, prototypes, clusters.n_prototypes(),
+                           out + begin);
+      continue;
+    }
+#if defined(PROTOKV_HAVE_AVX2)
+    if (candidates.size() <= 8) {
+      local_dots_8(keys, begin, end, d, prototypes, candidates, out);
+      continue;
+    }
+#endif
+    for (int64_t t = begin; t < end; ++t) {
+      const float* key = keys + t * d;
+      int32_t best = candidates[0];
+      float best_dot = kernels::dot(key, prototypes + static_cast<int64_t>(best) * d, d);
+      for (size_t i = 1; i < candidates.size(); ++i) {
+        const float dot =
+            kernels::dot(key, prototypes + static_cast<int64_t>(candidates[i]) * d, d);
+        if (dot > best_dot) best_dot = dot, best = candidates[i];
+      }
+      out[t] = best;
+    }
+  }
+}
+
 Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config) {
   Clustering out;
   out.head_dim = d;
@@ -385,8 +470,11 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   }
   // Lines 14-17: every token to the prototype of highest cosine.
   out.assignment.resize(static_cast<size_t>(n));
-  assign_to_prototypes(keys, n, d, out.prototypes.data(), out.n_prototypes(),
-                       out.assignment.data());
+  if (config.assignment == Assignment::Local && out.n_chunks > 0 && out.n_prototypes() > 0)
+    assign_locally(keys, n, d, out, config.local_neighbours, out.assignment.data());
+  else
+    assign_to_prototypes(keys, n, d, out.prototypes.data(), out.n_prototypes(),
+                         out.assignment.data());
   return out;
 }
 

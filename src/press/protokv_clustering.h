@@ -9,6 +9,10 @@ namespace protokv::press {
 
 enum class Deviation { Chunk, Neighbourhood };
 enum class PrototypeSet { Hybrid, Chunk, Lsh };
+// Eq. 17 over every prototype (Exact), or an opt-in approximation (Local) that compares each
+// token only with the prototypes of its own chunk, the `local_neighbours` chunks on each side and
+// every LSH bucket prototype.
+enum class Assignment { Exact, Local };
 
 struct ClusteringConfig {
   int64_t chunks = 1;      // k regular chunks (already resolved for this prefix length)
@@ -19,6 +23,8 @@ struct ClusteringConfig {
   Deviation deviation = Deviation::Chunk;
   int kappa = 5;  // neighbourhood half-width for Deviation::Neighbourhood
   PrototypeSet prototypes = PrototypeSet::Hybrid;
+  Assignment assignment = Assignment::Exact;
+  int local_neighbours = 1;  // chunks on each side of the token's own (Assignment::Local)
 
   int buckets() const { return 1 << lsh_bits; }
 };
@@ -86,6 +92,13 @@ uint64_t lsh_seed_for(uint64_t seed, int layer, int kv_head);
 // index.
 void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prototypes, int count,
                           int32_t* out);
+
+// Approximate Eq. 17 (not the paper's): for every token of chunk m (of `clusters.n_chunks` over n),
+// the first maximum of k . c over the regular prototypes of chunks [m - neighbours, m +
+// neighbours] and every irregular (bucket) prototype, in prototype order. Tokens with no such
+// candidate get the exact assignment. Needs regular prototypes (n_chunks > 0).
+void assign_locally(const float* keys, int64_t n, int d, const Clustering& clusters, int neighbours,
+                    int32_t* out);
 
 // Builds the prototypes of `config.prototypes` from keys [n, d] (raw, post-RoPE) and assigns every
 // token. With no usable prototype (all keys zero) every token lands in cluster 0.
