@@ -429,6 +429,10 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   std::vector<float> norms(static_cast<size_t>(n));  // [n] ||k_t||
 
   const int64_t k = std::clamp<int64_t>(config.chunks, 1, n);
+  // At most k + u prototypes in every prototype set (the LSH ablation: 2^round(log2(k + u)) <
+  // 2(k + u)): one allocation instead of repeated growth of a ~256 KB buffer.
+  out.prototypes.reserve(static_cast<size_t>(2 * (k + config.buckets()) * d));
+  out.origin.reserve(static_cast<size_t>(2 * (k + config.buckets())));
   switch (config.prototypes) {
     case PrototypeSet::Hybrid: {
       // Algorithm 1 lines 1-7: deviation, irregular set O, regular prototypes.
