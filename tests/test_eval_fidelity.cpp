@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -132,7 +133,7 @@ TEST(EvalFidelityCli, SyntheticJsonAndOutputFolder) {
   TempDir dir;
   const auto result = run_protokv(
       "eval fidelity --synthetic --prompt-len 64 --continuation 8 --budget 16,32,64 "
-      "--press full,snapkv,protokv:prototypes=lsh --quiet --json -t 1 --out '" +
+      "--press full,snapkv,protokv:prototypes=lsh --samples 1 --quiet --json -t 1 --out '" +
       dir.path().string() + "'");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const auto json = nlohmann::json::parse(result.out);
@@ -166,7 +167,7 @@ TEST(EvalFidelityCli, SyntheticJsonAndOutputFolder) {
 TEST(EvalFidelityCli, TableAndErrors) {
   const auto table = run_protokv(
       "eval fidelity --synthetic --prompt-len 48 --continuation 4 --budget 16 --press snapkv "
-      "--quiet -t 1");
+      "--samples 1 --quiet -t 1");
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("SYNTHETIC"), std::string::npos);
   EXPECT_NE(table.out.find("snapkv"), std::string::npos);
@@ -180,6 +181,105 @@ TEST(EvalFidelityCli, TableAndErrors) {
   EXPECT_NE(no_model.err.find("protokv: error:"), std::string::npos);
   const auto bad_budget = run_protokv("eval fidelity --synthetic --budget 16,x --press snapkv");
   EXPECT_EQ(bad_budget.exit_code, 1);
+  const auto bad_reference = run_protokv(
+      "eval fidelity --synthetic --prompt-len 48 --continuation 4 --budget 16 --press snapkv "
+      "--reference h2o --samples 1 --quiet -t 1");
+  EXPECT_EQ(bad_reference.exit_code, 1);
+  EXPECT_NE(bad_reference.err.find("--reference h2o is not one of the presses"), std::string::npos)
+      << bad_reference.err;
+}
+
+TEST(EvalFidelityPaired, StudentTQuantilesAndPairedInterval) {
+  EXPECT_DOUBLE_EQ(t_quantile_975(1), 12.706);
+  EXPECT_DOUBLE_EQ(t_quantile_975(30), 2.042);
+  EXPECT_NEAR(t_quantile_975(47), 2.0117, 2e-4);   // 48 samples
+  EXPECT_NEAR(t_quantile_975(120), 1.9799, 2e-4);  // tables: 1.980
+  EXPECT_NEAR(t_quantile_975(100000), 1.95996, 1e-4);
+  EXPECT_THROW(t_quantile_975(0), Error);
+  // Differences 1, 2, 3, 4: mean 2.5, sample std sqrt(5/3), se = std / 2, t(3) = 3.182.
+  const PairedDifference d = paired_difference({1.5, 2.5, 3.5, 4.5}, {0.5, 0.5, 0.5, 0.5});
+  EXPECT_EQ(d.samples, 4);
+  EXPECT_DOUBLE_EQ(d.mean, 2.5);
+  EXPECT_NEAR(d.se, std::sqrt(5.0 / 3.0) / 2.0, 1e-12);
+  EXPECT_NEAR(d.lo, 2.5 - 3.182 * std::sqrt(5.0 / 3.0) / 2.0, 1e-12);
+  EXPECT_NEAR(d.hi, 2.5 + 3.182 * std::sqrt(5.0 / 3.0) / 2.0, 1e-12);
+  // Pairing removes the shared per-sample level: a constant offset has zero spread.
+  const PairedDifference offset = paired_difference({10.0, 20.0, 30.0}, {9.0, 19.0, 29.0});
+  EXPECT_NEAR(offset.mean, 1.0, 1e-12);
+  EXPECT_NEAR(offset.se, 0.0, 1e-12);
+  EXPECT_TRUE(std::isnan(paired_difference({1.0}, {0.0}).se));  // one pair: no interval
+}
+
+TEST(EvalFidelityPaired, JsonCarriesPerSampleValuesPairedDifferencesAndProtoKvDiagnostics) {
+  const auto& run = tiny_run();
+  EXPECT_EQ(run.report.paired_reference, "snapkv");  // snapkv is among the presses
+  const auto json = to_json(run.report);
+  EXPECT_EQ(json["config"]["reference"], "snapkv");
+  std::map<int64_t, std::vector<double>> snapkv_kl;
+  for (const auto& r : json["results"])
+    if (r["press"] == "snapkv")
+      snapkv_kl[r["budget"].get<int64_t>()] = r["per_sample"]["kl_mean"].get<std::vector<double>>();
+  for (const auto& r : json["results"]) {
+    SCOPED_TRACE(r["press"].get<std::string>() + " @ " + r["budget"].dump());
+    const auto kl = r["per_sample"]["kl_mean"].get<std::vector<double>>();
+    ASSERT_EQ(kl.size(), 2u);
+    ASSERT_EQ(r["per_sample"]["top1"].size(), 2u);
+    EXPECT_NEAR((kl[0] + kl[1]) / 2.0, r["kl_mean"].get<double>(), 1e-12);
+    const auto& paired = r["paired"];
+    EXPECT_EQ(paired["reference"], "snapkv");
+    const auto& ref = snapkv_kl[r["budget"].get<int64_t>()];
+    const double expected = (kl[0] - ref[0] + kl[1] - ref[1]) / 2.0;
+    EXPECT_NEAR(paired["kl_mean_diff"]["mean"].get<double>(), expected, 1e-12);
+    EXPECT_EQ(paired["kl_mean_diff"]["samples"], 2);
+    EXPECT_EQ(paired["kl_mean_diff"]["ci95"].size(), 2u);
+    const bool compressed = r["budget"] != run.prompt_len;
+    EXPECT_EQ(r.contains("protokv_diagnostics"), r["press"] == "protokv" && compressed);
+  }
+  for (const auto& r : json["results"]) {
+    if (r["press"] != "protokv" || r["budget"] != 16) continue;
+    const auto& layers = r["protokv_diagnostics"];
+    ASSERT_EQ(layers.size(), static_cast<size_t>(run.report.config["model_config"]["n_layers"]));
+    for (const auto& layer : layers) {
+      const double prefix = static_cast<double>(run.prompt_len - 8);  // window 8
+      EXPECT_GE(layer["clusters"].get<double>(), 1.0);
+      // Averages over heads and samples of prefix / clusters: between 1 and the prefix.
+      EXPECT_GE(layer["cluster_size_mean"].get<double>(), 1.0);
+      EXPECT_LE(layer["cluster_size_mean"].get<double>(), prefix);
+      EXPECT_LE(layer["cluster_size_max"].get<double>(), prefix);
+      EXPECT_GE(layer["cluster_size_max"].get<double>(), layer["cluster_size_mean"].get<double>());
+      EXPECT_EQ(layer["irregular"].get<double>(), 12.0);
+      EXPECT_GE(layer["outside_own_chunk"].get<double>(), 0.0);
+      EXPECT_LE(layer["outside_own_chunk"].get<double>(), 1.0);
+      EXPECT_GE(layer["whole_cluster_budget_share"].get<double>(), 0.0);
+      EXPECT_LE(layer["whole_cluster_budget_share"].get<double>(), 1.0);
+    }
+  }
+  EXPECT_NE(render_table(run.report).find("dKL vs snapkv"), std::string::npos);
+}
+
+TEST(EvalFidelityPaired, ReferenceDefaultsToFullWithoutSnapKvAndMustBeAPress) {
+  const ModelWeights weights = make_synthetic_model(SyntheticModelSpec::tiny());
+  FidelityOptions options;
+  options.presses = {"h2o"};
+  options.budgets = {16};
+  options.continuation = 4;
+  options.progress = false;
+  options.attention_metrics = false;
+  const auto samples = samples_synthetic(weights.config.vocab_size, 48, 2, 3);
+  const FidelityReport report = run_fidelity(weights, samples, options);
+  EXPECT_EQ(report.paired_reference, "full");
+  const auto row = to_json(report)["results"][0];
+  // Against full (KL 0, top-1 1) the paired difference is the press's own value.
+  EXPECT_NEAR(row["paired"]["kl_mean_diff"]["mean"].get<double>(), row["kl_mean"].get<double>(),
+              1e-12);
+  EXPECT_NEAR(row["paired"]["top1_diff"]["mean"].get<double>(), row["top1"].get<double>() - 1.0,
+              1e-12);
+  // Seeded samples and a deterministic engine: a second run reproduces every per-sample value.
+  const auto again = samples_synthetic(weights.config.vocab_size, 48, 2, 3);
+  ASSERT_EQ(again[1].prompt, samples[1].prompt);
+  EXPECT_EQ(run_fidelity(weights, again, options).rows[0].kl_samples, report.rows[0].kl_samples);
+  options.reference = "snapkv";
+  EXPECT_THROW(run_fidelity(weights, samples, options), Error);
 }
 
 TEST(EvalFidelityStories, TextSamplesFromTheRealModel) {
@@ -211,7 +311,7 @@ TEST(EvalFidelityStories, TextSamplesFromTheRealModel) {
   // Model-sampled prompts (no -f).
   const auto sampled = run_protokv("eval fidelity -m '" + (dir / "stories260K.bin").string() +
                                    "' --prompt-len 64 --continuation 8 --budget 16 --press "
-                                   "snapkv --quiet --json -t 1");
+                                   "snapkv --samples 1 --quiet --json -t 1");
   ASSERT_EQ(sampled.exit_code, 0) << sampled.err;
   EXPECT_EQ(nlohmann::json::parse(sampled.out)["config"]["sample_origins"][0]["source"],
             "model-sampled");
@@ -232,6 +332,9 @@ TEST(BenchCompress, TinyTensorsGiveSaneResults) {
   ASSERT_EQ(report.results.size(), 4u);  // snapkv added first as the reference
   EXPECT_EQ(report.results[0].press, "snapkv");
   EXPECT_EQ(report.results[0].ratio_to_snapkv, 1.0);
+  EXPECT_EQ(report.results[0].min_ratio_to_snapkv, 1.0);
+  for (const auto& r : report.results)
+    EXPECT_DOUBLE_EQ(r.min_ratio_to_snapkv, r.min_ms / report.results[0].min_ms);
   for (const auto& r : report.results) {
     EXPECT_EQ(r.n, 256);
     EXPECT_EQ(r.times_ms.size(), 2u);
@@ -242,7 +345,8 @@ TEST(BenchCompress, TinyTensorsGiveSaneResults) {
   const auto json = to_json(report);
   EXPECT_EQ(json["results"].size(), 4u);
   EXPECT_EQ(json["config"]["reference"], "snapkv");
-  EXPECT_NE(render_table(report).find("x snapkv"), std::string::npos);
+  EXPECT_NE(render_table(report).find("x snapkv (min)"), std::string::npos);
+  EXPECT_TRUE(json["results"][1].contains("min_ratio_to_snapkv"));
 
   options.budget.entries = 256;  // keeps everything
   EXPECT_THROW(run_compress_bench(options), Error);

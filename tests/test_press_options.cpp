@@ -59,8 +59,9 @@ TEST(PressOptions, ConfigRecordsEveryResolvedDefault) {
 
   const auto proto = make_press("protokv")->config();
   EXPECT_EQ(proto["window"], 8);
-  EXPECT_EQ(proto["pool"], 7);
+  EXPECT_EQ(proto["pool"], 1);  // Eq. 18 averages the unpooled window scores (issue 8)
   EXPECT_EQ(proto["pool_type"], "max");
+  EXPECT_EQ(make_press("protokv:pool=7")->config()["pool"], 7);  // pooling stays an option
   EXPECT_EQ(proto["gqa"], "mean");
   EXPECT_EQ(proto["chunks"], "auto");
   EXPECT_EQ(proto["chunk_len"], 16);

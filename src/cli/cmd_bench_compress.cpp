@@ -30,7 +30,9 @@ void register_bench_compress(CLI::App& bench) {
       "compress",
       "Time each press's compress_prefill alone on the same SYNTHETIC post-RoPE Q/K/V (keys with "
       "local drift, a large-norm sink token, far-apart clustered tokens, two outlier channels): "
-      "min and median over repetitions, ratio to snapkv (always measured as the reference). "
+      "one warm-up run per press, then repetitions alternating between the presses; min and "
+      "median, and the ratios of medians and of minimums to snapkv (always measured as the "
+      "reference). "
       "For the share of a whole prefill that compression takes on a real model, use "
       "`bench e2e --press X --budget B` (compress ms / prefill ms).");
   auto& o = args->options;
@@ -50,7 +52,7 @@ void register_bench_compress(CLI::App& bench) {
   cmd->add_option("-t,--threads", args->threads, "threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--json", args->json,
                 "JSON on stdout: {config, results: [{press, n, min_ms, median_ms, "
-                "ratio_to_snapkv, ...}]}");
+                "ratio_to_snapkv, min_ratio_to_snapkv, times_ms, ...}]}");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->callback([args] {
     set_threads(args->threads);

@@ -30,8 +30,9 @@ struct CompressBenchResult {
   int64_t n = 0;
   double min_ms = 0.0;
   double median_ms = 0.0;
-  double ratio_to_snapkv = 0.0;  // median / snapkv's median at the same n
-  int64_t kept_entries = 0;      // all layers and heads after compression
+  double ratio_to_snapkv = 0.0;      // median / snapkv's median at the same n
+  double min_ratio_to_snapkv = 0.0;  // min / snapkv's min at the same n (least load-sensitive)
+  int64_t kept_entries = 0;          // all layers and heads after compression
   size_t kv_bytes = 0;
   std::vector<double> times_ms;  // one per repetition: all layers of one compression
 };

@@ -12,6 +12,7 @@
 #include "eval/report/table.h"
 #include "eval/svg_plot.h"
 #include "eval/synthetic.h"
+#include "press/scoring_press.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/press_registry.h"
@@ -156,11 +157,27 @@ Reference run_reference(const ModelWeights& weights, const FidelitySample& sampl
 
 // One sample's metrics for one (press, budget).
 struct RunMetrics {
+  nlohmann::json diagnostics;  // the press's own, per layer (ProtoKV), or null
   double kl_mean = 0.0, kl_max = 0.0, top1 = 0.0, ppl = 0.0, recall = kNaN;
   std::vector<double> attn_err;  // [n_layers]
   size_t kv_bytes = 0;
   double compress_ms = 0.0, prefill_ms = 0.0, decode_ms_per_token = 0.0;
 };
+
+// Accumulates one sample's per-layer diagnostics (array of objects or nulls) into `out`.
+void add_diagnostics(const nlohmann::json& layers,
+                     std::map<std::string, std::vector<RunningStats>>& out) {
+  if (!layers.is_array()) return;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (!layers[l].is_object()) continue;
+    for (const auto& [key, value] : layers[l].items()) {
+      if (!value.is_number()) continue;
+      auto& stats = out[key];
+      if (stats.size() < layers.size()) stats.resize(layers.size());
+      stats[l].add(value.get<double>());
+    }
+  }
+}
 
 RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
                      const Reference& ref, Press& press, int64_t budget,
@@ -182,6 +199,8 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   m.kv_bytes = stats.kv_bytes;
   m.compress_ms = stats.compress_ms;
   m.prefill_ms = stats.prefill_ms;
+  if (auto* scoring = dynamic_cast<press::ScoringPress*>(&press))
+    m.diagnostics = scoring->scorer().diagnostics();
 
   if (options.attention_metrics) {
     if (budget >= prompt_len) {
@@ -303,6 +322,17 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
   }
 
   FidelityReport report;
+  report.paired_reference = options.reference;
+  if (report.paired_reference.empty()) {
+    const bool has_snapkv = std::find(options.presses.begin(), options.presses.end(), "snapkv") !=
+                            options.presses.end();
+    report.paired_reference = has_snapkv ? "snapkv" : "full";
+  }
+  PROTOKV_CHECK(report.paired_reference == "full" ||
+                    std::find(options.presses.begin(), options.presses.end(),
+                              report.paired_reference) != options.presses.end(),
+                "--reference {} is not one of the presses given with --press (or full)",
+                report.paired_reference);
   for (size_t p = 0; p < presses.size(); ++p) {
     for (int64_t b : options.budgets) {
       FidelityRow row;
@@ -340,6 +370,9 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
           try {
             const RunMetrics m = run_press(weights, sample, ref, *presses[p], b, options);
             row.kl_mean.add(m.kl_mean);
+            row.kl_samples.push_back(m.kl_mean);
+            row.top1_samples.push_back(m.top1);
+            add_diagnostics(m.diagnostics, row.diagnostics);
             row.kl_max = std::max(row.kl_max, m.kl_max);
             row.top1.add(m.top1);
             row.ppl.add(m.ppl);
@@ -400,8 +433,12 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
         {"kv_bytes", "keys + values held after prefill (exact)"},
         {"compress_ms", "time inside the press during prefill"},
         {"spread", "*_std: population std over samples; *_min/*_max over samples"}}},
+      {"reference", report.paired_reference},
       {"threads", num_threads()},
       {"version", PROTOKV_VERSION}};
+  report.config["metrics"]["paired"] =
+      "per (press, budget): press minus reference on the same samples; mean, se = sample std / "
+      "sqrt(n), ci95 = mean +- t(0.975, n-1) * se";
   return report;
 }
 
@@ -487,6 +524,99 @@ std::vector<FidelitySample> samples_synthetic(int vocab_size, int64_t prompt_len
   return samples;
 }
 
+double t_quantile_975(int64_t df) {
+  PROTOKV_CHECK(df >= 1, "t quantile needs at least one degree of freedom");
+  static constexpr double kTable[30] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306,
+                                        2.262,  2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
+                                        2.110,  2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+                                        2.060,  2.056, 2.052, 2.048, 2.045, 2.042};
+  if (df <= 30) return kTable[df - 1];
+  // Cornish-Fisher expansion around z = 1.95996 (error < 1e-4 for df > 30).
+  const double z = 1.959963984540054, v = static_cast<double>(df);
+  const double z3 = z * z * z, z5 = z3 * z * z;
+  return z + (z3 + z) / (4 * v) + (5 * z5 + 16 * z3 + 3 * z) / (96 * v * v);
+}
+
+PairedDifference paired_difference(const std::vector<double>& press,
+                                   const std::vector<double>& reference) {
+  PairedDifference out;
+  const size_t n = std::min(press.size(), reference.size());
+  out.samples = static_cast<int64_t>(n);
+  if (n == 0) return out;
+  double mean = 0.0;
+  for (size_t i = 0; i < n; ++i) mean += press[i] - reference[i];
+  mean /= static_cast<double>(n);
+  out.mean = out.lo = out.hi = mean;
+  if (n < 2) {
+    out.se = kNaN, out.lo = kNaN, out.hi = kNaN;
+    return out;
+  }
+  double ss = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = press[i] - reference[i] - mean;
+    ss += d * d;
+  }
+  out.se = std::sqrt(ss / static_cast<double>(n - 1) / static_cast<double>(n));
+  const double half = t_quantile_975(static_cast<int64_t>(n) - 1) * out.se;
+  out.lo = mean - half;
+  out.hi = mean + half;
+  return out;
+}
+
+namespace {
+
+// The reference's per-sample KL and top-1 at `budget` ("full": KL 0, top-1 1 on every sample).
+bool reference_samples(const FidelityReport& report, int64_t budget, size_t count,
+                       std::vector<double>& kl, std::vector<double>& top1) {
+  if (report.paired_reference == "full") {
+    kl.assign(count, 0.0);
+    top1.assign(count, 1.0);
+    return true;
+  }
+  for (const auto& row : report.rows) {
+    if (row.press == report.paired_reference && row.budget == budget && row.error.empty()) {
+      kl = row.kl_samples;
+      top1 = row.top1_samples;
+      return true;
+    }
+  }
+  return false;
+}
+
+struct RowPairs {
+  bool valid = false;
+  PairedDifference kl, top1;
+};
+
+RowPairs row_pairs(const FidelityReport& report, const FidelityRow& row) {
+  RowPairs out;
+  std::vector<double> kl, top1;
+  if (!row.error.empty() || !reference_samples(report, row.budget, row.kl_samples.size(), kl, top1))
+    return out;
+  out.valid = true;
+  out.kl = paired_difference(row.kl_samples, kl);
+  out.top1 = paired_difference(row.top1_samples, top1);
+  return out;
+}
+
+nlohmann::json paired_json(const PairedDifference& d) {
+  return {{"mean", number_or_null(d.mean)},
+          {"se", number_or_null(d.se)},
+          {"ci95", {number_or_null(d.lo), number_or_null(d.hi)}},
+          {"samples", d.samples}};
+}
+
+// "+0.0050 ± 0.0036" (half-width of the 95% interval), "*" when the interval excludes 0.
+std::string format_paired(const PairedDifference& d, int precision) {
+  if (d.samples == 0) return "-";
+  if (std::isnan(d.se)) return fmt::format("{:+.{}f}", d.mean, precision);
+  const bool significant = d.lo > 0.0 || d.hi < 0.0;
+  return fmt::format("{:+.{}f}±{:.{}f}{}", d.mean, precision, (d.hi - d.lo) / 2.0, precision,
+                     significant ? "*" : "");
+}
+
+}  // namespace
+
 nlohmann::json to_json(const FidelityReport& report) {
   nlohmann::json results = nlohmann::json::array();
   for (const auto& row : report.rows) {
@@ -527,6 +657,26 @@ nlohmann::json to_json(const FidelityReport& report) {
     r["compress_ms"] = stat(row.compress_ms);
     r["prefill_ms"] = stat(row.prefill_ms);
     r["decode_ms_per_token"] = stat(row.decode_ms_per_token);
+    r["per_sample"] = {{"kl_mean", row.kl_samples}, {"top1", row.top1_samples}};
+    if (const RowPairs pairs = row_pairs(report, row); pairs.valid) {
+      r["paired"] = {{"reference", report.paired_reference},
+                     {"kl_mean_diff", paired_json(pairs.kl)},
+                     {"top1_diff", paired_json(pairs.top1)}};
+    }
+    if (!row.diagnostics.empty()) {
+      // Per layer, each value the mean over samples of the mean over KV heads.
+      nlohmann::json layers = nlohmann::json::array();
+      size_t n_layers = 0;
+      for (const auto& [key, stats] : row.diagnostics) n_layers = std::max(n_layers, stats.size());
+      for (size_t l = 0; l < n_layers; ++l) {
+        nlohmann::json layer = {{"layer", l}};
+        for (const auto& [key, stats] : row.diagnostics)
+          layer[key] = l < stats.size() && stats[l].count() > 0 ? number_or_null(stats[l].mean())
+                                                                : nlohmann::json(nullptr);
+        layers.push_back(std::move(layer));
+      }
+      r["protokv_diagnostics"] = std::move(layers);
+    }
     results.push_back(std::move(r));
   }
   nlohmann::json reference = {{"ppl", report.reference.ppl.mean()},
@@ -544,7 +694,9 @@ std::string render_table(const FidelityReport& report) {
   table.add_column("KL mean");
   if (spread) table.add_column("±std");
   table.add_column("KL max");
+  table.add_column("dKL vs " + report.paired_reference);
   table.add_column("top-1");
+  table.add_column("d top-1");
   table.add_column("ppl");
   table.add_column("recall");
   table.add_column("attn err");
@@ -554,7 +706,7 @@ std::string render_table(const FidelityReport& report) {
     std::vector<std::string> cells = {row.press, fmt::format("{}", row.budget)};
     if (!row.error.empty()) {
       cells.push_back("n/a: " + row.error);
-      while (cells.size() < 11u + (spread ? 1u : 0u)) cells.push_back("");
+      while (cells.size() < 13u + (spread ? 1u : 0u)) cells.push_back("");
       table.add_row(std::move(cells));
       continue;
     }
@@ -562,7 +714,10 @@ std::string render_table(const FidelityReport& report) {
     cells.push_back(format_metric(row.kl_mean.mean()));
     if (spread) cells.push_back(format_metric(row.kl_mean.stddev()));
     cells.push_back(format_metric(row.kl_max));
+    const RowPairs pairs = row_pairs(report, row);
+    cells.push_back(pairs.valid ? format_paired(pairs.kl, 4) : "-");
     cells.push_back(fmt::format("{:.3f}", row.top1.mean()));
+    cells.push_back(pairs.valid ? format_paired(pairs.top1, 3) : "-");
     cells.push_back(fmt::format("{:.3f}", row.ppl.mean()));
     cells.push_back(format_metric(mean_or_nan(row.recall), 3));
     cells.push_back(format_metric(mean_or_nan(row.attn_err_mean), 3));
@@ -576,7 +731,12 @@ std::string render_table(const FidelityReport& report) {
       report.reference.ppl.mean(), report.reference.kv_bytes.mean() / 1024.0,
       report.reference.prefill_ms.mean(), report.reference.decode_ms_per_token.mean(),
       report.reference.ppl.count(), report.reference.ppl.count() == 1 ? "" : "s");
-  return out + table.render();
+  out += table.render();
+  out += fmt::format(
+      "dKL, d top-1: paired difference against {} on the same samples, ± half-width of the 95% "
+      "t interval; * = the interval excludes 0\n",
+      report.paired_reference);
+  return out;
 }
 
 std::vector<std::string> write_report_dir(const FidelityReport& report, const std::string& dir) {

@@ -17,6 +17,7 @@
 //  - KV bytes after prefill and time spent in the press.
 // With teacher forcing both runs see identical tokens, so differences come from the cache alone.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -43,7 +44,10 @@ struct FidelityOptions {
   std::vector<int64_t> budgets;      // entries per KV head per layer
   std::string alloc;                 // allocator for scoring presses; empty: method default
   int64_t continuation = 64;         // M: tokens teacher-forced after the prompt
-  bool attention_metrics = true;     // attention-output error and top-B recall
+  // Press the paired differences are taken against: one of `presses`, or "full" (KL 0, top-1 1).
+  // Empty: snapkv when it is among the presses, else full.
+  std::string reference;
+  bool attention_metrics = true;  // attention-output error and top-B recall
   bool progress = true;
 };
 
@@ -57,7 +61,22 @@ struct FidelityRow {
   RunningStats kv_bytes, compress_ms, prefill_ms, decode_ms_per_token;
   double kl_max = 0.0;                       // over every step of every sample
   std::vector<RunningStats> attn_err_layer;  // [n_layers]
+  // Per sample, in sample order (for paired comparisons).
+  std::vector<double> kl_samples, top1_samples;
+  // ProtoKV diagnostics (press's own JSON, per layer) accumulated over samples: key -> [layer].
+  std::map<std::string, std::vector<RunningStats>> diagnostics;
 };
+
+// Paired difference (press − reference) over the samples both ran: mean, standard error
+// (sample std / sqrt(n)) and the 95% t interval.
+struct PairedDifference {
+  int64_t samples = 0;
+  double mean = 0.0, se = 0.0, lo = 0.0, hi = 0.0;
+};
+PairedDifference paired_difference(const std::vector<double>& press,
+                                   const std::vector<double>& reference);
+// Two-sided 95% quantile of Student's t with `df` degrees of freedom (df >= 1).
+double t_quantile_975(int64_t df);
 
 // The full-cache runs' own numbers, per sample.
 struct FidelityReference {
@@ -66,6 +85,7 @@ struct FidelityReference {
 
 struct FidelityReport {
   nlohmann::json config;
+  std::string paired_reference;   // resolved reference of the paired differences: a press or "full"
   std::vector<FidelityRow> rows;  // press-major, budgets in the given order
   FidelityReference reference;
   std::vector<std::vector<int32_t>> continuations;  // the tokens actually forced, per sample

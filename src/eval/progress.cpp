@@ -47,6 +47,10 @@ void Progress::draw() {
   std::string bar(static_cast<size_t>(filled), '#');
   bar.resize(kBarWidth, '.');
   std::string line = fmt::format("{} [{}] {}/{} {:.0f}s", label_, bar, done_, total_, now / 1000.0);
+  // ETA from the mean time per finished step so far.
+  if (done_ > 0 && done_ < total_)
+    line += fmt::format(" ETA {:.0f}s", now / 1000.0 * static_cast<double>(total_ - done_) /
+                                            static_cast<double>(done_));
   if (!detail_.empty()) line += "  " + detail_;
   // Keep the line short enough not to wrap on an 80-column terminal.
   if (display_width(line) > 79) line.resize(79);

@@ -81,13 +81,14 @@ std::string press_help() {
       "               U(0, 2pi), drawn per (layer, KV head) from seed); irregular prototypes =\n"
       "               normalised bucket sums, empty buckets dropped (Eq. 15); every prefix token\n"
       "               goes to the prototype of highest cosine (Eq. 17, one blocked GEMM); token\n"
-      "               score = mean of the pooled window scores over its cluster (Eq. 18); keep\n"
-      "               the top B-w (ties: the token's own pooled score, then lower position) plus\n"
-      "               the window.\n"
+      "               score = mean of the UNPOOLED window scores over its cluster (Eq. 18;\n"
+      "               pool=1 by default, pool=7 pools as snapkv); keep the top B-w (ties: the\n"
+      "               token's own window score, then lower position) plus the window.\n"
       "               chunks=auto: k = clamp(round(n_prefix/chunk_len), 1, max_chunks) with\n"
       "               chunk_len={} max_chunks={}; chunks=K fixes k (at most n_prefix).\n"
       "               lsh_bits={} (u = 2^r) irregular=3u ({}) gamma={} (the paper gives none)\n"
-      "               seed={} plus window/pool/pool_type/gqa as snapkv (GQA: the window scores "
+      "               seed={} plus window/pool/pool_type/gqa as snapkv except pool=1 (GQA: the "
+      "scores "
       "are\n"
       "               reduced over the group before the cluster mean).\n"
       "               Variants: deviation=chunk|neighbourhood (paper 002: S(i) = mean cosine to\n"
@@ -98,7 +99,12 @@ std::string press_help() {
       "               with score=mean it differs from tokens only when two clusters tie).\n"
       "               Ablations, same prototype count: prototypes=chunk (k+u chunks, no O),\n"
       "               prototypes=lsh (every prefix key hashed with r' = round(log2(k+u)) bits,\n"
-      "               at most 12), prototypes=hybrid (default).\n\n",
+      "               at most 12), prototypes=hybrid (default).\n"
+      "               assign=exact (default: Eq. 17 over every prototype) | assign=local: an\n"
+      "               opt-in APPROXIMATION of Eq. 17, not the paper's: each token is compared\n"
+      "               only with the prototypes of its own chunk, assign_neighbours=1 chunks on\n"
+      "               each side and the LSH buckets (docs/methods.md gives how often it differs\n"
+      "               from exact); needs prototypes=hybrid or chunk.\n\n",
       ProtoKvConfig::kDefaultChunkLen, ProtoKvConfig::kDefaultMaxChunks,
       ProtoKvConfig::kDefaultLshBits, 3 * (1 << ProtoKvConfig::kDefaultLshBits),
       ProtoKvConfig::kDefaultGamma, ProtoKvConfig::kDefaultSeed, ProtoKvConfig::kDefaultKappa));

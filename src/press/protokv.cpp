@@ -70,6 +70,8 @@ ClusteringConfig ProtoKvConfig::clustering(int64_t n_prefix, int layer, int kv_h
   c.deviation = deviation;
   c.kappa = kappa;
   c.prototypes = prototypes;
+  c.assignment = assignment;
+  c.local_neighbours = local_neighbours;
   return c;
 }
 
@@ -91,6 +93,9 @@ ProtoKvConfig read_protokv_options(OptionReader& options) {
                          : Deviation::Neighbourhood;
   if (config.score == ClusterScore::Mean) {
     config.window_scores = read_window_score_options(options);
+    // Eq. 18 / Algorithm 1 lines 19-20 average the unpooled Eq. 4 scores: the cluster mean
+    // replaces SnapKV's pooling, so protokv pools only when pool= is given.
+    if (!options.given("pool")) config.window_scores.pool = ProtoKvConfig::kDefaultPool;
   } else {
     config.window_scores.window = read_window_option(options);
     for (const char* key : {"pool", "pool_type", "gqa"})
@@ -120,6 +125,14 @@ ProtoKvConfig read_protokv_options(OptionReader& options) {
     for (const char* key : {"deviation", "kappa", "irregular"})
       options.reject_if_given(key, "prototypes=lsh (every key is hashed, no irregular set)");
   }
+  config.assignment = options.get_choice("assign", "exact", {"exact", "local"}) == "local"
+                          ? Assignment::Local
+                          : Assignment::Exact;
+  config.local_neighbours = static_cast<int>(options.get_int("assign_neighbours", 1, 0, 1 << 20));
+  if (config.assignment == Assignment::Exact)
+    options.reject_if_given("assign_neighbours", "assign=exact (every prototype is compared)");
+  if (config.assignment == Assignment::Local && config.prototypes == PrototypeSet::Lsh)
+    throw Error("protokv: assign=local needs chunk prototypes (prototypes=hybrid or chunk)");
   return config;
 }
 
@@ -146,8 +159,108 @@ void ProtoKvScorer::add_config(nlohmann::json& out) const {
     out["deviation"] = to_string(c.deviation);
     if (c.deviation == Deviation::Neighbourhood) out["kappa"] = c.kappa;
   }
+  if (c.assignment == Assignment::Local) {
+    out["assign"] = "local";  // approximate Eq. 17
+    out["assign_neighbours"] = c.local_neighbours;
+  }
   out["score"] = to_string(c.score);
   out["select"] = to_string(c.select);
+}
+
+void ProtoKvScorer::record_diagnostics(int layer, int h, Clustering clusters,
+                                       std::vector<int64_t> cluster_size) {
+  const size_t slot = static_cast<size_t>(layer * n_kv_heads_ + h);
+  if (slot >= heads_.size()) return;  // begin() saw another shape: no diagnostics
+  HeadDiagnostics& d = heads_[slot];
+  const auto n_prefix = static_cast<int64_t>(clusters.assignment.size());
+  int64_t non_empty = 0, largest = 0;
+  for (const int64_t size : cluster_size) {
+    non_empty += size > 0 ? 1 : 0;
+    largest = std::max(largest, size);
+  }
+  d.clusters = static_cast<double>(non_empty);
+  d.cluster_size_mean = non_empty > 0 ? static_cast<double>(n_prefix) / non_empty : 0.0;
+  d.cluster_size_max = static_cast<double>(largest);
+  d.irregular = static_cast<double>(clusters.irregular.size());
+  d.outside_own_chunk = -1;
+  if (clusters.n_chunks > 0 && n_prefix > 0) {
+    // Eq. 17 re-assigns every token by cosine: it may leave its own chunk's prototype.
+    int64_t outside = 0;
+    for (int64_t m = 0; m < clusters.n_chunks; ++m) {
+      for (int64_t t = chunk_begin(m, n_prefix, clusters.n_chunks);
+           t < chunk_begin(m + 1, n_prefix, clusters.n_chunks); ++t) {
+        const int32_t c = clusters.assignment[static_cast<size_t>(t)];
+        outside += c >= clusters.n_regular || clusters.origin[static_cast<size_t>(c)] != m ? 1 : 0;
+      }
+    }
+    d.outside_own_chunk = static_cast<double>(outside) / static_cast<double>(n_prefix);
+  }
+  d.whole_cluster_budget_share = -1;
+  d.assignment = std::move(clusters.assignment);
+  d.cluster_size = std::move(cluster_size);
+  d.scored = true;
+}
+
+void ProtoKvScorer::begin(const SequenceInfo& info) {
+  n_kv_heads_ = info.n_kv_heads;
+  heads_.assign(static_cast<size_t>(std::max(0, info.n_layers) * std::max(0, info.n_kv_heads)),
+                HeadDiagnostics{});
+}
+
+void ProtoKvScorer::on_kept(int layer, int h, const std::vector<int32_t>& kept) {
+  const size_t slot = static_cast<size_t>(layer * n_kv_heads_ + h);
+  if (slot >= heads_.size() || !heads_[slot].scored) return;
+  HeadDiagnostics& d = heads_[slot];
+  const auto n_prefix = static_cast<int32_t>(d.assignment.size());
+  std::vector<int64_t> kept_per_cluster(d.cluster_size.size(), 0);
+  int64_t kept_prefix = 0;
+  for (const int32_t t : kept) {
+    if (t >= n_prefix) continue;  // the window
+    ++kept_per_cluster[static_cast<size_t>(d.assignment[static_cast<size_t>(t)])];
+    ++kept_prefix;
+  }
+  int64_t whole = 0;
+  for (size_t c = 0; c < kept_per_cluster.size(); ++c)
+    if (kept_per_cluster[c] > 0 && kept_per_cluster[c] == d.cluster_size[c])
+      whole += kept_per_cluster[c];
+  if (kept_prefix > 0)
+    d.whole_cluster_budget_share = static_cast<double>(whole) / static_cast<double>(kept_prefix);
+  d.assignment = {};
+  d.cluster_size = {};
+}
+
+nlohmann::json ProtoKvScorer::diagnostics() const {
+  nlohmann::json layers = nlohmann::json::array();
+  if (n_kv_heads_ <= 0) return layers;
+  for (size_t l = 0; l * static_cast<size_t>(n_kv_heads_) < heads_.size(); ++l) {
+    double sum[6] = {0, 0, 0, 0, 0, 0};
+    int count[6] = {0, 0, 0, 0, 0, 0};
+    double size_max = 0;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      const HeadDiagnostics& d = heads_[l * static_cast<size_t>(n_kv_heads_) + h];
+      if (!d.scored) continue;
+      const double values[6] = {d.clusters,  d.cluster_size_mean, d.cluster_size_max,
+                                d.irregular, d.outside_own_chunk, d.whole_cluster_budget_share};
+      for (int i = 0; i < 6; ++i)
+        if (values[i] >= 0) sum[i] += values[i], ++count[i];
+      size_max = std::max(size_max, d.cluster_size_max);
+    }
+    if (count[0] == 0) {
+      layers.push_back(nullptr);
+      continue;
+    }
+    const auto mean = [&](int i) {
+      return count[i] > 0 ? nlohmann::json(sum[i] / count[i]) : nlohmann::json(nullptr);
+    };
+    layers.push_back({{"clusters", mean(0)},
+                      {"cluster_size_mean", mean(1)},
+                      {"cluster_size_max", mean(2)},
+                      {"cluster_size_max_over_heads", size_max},
+                      {"irregular", mean(3)},
+                      {"outside_own_chunk", mean(4)},
+                      {"whole_cluster_budget_share", mean(5)}});
+  }
+  return layers;
 }
 
 void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& out) {
@@ -165,7 +278,7 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
     else
       window_logit_sums(layer, h, window, own);
 
-    const Clustering clusters =
+    Clustering clusters =
         cluster_keys(layer.k_head(h), n_prefix, d, config_.clustering(n_prefix, layer.layer, h));
     const int count = std::max(1, clusters.n_prototypes());
     std::vector<double> sum(static_cast<size_t>(count), 0.0);
@@ -187,6 +300,7 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
       score[t] = cluster_score[static_cast<size_t>(clusters.assignment[static_cast<size_t>(t)])];
     if (config_.select == Selection::Clusters)
       std::copy(clusters.assignment.begin(), clusters.assignment.end(), out.head_group(h));
+    record_diagnostics(layer.layer, h, std::move(clusters), std::move(size));
   }
 }
 

@@ -26,8 +26,15 @@ struct ProtoKvConfig {
   static constexpr double kDefaultGamma = 1.0;
   static constexpr uint64_t kDefaultSeed = 0;
   static constexpr int kDefaultKappa = 5;
+  static constexpr int kDefaultPool = 1;  // Eq. 18: unpooled window scores (snapkv pools 7)
 
-  WindowScoreConfig window_scores;
+  static WindowScoreConfig default_window_scores() {
+    WindowScoreConfig c;
+    c.pool = kDefaultPool;
+    return c;
+  }
+
+  WindowScoreConfig window_scores = default_window_scores();
   int64_t chunks = 0;  // 0: automatic, k = clamp(round(n_prefix / chunk_len), 1, max_chunks)
   int64_t chunk_len = kDefaultChunkLen;
   int64_t max_chunks = kDefaultMaxChunks;
@@ -40,6 +47,8 @@ struct ProtoKvConfig {
   ClusterScore score = ClusterScore::Mean;
   Selection select = Selection::Tokens;
   PrototypeSet prototypes = PrototypeSet::Hybrid;
+  Assignment assignment = Assignment::Exact;  // assign=local: opt-in approximation of Eq. 17
+  int local_neighbours = 1;
 
   // k for a prefix of n_prefix tokens (never more than n_prefix).
   int64_t resolve_chunks(int64_t n_prefix) const;
@@ -54,11 +63,30 @@ class ProtoKvScorer final : public Scorer {
   explicit ProtoKvScorer(ProtoKvConfig config) : config_(config) {}
   std::string name() const override { return "protokv"; }
   void add_config(nlohmann::json& out) const override;
+  void begin(const SequenceInfo& info) override;
   void score(const LayerView& layer, int64_t window, LayerScores& out) override;
+  void on_kept(int layer, int h, const std::vector<int32_t>& kept) override;
+  // Per layer, averaged over the KV heads: clusters (non-empty), cluster_size_mean/max,
+  // irregular (|O|), outside_own_chunk (share of prefix tokens whose prototype is not their own
+  // chunk's; null without chunks), whole_cluster_budget_share (share of the kept prefix tokens
+  // whose whole cluster was kept). Null for a layer that was not compressed.
+  nlohmann::json diagnostics() const override;
   const ProtoKvConfig& protokv_config() const { return config_; }
 
  private:
+  struct HeadDiagnostics {
+    bool scored = false;
+    double clusters = 0, cluster_size_mean = 0, cluster_size_max = 0, irregular = 0;
+    double outside_own_chunk = -1;           // < 0: no chunks (prototypes=lsh)
+    double whole_cluster_budget_share = -1;  // < 0: nothing of the prefix kept
+    std::vector<int32_t> assignment;         // kept until on_kept
+    std::vector<int64_t> cluster_size;
+  };
+  void record_diagnostics(int layer, int h, Clustering clusters, std::vector<int64_t> cluster_size);
+
   ProtoKvConfig config_;
+  int n_kv_heads_ = 0;
+  std::vector<HeadDiagnostics> heads_;  // [n_layers * n_kv_heads]
 };
 
 }  // namespace protokv::press

@@ -8,6 +8,8 @@
 #include <numeric>
 
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
+#include "protokv/error.h"
 
 namespace protokv::press {
 namespace {
@@ -45,14 +47,6 @@ void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
   const auto inv = static_cast<float>(1.0 / norm);
   for (int c = 0; c < d; ++c) out.prototypes.push_back(sum[c] * inv);
   out.origin.push_back(origin);
-}
-
-// Chunk of token t (inverse of chunk_begin).
-int64_t chunk_of(int64_t t, int64_t n, int64_t k) {
-  int64_t m = (t * k) / n;  // never above the true chunk; step up at most once or twice
-  while (m + 1 < k && chunk_begin(m + 1, n, k) <= t) ++m;
-  while (m > 0 && chunk_begin(m, n, k) > t) --m;
-  return m;
 }
 
 // Regular prototypes (ProtoKV Eq. 11): normalised sum of each chunk's keys outside O, from the
@@ -103,6 +97,13 @@ void add_bucket_prototypes(const float* keys, const float* norms, const std::vec
 
 int64_t chunk_begin(int64_t m, int64_t n, int64_t k) {
   return m * n / k;
+}
+
+int64_t chunk_of(int64_t t, int64_t n, int64_t k) {
+  int64_t m = (t * k) / n;  // never above the true chunk; step up at most once or twice
+  while (m + 1 < k && chunk_begin(m + 1, n, k) <= t) ++m;
+  while (m > 0 && chunk_begin(m, n, k) > t) --m;
+  return m;
 }
 
 void normalise_rows(const float* in, int64_t n, int d, float* out) {
@@ -261,12 +262,70 @@ int first_argmax(const float* row, int count) {
 
 }  // namespace
 
+#if defined(PROTOKV_HAVE_AVX512)
+namespace {
+
+constexpr int kTileRows = 12;  // key rows per micro-tile: 12 x 2 accumulators of 16 lanes
+constexpr int kTileCols = 32;  // prototypes per micro-tile
+
+// dots[r][j] = keys[r] . prototype j for kTileRows key rows and every prototype, from the
+// prototypes transposed to [d, padded] (padded a multiple of kTileCols, zero columns past the
+// count). The 24 accumulators stay in registers over the whole head dimension; each step is two
+// prototype loads and 24 FMAs with broadcast key entries.
+void dot_tile(const float* keys, int d, const float* transposed, int padded, float* dots) {
+  for (int j0 = 0; j0 < padded; j0 += kTileCols) {
+    __m512 acc[kTileRows][2];
+    for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
+    const float* column = transposed + j0;
+    for (int c = 0; c < d; ++c) {
+      const __m512 lo = _mm512_loadu_ps(column + static_cast<int64_t>(c) * padded);
+      const __m512 hi = _mm512_loadu_ps(column + static_cast<int64_t>(c) * padded + 16);
+      for (int r = 0; r < kTileRows; ++r) {
+        const __m512 key = _mm512_set1_ps(keys[static_cast<int64_t>(r) * d + c]);
+        acc[r][0] = _mm512_fmadd_ps(key, lo, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(key, hi, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < kTileRows; ++r) {
+      _mm512_storeu_ps(dots + static_cast<int64_t>(r) * padded + j0, acc[r][0]);
+      _mm512_storeu_ps(dots + static_cast<int64_t>(r) * padded + j0 + 16, acc[r][1]);
+    }
+  }
+}
+
+}  // namespace
+#endif
+
 void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prototypes, int count,
                           int32_t* out) {
   if (count <= 0) {
     std::fill(out, out + n, 0);
     return;
   }
+#if defined(PROTOKV_HAVE_AVX512)
+  // A register-blocked GEMM fused with the argmax: the dots of a 12-key tile against every
+  // prototype stay in L1 until their first maximum is taken. Workspaces are reused across calls
+  // (one set per thread), so no call pays for fresh zeroed pages.
+  const int padded = (count + kTileCols - 1) / kTileCols * kTileCols;
+  thread_local std::vector<float> transposed, dots, tail;
+  transposed.assign(static_cast<size_t>(d) * static_cast<size_t>(padded), 0.0f);
+  for (int j = 0; j < count; ++j)
+    for (int c = 0; c < d; ++c)
+      transposed[static_cast<size_t>(c) * static_cast<size_t>(padded) + static_cast<size_t>(j)] =
+          prototypes[static_cast<int64_t>(j) * d + c];
+  dots.resize(static_cast<size_t>(kTileRows) * static_cast<size_t>(padded));
+  for (int64_t t0 = 0; t0 < n; t0 += kTileRows) {
+    const int64_t rows = std::min<int64_t>(kTileRows, n - t0);
+    const float* tile = keys + t0 * d;
+    if (rows < kTileRows) {  // last partial tile: zero rows, their results unused
+      tail.assign(static_cast<size_t>(kTileRows) * static_cast<size_t>(d), 0.0f);
+      std::copy(tile, tile + rows * d, tail.begin());
+      tile = tail.data();
+    }
+    dot_tile(tile, d, transposed.data(), padded, dots.data());
+    for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(dots.data() + r * padded, count);
+  }
+#else
   constexpr int64_t kBlock = 256;
   // k . c for unit prototypes c: cos(k, c) times ||k||, the same argmax over c (so the keys need
   // no normalised copy).
@@ -277,6 +336,91 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
                 keys + t0 * d, d, prototypes, d, 0.0f, cosine.data(), count);
     for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(cosine.data() + r * count, count);
   }
+#endif
+}
+
+#if defined(PROTOKV_HAVE_AVX2)
+namespace {
+
+// assign_locally for up to 8 candidates: the candidates transposed to [d, 8] (zero-padded), one
+// 8-lane accumulator per key (8-lane FMAs run on two ports where 16-lane ones often run on one).
+// Eight keys at a time give eight independent FMA chains; rows past `end` repeat the last key and
+// are dropped. Padding lanes are masked out of the maximum.
+void local_dots_8(const float* keys, int64_t begin, int64_t end, int d, const float* prototypes,
+                  const std::vector<int32_t>& candidates, int32_t* out) {
+  constexpr int kLanes = 8, kRows = 8;
+  thread_local std::vector<float> transposed;
+  transposed.assign(static_cast<size_t>(d) * kLanes, 0.0f);
+  for (size_t i = 0; i < candidates.size(); ++i)
+    for (int c = 0; c < d; ++c)
+      transposed[static_cast<size_t>(c) * kLanes + i] =
+          prototypes[static_cast<int64_t>(candidates[i]) * d + c];
+  const auto live = static_cast<int>(candidates.size());
+  for (int64_t t0 = begin; t0 < end; t0 += kRows) {
+    const float* row[kRows];
+    for (int r = 0; r < kRows; ++r) row[r] = keys + std::min(t0 + r, end - 1) * d;
+    __m256 acc[kRows];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int c = 0; c < d; ++c) {
+      const __m256 column = _mm256_loadu_ps(transposed.data() + static_cast<int64_t>(c) * kLanes);
+      for (int r = 0; r < kRows; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row[r][c]), column, acc[r]);
+    }
+    alignas(32) float dots[kRows][kLanes];
+    for (int r = 0; r < kRows; ++r) _mm256_store_ps(dots[r], acc[r]);  // after the loop
+    for (int r = 0; r < kRows && t0 + r < end; ++r) {
+      int best = 0;  // first maximum over the live lanes, in candidate (= prototype) order
+      for (int i = 1; i < live; ++i)
+        if (dots[r][i] > dots[r][best]) best = i;
+      out[t0 + r] = candidates[static_cast<size_t>(best)];
+    }
+  }
+}
+
+}  // namespace
+#endif
+
+void assign_locally(const float* keys, int64_t n, int d, const Clustering& clusters, int neighbours,
+                    int32_t* out) {
+  const int64_t k = clusters.n_chunks;
+  PROTOKV_CHECK(k > 0, "local assignment needs chunk prototypes");
+  std::vector<int32_t> prototype_of_chunk(static_cast<size_t>(k), -1);  // -1: chunk dropped
+  for (int i = 0; i < clusters.n_regular; ++i)
+    prototype_of_chunk[static_cast<size_t>(clusters.origin[static_cast<size_t>(i)])] = i;
+  const float* prototypes = clusters.prototypes.data();
+  std::vector<int32_t> candidates;
+  for (int64_t m = 0; m < k; ++m) {
+    // Ascending prototype indices, so the first maximum is the lowest index as in Eq. 17 exact.
+    candidates.clear();
+    for (int64_t j = std::max<int64_t>(0, m - neighbours); j <= std::min(k - 1, m + neighbours);
+         ++j)
+      if (prototype_of_chunk[static_cast<size_t>(j)] >= 0)
+        candidates.push_back(prototype_of_chunk[static_cast<size_t>(j)]);
+    for (int i = clusters.n_regular; i < clusters.n_prototypes(); ++i) candidates.push_back(i);
+    const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
+    if (candidates.empty()) {
+      assign_to_prototypes(keys + begin * d, end - begin, d, prototypes, clusters.n_prototypes(),
+                           out + begin);
+      continue;
+    }
+#if defined(PROTOKV_HAVE_AVX2)
+    if (candidates.size() <= 8) {
+      local_dots_8(keys, begin, end, d, prototypes, candidates, out);
+      continue;
+    }
+#endif
+    for (int64_t t = begin; t < end; ++t) {
+      const float* key = keys + t * d;
+      int32_t best = candidates[0];
+      float best_dot = kernels::dot(key, prototypes + static_cast<int64_t>(best) * d, d);
+      for (size_t i = 1; i < candidates.size(); ++i) {
+        const float dot =
+            kernels::dot(key, prototypes + static_cast<int64_t>(candidates[i]) * d, d);
+        if (dot > best_dot) best_dot = dot, best = candidates[i];
+      }
+      out[t] = best;
+    }
+  }
 }
 
 Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config) {
@@ -285,6 +429,10 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   std::vector<float> norms(static_cast<size_t>(n));  // [n] ||k_t||
 
   const int64_t k = std::clamp<int64_t>(config.chunks, 1, n);
+  // At most k + u prototypes in every prototype set (the LSH ablation: 2^round(log2(k + u)) <
+  // 2(k + u)): one allocation instead of repeated growth of a ~256 KB buffer.
+  out.prototypes.reserve(static_cast<size_t>(2 * (k + config.buckets()) * d));
+  out.origin.reserve(static_cast<size_t>(2 * (k + config.buckets())));
   switch (config.prototypes) {
     case PrototypeSet::Hybrid: {
       // Algorithm 1 lines 1-7: deviation, irregular set O, regular prototypes.
@@ -296,6 +444,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       out.irregular = top_indices(deviation.data(), n, config.irregular);
       add_chunk_prototypes(keys, n, d, k, std::move(sums), out.irregular, out);
       out.n_regular = out.n_prototypes();
+      out.n_chunks = k;
       // Lines 8-13: only the irregular tokens are hashed.
       add_bucket_prototypes(keys, norms.data(), out.irregular, d, config.lsh_bits, config.gamma,
                             config.lsh_seed, out);
@@ -308,6 +457,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       chunk_pass(keys, n, d, chunks, norms.data(), sums.data(), nullptr);
       add_chunk_prototypes(keys, n, d, chunks, std::move(sums), {}, out);
       out.n_regular = out.n_prototypes();
+      out.n_chunks = chunks;
       break;
     }
     case PrototypeSet::Lsh: {
@@ -324,8 +474,11 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   }
   // Lines 14-17: every token to the prototype of highest cosine.
   out.assignment.resize(static_cast<size_t>(n));
-  assign_to_prototypes(keys, n, d, out.prototypes.data(), out.n_prototypes(),
-                       out.assignment.data());
+  if (config.assignment == Assignment::Local && out.n_chunks > 0 && out.n_prototypes() > 0)
+    assign_locally(keys, n, d, out, config.local_neighbours, out.assignment.data());
+  else
+    assign_to_prototypes(keys, n, d, out.prototypes.data(), out.n_prototypes(),
+                         out.assignment.data());
   return out;
 }
 

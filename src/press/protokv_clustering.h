@@ -9,6 +9,10 @@ namespace protokv::press {
 
 enum class Deviation { Chunk, Neighbourhood };
 enum class PrototypeSet { Hybrid, Chunk, Lsh };
+// Eq. 17 over every prototype (Exact), or an opt-in approximation (Local) that compares each
+// token only with the prototypes of its own chunk, the `local_neighbours` chunks on each side and
+// every LSH bucket prototype.
+enum class Assignment { Exact, Local };
 
 struct ClusteringConfig {
   int64_t chunks = 1;      // k regular chunks (already resolved for this prefix length)
@@ -19,6 +23,8 @@ struct ClusteringConfig {
   Deviation deviation = Deviation::Chunk;
   int kappa = 5;  // neighbourhood half-width for Deviation::Neighbourhood
   PrototypeSet prototypes = PrototypeSet::Hybrid;
+  Assignment assignment = Assignment::Exact;
+  int local_neighbours = 1;  // chunks on each side of the token's own (Assignment::Local)
 
   int buckets() const { return 1 << lsh_bits; }
 };
@@ -29,6 +35,7 @@ struct Clustering {
   std::vector<float> prototypes;    // [n_prototypes, head_dim], unit rows; regular ones first
   std::vector<int32_t> origin;      // [n_prototypes] chunk index (regular) or bucket (irregular)
   int n_regular = 0;                // prototypes [0, n_regular) come from chunks
+  int64_t n_chunks = 0;             // chunks the regular prototypes were cut from (0: none)
   std::vector<int32_t> assignment;  // [n_prefix] index of each token's prototype
 
   int n_prototypes() const { return static_cast<int>(origin.size()); }
@@ -37,6 +44,8 @@ struct Clustering {
 // Chunk m of k over n tokens is [m*n/k, (m+1)*n/k): consecutive, sizes floor(n/k) or ceil(n/k),
 // every token in exactly one chunk.
 int64_t chunk_begin(int64_t m, int64_t n, int64_t k);
+// Chunk of token t (inverse of chunk_begin).
+int64_t chunk_of(int64_t t, int64_t n, int64_t k);
 
 // Rows of `in` [n, d] scaled to unit L2 norm (zero rows stay zero).
 void normalise_rows(const float* in, int64_t n, int d, float* out);
@@ -83,6 +92,13 @@ uint64_t lsh_seed_for(uint64_t seed, int layer, int kv_head);
 // index.
 void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prototypes, int count,
                           int32_t* out);
+
+// Approximate Eq. 17 (not the paper's): for every token of chunk m (of `clusters.n_chunks` over n),
+// the first maximum of k . c over the regular prototypes of chunks [m - neighbours, m +
+// neighbours] and every irregular (bucket) prototype, in prototype order. Tokens with no such
+// candidate get the exact assignment. Needs regular prototypes (n_chunks > 0).
+void assign_locally(const float* keys, int64_t n, int d, const Clustering& clusters, int neighbours,
+                    int32_t* out);
 
 // Builds the prototypes of `config.prototypes` from keys [n, d] (raw, post-RoPE) and assigns every
 // token. With no usable prototype (all keys zero) every token lands in cluster 0.

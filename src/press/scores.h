@@ -22,7 +22,7 @@ inline bool worth_parallel(const LayerView& layer) {
 // Scores of the prefix entries [0, n_prefix) of every KV head of one layer. Higher = keep first.
 // Entries are ranked by (score desc, group asc, tie desc, index asc): `group` keeps a cluster's
 // members together when clusters are selected whole; `tie` breaks equal scores (e.g. ProtoKV's
-// cluster-pooled scores by the token's own score); the lower index wins what remains.
+// cluster-mean scores by the token's own score); the lower index wins what remains.
 struct LayerScores {
   int n_kv_heads = 0;
   int64_t n_prefix = 0;

@@ -63,6 +63,7 @@ void ScoringPress::compress_prefill(const LayerView& layer, LayerCache& out) {
     std::vector<int32_t> kept =
         keep_with_window(layer, h, select_top(scores_, h, prefix_budgets[static_cast<size_t>(h)]),
                          window_, out.heads[static_cast<size_t>(h)]);
+    scorer_->on_kept(layer.layer, h, kept);
     on_kept(layer.layer, h, kept);
   }
 }

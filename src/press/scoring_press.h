@@ -24,6 +24,11 @@ class Scorer {
   // Fills out.score (and out.tie / out.group if it uses them) for prefix entries [0, n - window)
   // of every KV head. Called only when n - window >= 1.
   virtual void score(const LayerView& layer, int64_t window, LayerScores& out) = 0;
+  // After head `h` of layer `layer` kept the token indices `kept` (ascending, window included).
+  // Called concurrently for different heads.
+  virtual void on_kept(int /*layer*/, int /*h*/, const std::vector<int32_t>& /*kept*/) {}
+  // What the scorer observed since begin() (e.g. ProtoKV's cluster statistics); null if nothing.
+  virtual nlohmann::json diagnostics() const { return nullptr; }
 };
 
 class ScoringPress : public Press {
