@@ -11,6 +11,7 @@
 #include "eval/longctx_runner.h"
 #include "eval/longctx_words.h"
 #include "eval/niah.h"
+#include "eval/statistics.h"
 #include "protokv/error.h"
 #include "protokv/tokenizer.h"
 #include "test_util.h"
@@ -45,13 +46,14 @@ std::vector<std::string> read_lines(const std::filesystem::path& p) {
 }
 
 TEST(LongctxRunner, PairedDifferenceMatchesHandComputation) {
-  // d = {1, 0, -1, 0}: mean 0, sd = sqrt(2/3), half-width 1.96 * sd / 2.
-  const auto [mean, ci] = eval::paired_difference({1, 1, 0, 1}, {0, 1, 1, 1});
-  EXPECT_DOUBLE_EQ(mean, 0.0);
-  EXPECT_NEAR(ci, 1.96 * std::sqrt(2.0 / 3.0) / 2.0, 1e-12);
-  const auto [m1, c1] = eval::paired_difference({1}, {0});
-  EXPECT_DOUBLE_EQ(m1, 1.0);
-  EXPECT_DOUBLE_EQ(c1, 0.0);
+  // d = {1, 0, -1, 0}: mean 0, sd = sqrt(2/3), half-width t(0.975, 3) * sd / 2 = 3.182 * sd / 2.
+  const eval::PairedDifference d = eval::paired_difference({1, 1, 0, 1}, {0, 1, 1, 1});
+  EXPECT_DOUBLE_EQ(d.mean, 0.0);
+  EXPECT_NEAR(d.half_width(), 3.182 * std::sqrt(2.0 / 3.0) / 2.0, 1e-12);
+  // One sample: a mean, but no interval.
+  const eval::PairedDifference one = eval::paired_difference({1}, {0});
+  EXPECT_DOUBLE_EQ(one.mean, 1.0);
+  EXPECT_TRUE(std::isnan(one.half_width()));
 }
 
 TEST(LongctxRunner, RunSpecsPutFullOnceAndNeedABudget) {

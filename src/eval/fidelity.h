@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "eval/metrics.h"
+#include "eval/statistics.h"
 #include "protokv/model.h"
 
 namespace protokv {
@@ -66,17 +67,6 @@ struct FidelityRow {
   // ProtoKV diagnostics (press's own JSON, per layer) accumulated over samples: key -> [layer].
   std::map<std::string, std::vector<RunningStats>> diagnostics;
 };
-
-// Paired difference (press − reference) over the samples both ran: mean, standard error
-// (sample std / sqrt(n)) and the 95% t interval.
-struct PairedDifference {
-  int64_t samples = 0;
-  double mean = 0.0, se = 0.0, lo = 0.0, hi = 0.0;
-};
-PairedDifference paired_difference(const std::vector<double>& press,
-                                   const std::vector<double>& reference);
-// Two-sided 95% quantile of Student's t with `df` degrees of freedom (df >= 1).
-double t_quantile_975(int64_t df);
 
 // The full-cache runs' own numbers, per sample.
 struct FidelityReference {

@@ -1,5 +1,7 @@
 #include "eval/longctx_runner.h"
 
+#include "eval/statistics.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -128,20 +130,6 @@ nlohmann::json LongctxSummary::to_json() const {
   return j;
 }
 
-std::pair<double, double> paired_difference(const std::vector<double>& a,
-                                            const std::vector<double>& b) {
-  const size_t n = std::min(a.size(), b.size());
-  if (n == 0) return {0.0, 0.0};
-  double mean = 0.0;
-  for (size_t i = 0; i < n; ++i) mean += a[i] - b[i];
-  mean /= static_cast<double>(n);
-  if (n < 2) return {mean, 0.0};
-  double ss = 0.0;
-  for (size_t i = 0; i < n; ++i) ss += (a[i] - b[i] - mean) * (a[i] - b[i] - mean);
-  const double sd = std::sqrt(ss / static_cast<double>(n - 1));
-  return {mean, 1.96 * sd / std::sqrt(static_cast<double>(n))};
-}
-
 std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
                                       const std::vector<LongctxRunSpec>& runs,
                                       const std::string& reference,
@@ -185,7 +173,9 @@ std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
       b.push_back(it->second);
     }
     s.paired = static_cast<int64_t>(a.size());
-    std::tie(s.diff_mean, s.diff_ci95) = paired_difference(a, b);
+    const PairedDifference d = paired_difference(a, b);
+    s.diff_mean = d.mean;
+    s.diff_ci95 = d.half_width();
   }
   return out;
 }

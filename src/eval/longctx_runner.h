@@ -124,11 +124,6 @@ std::vector<LongctxSummary> summarize(
     const std::string& reference,
     const std::function<bool(const LongctxRecord&)>& filter = nullptr);
 
-// Paired difference a_i - b_i: mean and 95% half-width (normal approximation, sd with n - 1;
-// 0 for n < 2).
-std::pair<double, double> paired_difference(const std::vector<double>& a,
-                                            const std::vector<double>& b);
-
 // Invalid UTF-8 sequences replaced by U+FFFD (a byte-fallback model can emit broken text).
 std::string sanitize_utf8(const std::string& text);
 // Greedy text of a finished generation, cut at the first EOS, with invalid UTF-8 replaced.
