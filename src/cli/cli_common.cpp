@@ -126,6 +126,17 @@ PromptTokens build_prompt(const Tokenizer& tokenizer, const std::string& context
   return tokens;
 }
 
+void add_ubatch_option(CLI::App& cmd, int64_t& ubatch) {
+  cmd.add_option("--ubatch", ubatch,
+                 "Prefill the prompt in chunks of N tokens (0: the whole prompt at once). With a "
+                 "press, compression runs once the final chunk is in")
+      ->capture_default_str();
+}
+
+void check_ubatch(int64_t ubatch) {
+  PROTOKV_CHECK(ubatch >= 0, "--ubatch must be >= 0 (0: the whole prompt), got {}", ubatch);
+}
+
 void add_sampler_options(CLI::App& cmd, SamplerOptions& options) {
   cmd.add_option("--temp", options.temperature, "Sampling temperature; 0 = greedy")
       ->capture_default_str();

@@ -72,6 +72,11 @@ struct PromptTokens {
 PromptTokens build_prompt(const Tokenizer& tokenizer, const std::string& context,
                           const std::string& question, bool query_agnostic);
 
+// --ubatch N: prompt rows per forward chunk (0, the default: the whole prompt at once).
+void add_ubatch_option(CLI::App& cmd, int64_t& ubatch);
+// Throws Error for a negative --ubatch.
+void check_ubatch(int64_t ubatch);
+
 // --temp, --top-k, --top-p, --seed; `options` holds the defaults.
 void add_sampler_options(CLI::App& cmd, SamplerOptions& options);
 nlohmann::json sampler_json(const SamplerOptions& options);

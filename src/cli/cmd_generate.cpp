@@ -27,6 +27,7 @@ struct GenerateOptions {
   std::string prompt_file;
   std::string question;
   int n_predict = 256;
+  int64_t ubatch = 0;
   bool json = false;
   bool ignore_eos = false;
 };
@@ -52,6 +53,7 @@ void write_stdout(const std::string& text) {
 
 void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
   PROTOKV_CHECK(o.n_predict >= 0, "-n must be >= 0, got {}", o.n_predict);
+  check_ubatch(o.ubatch);
   Sampler sampler(o.sampler);  // validates the sampler options
   PressSetup setup = make_press_setup(o.press);
   const std::string context = context_text(o, cmd);
@@ -66,12 +68,15 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
                 "prompt of {} tokens is longer than the model's context ({} tokens)", input.total(),
                 config.context_length);
 
-  Session session(model.weights, setup.session_options());
+  SessionOptions session_options = setup.session_options();
+  session_options.ubatch = o.ubatch;
+  Session session(model.weights, session_options);
   std::span<const float> logits = session.prefill(prompt);
   const PrefillStats prefill = session.prefill_stats();
 
+  // Query-agnostic: the question is a second chunk after the compressed context.
   const Timer question_timer;
-  for (int32_t token : question) logits = session.decode(token);
+  if (!question.empty()) logits = session.append(question);
   const double question_ms = question_timer.ms();
 
   const bool tty = isatty(fileno(stdout)) != 0;
@@ -114,6 +119,7 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     config_json["threads"] = num_threads();
     config_json["max_new_tokens"] = o.n_predict;
     config_json["stop_at_eos"] = !o.ignore_eos;
+    if (o.ubatch > 0) config_json["ubatch"] = o.ubatch;
     nlohmann::json out;
     out["config"] = config_json;
     out["prompt_tokens"] = prompt.size();
@@ -178,6 +184,7 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   add_sampler_options(*cmd, options->sampler);
   add_press_options(*cmd, options->press);
+  add_ubatch_option(*cmd, options->ubatch);
   cmd->add_flag("--ignore-eos", options->ignore_eos,
                 "Keep generating after the end-of-sequence token");
   cmd->add_flag("--json", options->json,

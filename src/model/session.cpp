@@ -1,5 +1,5 @@
 // Session lifecycle: validation of the weights it runs on, scratch allocation, accessors.
-// The forward pass itself is in prefill.cpp and decode.cpp.
+// The forward pass itself is in forward.cpp (the block), prefill.cpp and decode.cpp.
 #include <algorithm>
 #include <utility>
 
@@ -51,21 +51,12 @@ void check_weights(const ModelWeights& w) {
 Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
     : weights(w), config(w.config), options(std::move(opts)) {
   check_weights(weights);
+  PROTOKV_CHECK(options.ubatch >= 0, "ubatch must be >= 0 (0: the whole prompt), got {}",
+                options.ubatch);
+  rope = kernels::make_rope_table(config.head_dim(), config.rope_theta, config.rope_neox);
   cache = KvCache(config.n_layers, config.n_kv_heads, config.head_dim());
   logits.assign(static_cast<size_t>(config.vocab_size), 0.0f);
-  const auto dim = static_cast<size_t>(config.dim);
-  const auto q_dim = static_cast<size_t>(config.n_heads * config.head_dim());
-  const auto kv_dim = static_cast<size_t>(config.n_kv_heads * config.head_dim());
-  const auto hidden = static_cast<size_t>(config.hidden_dim);
-  scratch.x.assign(dim, 0.0f);
-  scratch.xb.assign(dim, 0.0f);
-  scratch.q.assign(q_dim, 0.0f);
-  scratch.k.assign(kv_dim, 0.0f);
-  scratch.v.assign(kv_dim, 0.0f);
-  scratch.att.assign(q_dim, 0.0f);
-  scratch.proj.assign(dim, 0.0f);
-  scratch.gate.assign(hidden, 0.0f);
-  scratch.up.assign(hidden, 0.0f);
+  step = RowBuffers(1, config);
 }
 
 void Session::Impl::check_token(int32_t token) const {
@@ -79,12 +70,12 @@ int64_t Session::Impl::decode_headroom(int64_t n_past_after_prefill) const {
 }
 
 void Session::Impl::ensure_probs_capacity(int64_t n) {
-  if (n <= scratch.probs_stride) return;
+  if (n <= probs_stride) return;
   // Grow geometrically (bounded by the context) so that decode reallocates O(log n) times.
-  const int64_t stride = std::min<int64_t>(std::max<int64_t>({n, 2 * scratch.probs_stride, 256}),
+  const int64_t stride = std::min<int64_t>(std::max<int64_t>({n, 2 * probs_stride, 256}),
                                            std::max<int64_t>(n, config.context_length));
-  scratch.probs.assign(static_cast<size_t>(stride * config.n_heads), 0.0f);
-  scratch.probs_stride = stride;
+  probs.assign(static_cast<size_t>(stride * config.n_heads), 0.0f);
+  probs_stride = stride;
 }
 
 void Session::Impl::reset() {
@@ -104,6 +95,16 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
     return impl_->prefill(tokens);
   } catch (...) {
     impl_->reset();  // a press or allocation failure must not leave a half-filled cache behind
+    throw;
+  }
+}
+
+std::span<const float> Session::append(std::span<const int32_t> tokens) {
+  impl_->check_append(tokens);  // bad input leaves the session as it was
+  try {
+    return impl_->append(tokens);
+  } catch (...) {
+    impl_->reset();  // a failure part-way through the layers leaves the cache inconsistent
     throw;
   }
 }
