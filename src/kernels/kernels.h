@@ -17,7 +17,7 @@
 #include <span>
 #include <vector>
 
-#include "protokv/model.h"
+#include "protokv/tensor.h"
 
 namespace protokv::kernels {
 

@@ -148,7 +148,7 @@ void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
   auto u32 = [](int v) { return static_cast<uint32_t>(v); };
   w.set_string(std::string(names::kArchitecture), arch);
   w.set_string(std::string(names::kName), name);
-  w.set_u32(std::string(names::kAlignment), names::kDefaultAlignment);
+  w.set_u32(std::string(gguf_container::kAlignment), gguf_container::kDefaultAlignment);
   w.set_u32(std::string(names::kFileType), file_type_of(requested));
   if (dtype_block_size(requested) > 1) {
     w.set_u32(std::string(names::kQuantizationVersion), names::kQuantizationVersionValue);

@@ -1,6 +1,7 @@
 #pragma once
-// The one table of GGUF metadata keys and tensor names protokv reads and writes, so that the
-// reader, the model loader and the exporters hold no raw strings. Names follow llama.cpp's
+// The one table of GGUF model metadata keys and tensor names protokv reads and writes, so that
+// the model loader and the exporters hold no raw strings (the container's own keys, such as the
+// alignment, belong to the GGUF layer: protokv/gguf.h). Names follow llama.cpp's
 // gguf-py constants so files we write load there and files it writes load here.
 #include <fmt/format.h>
 
@@ -9,10 +10,6 @@
 #include <string_view>
 
 namespace protokv::gguf_names {
-
-// --- container-level keys ---------------------------------------------------------------------
-inline constexpr std::string_view kAlignment = "general.alignment";
-inline constexpr uint32_t kDefaultAlignment = 32;
 
 // --- general.* --------------------------------------------------------------------------------
 inline constexpr std::string_view kArchitecture = "general.architecture";
