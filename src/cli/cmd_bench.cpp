@@ -23,6 +23,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "model/tensor_table.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/sampler.h"
@@ -128,11 +129,10 @@ void measure_bandwidth(MachineReference& ref) {
 
 double prefill_flops(const ModelWeights& w, int64_t n) {
   const ModelConfig& c = w.config;
-  double proj = 0.0;
-  for (const auto& l : w.layers) {
-    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      proj += static_cast<double>(m->rows) * static_cast<double>(m->cols);
-  }
+  double proj = 0.0;  // parameters of the blocks' per-token matrix products
+  for_each_tensor(c, w, [&](const TensorSlot<const ModelWeights>& t) {
+    if (t.present() && t.spec.entry->projection) proj += static_cast<double>(t.spec.elements());
+  });
   const double nn = static_cast<double>(n);
   const double attention = 2.0 * c.n_layers * c.n_heads * c.head_dim() * nn * (nn + 1.0);
   const double classifier = 2.0 * static_cast<double>(c.vocab_size) * c.dim;

@@ -4,53 +4,14 @@
 #include <utility>
 
 #include "model/session_impl.h"
+#include "model/tensor_table.h"
 #include "protokv/error.h"
 
 namespace protokv {
-namespace {
-
-void check_matrix(const WeightMatrix& w, int64_t rows, int64_t cols, const char* name, int layer) {
-  PROTOKV_CHECK(w.data != nullptr, "model is missing weight {} (layer {})", name, layer);
-  PROTOKV_CHECK(w.rows == rows && w.cols == cols,
-                "weight {} of layer {} has shape [{}, {}], expected [{}, {}]", name, layer, w.rows,
-                w.cols, rows, cols);
-  PROTOKV_CHECK(cols % dtype_block_size(w.type) == 0,
-                "weight {} of layer {}: {} columns are not a multiple of the {} block size", name,
-                layer, cols, dtype_name(w.type));
-}
-
-// Loaders validate their files; this catches inconsistent hand-built weights before any kernel
-// reads out of bounds.
-void check_weights(const ModelWeights& w) {
-  const ModelConfig& c = w.config;
-  c.validate();
-  const int64_t hd = c.head_dim();
-  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * hd;
-  const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * hd;
-  PROTOKV_CHECK(static_cast<int>(w.layers.size()) == c.n_layers,
-                "model has {} layers of weights, config says {}", w.layers.size(), c.n_layers);
-  check_matrix(w.token_embd, c.vocab_size, c.dim, "token_embd", -1);
-  check_matrix(w.output, c.vocab_size, c.dim, "output", -1);
-  PROTOKV_CHECK(w.output_norm != nullptr, "model is missing the output norm");
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
-    PROTOKV_CHECK(lw.attn_norm != nullptr && lw.ffn_norm != nullptr,
-                  "model is missing a norm weight in layer {}", l);
-    check_matrix(lw.wq, q_dim, c.dim, "wq", l);
-    check_matrix(lw.wk, kv_dim, c.dim, "wk", l);
-    check_matrix(lw.wv, kv_dim, c.dim, "wv", l);
-    check_matrix(lw.wo, c.dim, q_dim, "wo", l);
-    check_matrix(lw.w_gate, c.hidden_dim, c.dim, "w_gate", l);
-    check_matrix(lw.w_up, c.hidden_dim, c.dim, "w_up", l);
-    check_matrix(lw.w_down, c.dim, c.hidden_dim, "w_down", l);
-  }
-}
-
-}  // namespace
 
 Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
     : weights(w), config(w.config), options(std::move(opts)) {
-  check_weights(weights);
+  check_tensors(weights);  // loaders validate files; this catches inconsistent hand-built weights
   PROTOKV_CHECK(options.ubatch >= 0, "ubatch must be >= 0 (0: the whole prompt), got {}",
                 options.ubatch);
   rope = kernels::make_rope_table(config.head_dim(), config.rope_theta, config.rope_neox);
