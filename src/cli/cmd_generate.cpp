@@ -1,5 +1,6 @@
-// `protokv generate`: prefill a prompt (compressing the KV cache with a press), then sample.
-// stdout carries only the generated text, streamed token by token; the summary goes to stderr.
+// `protokv generate`: prefill a prompt (compressing the KV cache with a press), then sample,
+// through the library's generate() (protokv/generate.h). stdout carries only the generated text,
+// streamed token by token; the summary goes to stderr.
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "cli/commands.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
+#include "protokv/generate.h"
 #include "protokv/sampler.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
@@ -19,7 +21,7 @@
 namespace protokv::cli {
 namespace {
 
-struct GenerateOptions {
+struct GenerateArgs {
   ModelOptions model;
   PressOptions press;
   SamplerOptions sampler;
@@ -33,7 +35,7 @@ struct GenerateOptions {
 };
 
 // The context text: -p, -f, or none (generation then starts right after BOS).
-std::string context_text(const GenerateOptions& o, const CLI::App& cmd) {
+std::string context_text(const GenerateArgs& o, const CLI::App& cmd) {
   if (cmd.count("--prompt") > 0) {
     PROTOKV_CHECK(!o.prompt.empty(), "empty prompt: -p was given an empty string");
     return o.prompt;
@@ -51,7 +53,7 @@ void write_stdout(const std::string& text) {
   std::fflush(stdout);
 }
 
-void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
+void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   PROTOKV_CHECK(o.n_predict >= 0, "-n must be >= 0, got {}", o.n_predict);
   check_ubatch(o.ubatch);
   Sampler sampler(o.sampler);  // validates the sampler options
@@ -59,53 +61,31 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
   const std::string context = context_text(o, cmd);
   const LoadedModel model = load_model_from_options(o.model, /*require_tokenizer=*/true);
   const Tokenizer& tokenizer = *model.tokenizer;
-  const ModelConfig& config = model.weights.config;
 
   const PromptTokens input = build_prompt(tokenizer, context, o.question, setup.query_agnostic);
-  const std::vector<int32_t>& prompt = input.prefill;
-  const std::vector<int32_t>& question = input.fed_after;
-  PROTOKV_CHECK(input.total() <= config.context_length,
-                "prompt of {} tokens is longer than the model's context ({} tokens)", input.total(),
-                config.context_length);
 
   SessionOptions session_options = setup.session_options();
   session_options.ubatch = o.ubatch;
   Session session(model.weights, session_options);
-  std::span<const float> logits = session.prefill(prompt);
-  const PrefillStats prefill = session.prefill_stats();
-
-  // Query-agnostic: the question is a second chunk after the compressed context.
-  const Timer question_timer;
-  if (!question.empty()) logits = session.append(question);
-  const double question_ms = question_timer.ms();
-
   const bool tty = isatty(fileno(stdout)) != 0;
   const bool stream = !o.json;
-  int32_t prev = question.empty() ? prompt.back() : question.back();
-  std::vector<int32_t> generated;
-  std::string text;
-  double decode_ms = 0.0;
-  int64_t decode_steps = 0;
-  bool context_full = false;
-  for (int i = 0; i < o.n_predict; ++i) {
-    const int32_t next = sampler.sample(logits);
-    if (next == tokenizer.eos_id() && !o.ignore_eos) break;
-    generated.push_back(next);
-    const std::string piece = tokenizer.decode(prev, next);
-    text += piece;
-    if (stream) write_stdout(piece);
-    prev = next;
-    if (i + 1 == o.n_predict) break;  // the last token needs no forward pass
-    if (session.n_past() >= config.context_length) {
-      context_full = true;
-      break;
-    }
-    const Timer step;
-    logits = session.decode(next);
-    decode_ms += step.ms();
-    ++decode_steps;
-  }
+  GenerateOptions generate_options;
+  generate_options.max_new_tokens = o.n_predict;
+  generate_options.ignore_eos = o.ignore_eos;
+  const GenerateResult result = generate(session, tokenizer, input, sampler, generate_options,
+                                         [stream](int32_t, std::string_view piece) {
+                                           if (stream) write_stdout(std::string(piece));
+                                         });
   if (stream && tty) write_stdout("\n");
+
+  const std::vector<int32_t>& prompt = input.prefill;
+  const std::vector<int32_t>& question = input.fed_after;
+  const PrefillStats& prefill = result.prefill;
+  const double question_ms = result.question_ms;
+  const std::vector<int32_t>& generated = result.tokens;
+  const int64_t decode_steps = result.decode_steps;
+  const double decode_ms = result.decode_ms;
+  const bool context_full = result.stopped == StopReason::kContextFull;
 
   const double ms_per_token =
       decode_steps > 0 ? decode_ms / static_cast<double>(decode_steps) : 0.0;
@@ -128,10 +108,8 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     out["question_ms"] =
         setup.query_agnostic ? nlohmann::json(question_ms) : nlohmann::json(nullptr);
     out["generated_tokens"] = generated;
-    out["text"] = text;
-    out["stopped"] = context_full                                       ? "context_full"
-                     : static_cast<int>(generated.size()) < o.n_predict ? "eos"
-                                                                        : "max_tokens";
+    out["text"] = result.text;
+    out["stopped"] = stop_reason_name(result.stopped);
     out["prefill_ms"] = prefill.prefill_ms;
     out["compress_ms"] = prefill.compress_ms;
     out["decode_ms_per_token"] =
@@ -167,7 +145,7 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
 }  // namespace
 
 void register_generate(CLI::App& app) {
-  auto options = std::make_shared<GenerateOptions>();
+  auto options = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand(
       "generate",
       "Generate text from a prompt, with the KV cache compressed by a press. stdout: the "
