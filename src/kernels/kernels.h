@@ -1,7 +1,7 @@
 #pragma once
 // CPU kernels. Each has a naive reference in tests/. Shapes are in the comments; all math is F32.
 //
-// Threading (one level at a time, DESIGN §3):
+// Threading (one level at a time, docs/DESIGN.md §3.5):
 // - matvec, matmul, rmsnorm_rows and attention_prefill_heads parallelise inside (OpenMP, and
 //   OpenBLAS which shares the OpenMP pool). Call them from serial code.
 // - dot, rmsnorm, softmax, rope, attention_prefill, attention_decode and attention_decode_group

@@ -1,4 +1,4 @@
-// Decode (docs/DESIGN.md §4): one token at position n_past through the shared block steps
+// Decode (docs/DESIGN.md §3.2): one token at position n_past through the shared block steps
 // (forward.cpp) with N = 1. Its K/V are appended to every KV head of each layer, each query head
 // attends over all entries of its KV head (heads may hold different numbers of entries after
 // compression), then the press sees the step.

@@ -1,4 +1,4 @@
-// Prefill (docs/DESIGN.md §4): the prompt, layer by layer, in chunks of `ubatch` rows appended at
+// Prefill (docs/DESIGN.md §3.3): the prompt, layer by layer, in chunks of `ubatch` rows appended at
 // n_past; append() feeds a follow-up turn the same way without resetting the cache.
 //
 // With a compressing press and the whole prompt in one chunk, each layer's K/V go to the press

@@ -1,5 +1,5 @@
 #pragma once
-// The one declarative table of an architecture's tensors (docs/DESIGN.md §3): name, shape from
+// The one declarative table of an architecture's tensors (docs/DESIGN.md §3.1): name, shape from
 // the config, required or optional, and where it lives in ModelWeights. Loading (GGUF, llama2.c),
 // export, weight checks, byte / parameter / FLOP counts and the random-model builder all walk it
 // through for_each_tensor, so adding a tensor (a bias, a q/k norm) or an architecture is a table
