@@ -185,9 +185,13 @@ TEST(SessionAppend, AfterCompressionEqualsTokenByTokenDecode) {
     Session decoded(model.weights, options);
     appended.prefill(context);
     decoded.prefill(context);
+    const PrefillStats before = appended.prefill_stats();
     std::span<const float> expected;
     for (int32_t t : question) expected = decoded.decode(t);
     const auto actual = to_vector(appended.append(question));
+    // The prefill statistics still describe the prompt's prefill.
+    EXPECT_EQ(appended.prefill_stats().peak_kv_bytes, before.peak_kv_bytes);
+    EXPECT_EQ(appended.prefill_stats().kv_bytes, before.kv_bytes);
     EXPECT_LE(worst_error(actual, to_vector(expected)), kTol);
     expect_same_cache(appended.cache(), decoded.cache(), kTol);
     EXPECT_LE(worst_error(appended.decode(3), to_vector(decoded.decode(3))), kTol);

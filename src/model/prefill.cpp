@@ -116,7 +116,8 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
             head.has_log_weights() ? head.log_weights().data() : nullptr, head_past};
       }
       kv_bytes_now += chunk_layer_kv_bytes;
-      stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now);
+      if (kind != ChunkKind::kAppend)  // the stats describe the prompt's prefill
+        stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now);
       kernels::attention_prefill_cached({b.q.data(), q_dim, hd}, kv_rows, {b.att.data(), q_dim, hd},
                                         n, n_heads, hd);
       if (queries != nullptr) {
