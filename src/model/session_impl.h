@@ -29,7 +29,7 @@ struct RowBuffers {
   int64_t ffn_rows = 0;     // FFN rows processed at once (bounds gate/up on long prompts)
 };
 
-// How a chunk of rows (forward.cpp) treats the cache and the press.
+// How a chunk of rows (Session::Impl::forward_chunk, prefill.cpp) treats the cache and the press.
 enum class ChunkKind {
   kPrompt,       // part of prefill(): compression (if any) is deferred to the end of the prompt
   kPromptWhole,  // the whole prompt in one chunk with a compressing press: K/V go to the press
