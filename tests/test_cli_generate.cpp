@@ -219,6 +219,26 @@ void write_chain_model(const std::filesystem::path& model_path,
   }
 }
 
+TEST(CliGenerate, UbatchGivesTheSameTokensWithAndWithoutAPress) {
+  PROTOKV_REQUIRE_STORIES();
+  const std::string base = "generate " + stories_args() +
+                           " -p 'Once upon a time, there was a little dog named Max. He liked to "
+                           "run.' --question 'What did Max like?' -n 30 --temp 0 --json";
+  for (const std::string press :
+       {"", " --press snapkv --budget 12", " --press protokv --budget 12 --mode query-agnostic"}) {
+    const auto whole = run_protokv(base + press);
+    const auto chunked = run_protokv(base + press + " --ubatch 5");
+    ASSERT_EQ(whole.exit_code, 0) << whole.err;
+    ASSERT_EQ(chunked.exit_code, 0) << chunked.err;
+    const auto a = nlohmann::json::parse(whole.out);
+    const auto b = nlohmann::json::parse(chunked.out);
+    EXPECT_FALSE(a["config"].contains("ubatch"));
+    EXPECT_EQ(b["config"]["ubatch"], 5);
+    EXPECT_EQ(a["generated_tokens"], b["generated_tokens"]) << press;
+    EXPECT_EQ(a["kv_bytes_after_prefill"], b["kv_bytes_after_prefill"]) << press;
+  }
+}
+
 TEST(CliGenerate, StopsAtEosUnlessIgnored) {
   TempDir dir;
   write_chain_model(dir / "chain.bin", dir / "chain_tok.bin");
@@ -280,6 +300,7 @@ TEST(CliGenerate, BadInputIsOneLineError) {
   expect_one_line_error("generate " + model + tok + " --ratio 1.5", "ratio");
   expect_one_line_error("generate " + model + tok + " --budget 4 --ratio 0.5", "not both");
   expect_one_line_error("generate " + model + tok + " --mode sideways", "--mode");
+  expect_one_line_error("generate " + model + tok + " --ubatch -2", "--ubatch");
   expect_one_line_error("generate " + model + tok + " --temp -1", "temperature");
   expect_one_line_error("generate " + model + tok + " --top-p 0", "top-p");
   expect_one_line_error("generate -m '" + (dir / "nomodel.bin").string() + "'" + tok, "not found");
@@ -342,6 +363,14 @@ TEST(CliBench, E2eReportsEveryContext) {
   EXPECT_GT(j["machine"]["copy_gbs_read_plus_write"].get<double>(), 0.0);
   EXPECT_GT(j["results"][0]["prefill_gflops"].get<double>(), 0.0);
 
+  const auto chunked = run_protokv("bench e2e " + m +
+                                   " -c 100 -n 2 -t 1 --json --gemm-size 64 --copy-mib 8 "
+                                   "--ubatch 32");
+  ASSERT_EQ(chunked.exit_code, 0) << chunked.err;
+  const auto k = nlohmann::json::parse(chunked.out);
+  EXPECT_EQ(k["config"]["ubatch"], 32);
+  EXPECT_EQ(k["results"][0]["kv_bytes_after_prefill"], 100 * 2 * 2 * 32 * 2 * 4);
+
   const auto table =
       run_protokv("bench e2e " + m + " -c 16 -n 2 -t 1 --gemm-size 128 --copy-mib 8");
   ASSERT_EQ(table.exit_code, 0) << table.err;
@@ -349,6 +378,7 @@ TEST(CliBench, E2eReportsEveryContext) {
 
   expect_one_line_error("bench e2e " + m + " -c 200", "longer than the model's context");
   expect_one_line_error("bench e2e " + m + " -c 0", "context lengths");
+  expect_one_line_error("bench e2e " + m + " -c 8 --ubatch -1", "--ubatch");
 }
 
 }  // namespace

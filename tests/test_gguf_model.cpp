@@ -15,6 +15,7 @@
 #include "model/gguf_names.h"
 #include "model/loaders.h"
 #include "model/random_model.h"
+#include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 #include "protokv/threads.h"
@@ -66,9 +67,9 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
 // storage_type(spec, requested).
 void expect_weights_stored_as(const ModelWeights& actual, const ModelWeights& expected,
                               DType requested) {
-  for (const auto& spec : llama_tensor_specs(expected.config)) {
-    const WeightMatrix a = llama_tensor_view(actual, spec);
-    const WeightMatrix e = llama_tensor_view(expected, spec);
+  for (const auto& spec : tensor_specs(expected.config, /*with_optional=*/false)) {
+    const WeightMatrix a = tensor_view(actual, spec);
+    const WeightMatrix e = tensor_view(expected, spec);
     ASSERT_EQ(e.type, DType::F32);
     // Norm vectors are always F32 once loaded.
     const DType stored = spec.is_vector() ? DType::F32 : storage_type(spec, requested);
@@ -349,9 +350,9 @@ struct ModelFile {
     for (const auto& [k, v] : keys) w.set_value(k, v);
     std::vector<std::vector<uint16_t>> converted;
     std::vector<std::vector<float>> extras;
-    for (const auto& spec : llama_tensor_specs(weights.config)) {
+    for (const auto& spec : tensor_specs(weights.config, /*with_optional=*/false)) {
       if (spec.name == skip_tensor) continue;
-      const WeightMatrix m = llama_tensor_view(weights, spec);
+      const WeightMatrix m = tensor_view(weights, spec);
       std::vector<int64_t> dims = spec.is_vector() ? std::vector<int64_t>{spec.cols}
                                                    : std::vector<int64_t>{spec.cols, spec.rows};
       if (spec.name == transpose_tensor) std::swap(dims[0], dims[1]);
@@ -449,11 +450,10 @@ TEST(GgufModel, MisalignedTensorsAreCopiedToAlignedMemory) {
   ASSERT_TRUE(any_misaligned) << "test setup: expected a misaligned tensor";
   const ModelWeights w = weights_from_gguf(*file);
   const ModelWeights expected = random_model_weights(small_config(), 5);
-  for (const auto& spec : llama_tensor_specs(expected.config)) {
-    const WeightMatrix a = llama_tensor_view(w, spec);
+  for (const auto& spec : tensor_specs(expected.config, /*with_optional=*/false)) {
+    const WeightMatrix a = tensor_view(w, spec);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data) % 4, 0u) << spec.name;
-    EXPECT_EQ(std::memcmp(a.data, llama_tensor_view(expected, spec).data, a.bytes()), 0)
-        << spec.name;
+    EXPECT_EQ(std::memcmp(a.data, tensor_view(expected, spec).data, a.bytes()), 0) << spec.name;
   }
 }
 
@@ -576,6 +576,61 @@ TEST(GgufExport, RoundTripsInEveryType) {
   }
 }
 
+// Optional tensors of the table (q/k/v biases) travel through export and loading: a model with
+// biases never loses them silently.
+TEST(GgufExport, BiasesRoundTrip) {
+  TempDir dir;
+  const ModelConfig c = small_config();
+  ModelWeights w = random_model_weights(c, 4);
+  const size_t bytes_without = w.weight_bytes();
+  const int64_t params_without = w.parameter_count();
+  int64_t bias_values = 0;
+  for (auto& layer : w.layers) {
+    for (const float** bias : {&layer.bq, &layer.bk, &layer.bv}) {
+      const int64_t n = (bias == &layer.bq ? c.n_heads : c.n_kv_heads) * c.head_dim();
+      auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) (*values)[static_cast<size_t>(i)] = 0.01f * (i % 7) - 0.03f;
+      *bias = values->data();
+      w.storage.push_back(values);
+      bias_values += n;
+    }
+  }
+  EXPECT_EQ(w.parameter_count(), params_without + bias_values);
+  EXPECT_EQ(w.weight_bytes(), bytes_without + static_cast<size_t>(bias_values) * 4);
+
+  const auto path = (dir / "b.gguf").string();
+  export_gguf(w, nullptr, path, {});
+  const GgufFile file = GgufFile::open(path);
+  ASSERT_NE(file.find_tensor("blk.1.attn_k.bias"), nullptr);
+  const ModelWeights back = weights_from_gguf(file);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    ASSERT_NE(back.layers[l].bq, nullptr);
+    ASSERT_NE(back.layers[l].bv, nullptr);
+    EXPECT_EQ(std::memcmp(back.layers[l].bk, w.layers[l].bk,
+                          static_cast<size_t>(c.n_kv_heads * c.head_dim()) * 4),
+              0);
+  }
+  EXPECT_EQ(back.parameter_count(), w.parameter_count());
+  // The biases are used: the same logits as the in-memory model, different ones without them.
+  const std::vector<int32_t> tokens = {1, 50, 7, 99};
+  const ModelWeights no_biases = random_model_weights(c, 4);
+  Session a(w), b(back), plain(no_biases);
+  const auto in_memory = a.prefill(tokens);
+  const std::vector<float> expected(in_memory.begin(), in_memory.end());
+  const auto loaded = b.prefill(tokens);
+  EXPECT_TRUE(std::equal(expected.begin(), expected.end(), loaded.begin()));
+  const auto without = plain.prefill(tokens);
+  EXPECT_FALSE(std::equal(expected.begin(), expected.end(), without.begin()));
+
+  // Optional means per tensor: a layer without one bias exports without it.
+  ModelWeights partial_weights = back;
+  partial_weights.layers[0].bk = nullptr;
+  export_gguf(partial_weights, nullptr, path, {});
+  const GgufFile partial = GgufFile::open(path);
+  EXPECT_EQ(partial.find_tensor("blk.0.attn_k.bias"), nullptr);
+  EXPECT_NE(partial.find_tensor("blk.1.attn_k.bias"), nullptr);
+}
+
 TEST(GgufExport, WritesTheKeysLlamaCppRequires) {
   TempDir dir;
   RandomModelOptions options;
@@ -622,9 +677,9 @@ TEST(GgufExport, Stories260KConvertsToTheSameF32Weights) {
   const GgufFile file = GgufFile::open(path);
   const ModelWeights converted = weights_from_gguf(file);
   expect_same_config(converted.config, original.weights.config);
-  for (const auto& spec : llama_tensor_specs(original.weights.config)) {
-    const WeightMatrix a = llama_tensor_view(converted, spec);
-    const WeightMatrix e = llama_tensor_view(original.weights, spec);
+  for (const auto& spec : tensor_specs(original.weights.config, /*with_optional=*/false)) {
+    const WeightMatrix a = tensor_view(converted, spec);
+    const WeightMatrix e = tensor_view(original.weights, spec);
     ASSERT_EQ(a.type, DType::F32);
     ASSERT_EQ(a.bytes(), e.bytes());
     EXPECT_EQ(std::memcmp(a.data, e.data, a.bytes()), 0) << spec.name;

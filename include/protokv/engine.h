@@ -16,6 +16,10 @@ namespace protokv {
 struct SessionOptions {
   Press* press = nullptr;  // null: full cache
   Budget budget;           // ignored without a press
+  // Prompt rows per forward chunk (prefill and append); 0: all at once. Chunking bounds the
+  // activation memory; the logits equal those of one chunk to float rounding. With a compressing
+  // press and several chunks, the press runs once the final chunk is in (see prefill()).
+  int64_t ubatch = 0;
 };
 
 struct PrefillStats {
@@ -46,10 +50,19 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // Prefills `tokens` into an empty cache at positions 0..n-1 and compresses with the press.
-  // Returns the logits of the last token [vocab]. Throws Error on an empty prompt, a prompt
-  // longer than the context, or token ids out of range.
+  // Prefills `tokens` into an empty cache at positions 0..n-1 (resetting the session) and
+  // compresses with the press. Returns the logits of the last token [vocab]. Throws Error on an
+  // empty prompt, a prompt longer than the context, or token ids out of range.
+  // In chunks (options.ubatch < n), each chunk is appended to the cache in full and the press
+  // compresses every layer once the final chunk is in, from the same post-RoPE Q/K/V a single
+  // chunk gives (to float rounding); peak KV memory is then the whole uncompressed cache.
   std::span<const float> prefill(std::span<const int32_t> tokens);
+  // Feeds `tokens` at positions n_past().. without resetting (a follow-up turn, or a question
+  // after a compressed context): their K/V are appended in full to whatever the cache holds and
+  // they attend to it like decoded tokens do. Never compresses; the press's decode hook sees each
+  // row after its chunk's attention. Returns the logits of the last token. Throws Error, leaving
+  // the session unchanged, when the tokens are empty, out of range or do not fit the context.
+  std::span<const float> append(std::span<const int32_t> tokens);
   // Appends one token at position n_past() and returns its logits.
   std::span<const float> decode(int32_t token);
 

@@ -10,12 +10,20 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include "protokv/dtype.h"
 
 namespace protokv {
+
+// Container-level keys: how the file itself is laid out (the model's keys are in
+// src/model/gguf_names.h).
+namespace gguf_container {
+inline constexpr std::string_view kAlignment = "general.alignment";
+inline constexpr uint32_t kDefaultAlignment = 32;
+}  // namespace gguf_container
 
 enum class GgufType : uint32_t {
   kUint8 = 0,

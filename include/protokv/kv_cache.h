@@ -1,7 +1,7 @@
 #pragma once
-// KV cache (DESIGN §4): per layer, per KV head, ragged. Each head holds its own entries: post-RoPE
-// keys, values, the original token position and a log-weight added to the attention logit (0 for
-// an ordinary entry, log(#merged tokens) for a merged one, Chelsea Eq. 2). Storage is F32.
+// KV cache (docs/DESIGN.md §4): per layer, per KV head, ragged. Each head holds its own entries:
+// post-RoPE keys, values, the original token position and a log-weight added to the attention logit
+// (0 for an ordinary entry, log(#merged tokens) for a merged one, Chelsea Eq. 2). Storage is F32.
 #include <cstddef>
 #include <cstdint>
 #include <span>

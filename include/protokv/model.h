@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "protokv/dtype.h"
+#include "protokv/tensor.h"
 
 namespace protokv {
 
@@ -28,20 +29,6 @@ struct ModelConfig {
   int group_size() const { return n_kv_heads > 0 ? n_heads / n_kv_heads : 0; }
   // Throws Error when shapes are absurd or inconsistent.
   void validate() const;
-};
-
-// A 2-D weight: `rows` output features, each a contiguous row of `cols` input features in `type`
-// (ggml's ne[0] == cols). Row r starts at data + r * dtype_row_bytes(type, cols).
-struct WeightMatrix {
-  DType type = DType::F32;
-  const void* data = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-
-  const void* row(int64_t r) const {
-    return static_cast<const char*>(data) + static_cast<size_t>(r) * dtype_row_bytes(type, cols);
-  }
-  size_t bytes() const { return static_cast<size_t>(rows) * dtype_row_bytes(type, cols); }
 };
 
 struct LayerWeights {

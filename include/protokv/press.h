@@ -1,8 +1,8 @@
 #pragma once
-// Press interface (DESIGN §5): a KV-cache compression method. The engine calls it inside prefill,
-// right after each layer's attention, with that layer's full post-RoPE tensors, and during decode
-// after each new token's K/V are appended. A press never calls the model; the engine never names
-// a concrete press (they are created by name through the registry, press/registry.h).
+// Press interface (docs/DESIGN.md §5): a KV-cache compression method. The engine calls it inside
+// prefill, right after each layer's attention, with that layer's full post-RoPE tensors, and during
+// decode after each new token's K/V are appended. A press never calls the model; the engine never
+// names a concrete press (they are created by name through the registry, press/registry.h).
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>

@@ -115,15 +115,15 @@ nlohmann::json PressSetup::to_json() const {
   return j;
 }
 
-PromptTokens build_prompt(const Tokenizer& tokenizer, const std::string& context,
-                          const std::string& question, bool query_agnostic) {
-  PromptTokens tokens;
-  tokens.prefill = tokenizer.encode(context, /*add_bos=*/true);
-  if (question.empty()) return tokens;
-  std::vector<int32_t> q = tokenizer.encode("\n" + question, /*add_bos=*/false);
-  auto& target = query_agnostic ? tokens.fed_after : tokens.prefill;
-  target.insert(target.end(), q.begin(), q.end());
-  return tokens;
+void add_ubatch_option(CLI::App& cmd, int64_t& ubatch) {
+  cmd.add_option("--ubatch", ubatch,
+                 "Prefill the prompt in chunks of N tokens (0: the whole prompt at once). With a "
+                 "press, compression runs once the final chunk is in")
+      ->capture_default_str();
+}
+
+void check_ubatch(int64_t ubatch) {
+  PROTOKV_CHECK(ubatch >= 0, "--ubatch must be >= 0 (0: the whole prompt), got {}", ubatch);
 }
 
 void add_sampler_options(CLI::App& cmd, SamplerOptions& options) {

@@ -60,17 +60,10 @@ struct PressSetup {
 // Builds the press named by `options.press` through the registry and validates budget and mode.
 PressSetup make_press_setup(const PressOptions& options);
 
-// The token protocol of both modes: BOS + context, then "\n" + question encoded on its own (no
-// BOS), so query-aware and query-agnostic runs see exactly the same tokens and differ only in what
-// is compressed. Query-aware: everything is prefilled (and compressed) together, `fed_after` is
-// empty; query-agnostic: the context alone is prefilled, the question is fed through decode.
-struct PromptTokens {
-  std::vector<int32_t> prefill;
-  std::vector<int32_t> fed_after;
-  int64_t total() const { return static_cast<int64_t>(prefill.size() + fed_after.size()); }
-};
-PromptTokens build_prompt(const Tokenizer& tokenizer, const std::string& context,
-                          const std::string& question, bool query_agnostic);
+// --ubatch N: prompt rows per forward chunk (0, the default: the whole prompt at once).
+void add_ubatch_option(CLI::App& cmd, int64_t& ubatch);
+// Throws Error for a negative --ubatch.
+void check_ubatch(int64_t ubatch);
 
 // --temp, --top-k, --top-p, --seed; `options` holds the defaults.
 void add_sampler_options(CLI::App& cmd, SamplerOptions& options);

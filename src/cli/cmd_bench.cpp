@@ -23,6 +23,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "model/tensor_table.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/sampler.h"
@@ -42,6 +43,7 @@ struct E2eOptions {
   bool json = false;
   int64_t gemm_size = 1024;
   int64_t copy_mib = 256;
+  int64_t ubatch = 0;
 };
 
 struct MachineReference {
@@ -127,11 +129,10 @@ void measure_bandwidth(MachineReference& ref) {
 
 double prefill_flops(const ModelWeights& w, int64_t n) {
   const ModelConfig& c = w.config;
-  double proj = 0.0;
-  for (const auto& l : w.layers) {
-    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      proj += static_cast<double>(m->rows) * static_cast<double>(m->cols);
-  }
+  double proj = 0.0;  // parameters of the blocks' per-token matrix products
+  for_each_tensor(c, w, [&](const TensorSlot<const ModelWeights>& t) {
+    if (t.present() && t.spec.entry->projection) proj += static_cast<double>(t.spec.elements());
+  });
   const double nn = static_cast<double>(n);
   const double attention = 2.0 * c.n_layers * c.n_heads * c.head_dim() * nn * (nn + 1.0);
   const double classifier = 2.0 * static_cast<double>(c.vocab_size) * c.dim;
@@ -170,7 +171,9 @@ ContextResult bench_context(const LoadedModel& model, const PressSetup& setup, i
   std::vector<double> prefill_ms, compress_ms, step_ms;
   double kv_read = 0.0;
   for (int rep = 0; rep < o.reps; ++rep) {
-    Session session(model.weights, setup.session_options());
+    SessionOptions session_options = setup.session_options();
+    session_options.ubatch = o.ubatch;
+    Session session(model.weights, session_options);
     std::span<const float> logits = session.prefill(tokens);
     prefill_ms.push_back(session.prefill_stats().prefill_ms);
     compress_ms.push_back(session.prefill_stats().compress_ms);
@@ -200,6 +203,7 @@ void run_e2e(const E2eOptions& o) {
   PROTOKV_CHECK(!o.contexts.empty(), "-c needs at least one context length");
   PROTOKV_CHECK(o.decode_steps >= 0, "-n must be >= 0, got {}", o.decode_steps);
   PROTOKV_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
+  check_ubatch(o.ubatch);
   PressSetup setup = make_press_setup(o.press);
   const LoadedModel model = load_model_from_options(o.model, /*require_tokenizer=*/false);
   const ModelConfig& config = model.weights.config;
@@ -246,6 +250,7 @@ void run_e2e(const E2eOptions& o) {
     out["config"]["decode_steps"] = o.decode_steps;
     out["config"]["reps"] = o.reps;
     out["config"]["seed"] = o.seed;
+    if (o.ubatch > 0) out["config"]["ubatch"] = o.ubatch;
     out["machine"] = {{"sgemm_size", ref.sgemm_size},
                       {"sgemm_gflops", ref.sgemm_gflops},
                       {"copy_bytes", ref.copy_bytes},
@@ -321,6 +326,7 @@ void register_e2e(CLI::App& bench) {
   cmd->add_option("--seed", options->seed, "Seed of the random prompt tokens")
       ->capture_default_str();
   add_press_options(*cmd, options->press);
+  add_ubatch_option(*cmd, options->ubatch);
   cmd->add_flag("--json", options->json, "Print JSON instead of a table");
   cmd->callback([options] { run_e2e(*options); });
 }

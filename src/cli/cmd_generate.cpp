@@ -1,5 +1,6 @@
-// `protokv generate`: prefill a prompt (compressing the KV cache with a press), then sample.
-// stdout carries only the generated text, streamed token by token; the summary goes to stderr.
+// `protokv generate`: prefill a prompt (compressing the KV cache with a press), then sample,
+// through the library's generate() (protokv/generate.h). stdout carries only the generated text,
+// streamed token by token; the summary goes to stderr.
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "cli/commands.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
+#include "protokv/generate.h"
 #include "protokv/sampler.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
@@ -19,7 +21,7 @@
 namespace protokv::cli {
 namespace {
 
-struct GenerateOptions {
+struct GenerateArgs {
   ModelOptions model;
   PressOptions press;
   SamplerOptions sampler;
@@ -27,6 +29,7 @@ struct GenerateOptions {
   std::string prompt_file;
   std::string question;
   int n_predict = 256;
+  int64_t ubatch = 0;
   bool json = false;
   bool ignore_eos = false;
   bool chat = false;
@@ -35,7 +38,7 @@ struct GenerateOptions {
 };
 
 // The context text: -p, -f, or none (generation then starts right after BOS).
-std::string context_text(const GenerateOptions& o, const CLI::App& cmd) {
+std::string context_text(const GenerateArgs& o, const CLI::App& cmd) {
   if (cmd.count("--prompt") > 0) {
     PROTOKV_CHECK(!o.prompt.empty(), "empty prompt: -p was given an empty string");
     return o.prompt;
@@ -53,8 +56,9 @@ void write_stdout(const std::string& text) {
   std::fflush(stdout);
 }
 
-void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
+void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   PROTOKV_CHECK(o.n_predict >= 0, "-n must be >= 0, got {}", o.n_predict);
+  check_ubatch(o.ubatch);
   Sampler sampler(o.sampler);  // validates the sampler options
   PressSetup setup = make_press_setup(o.press);
   std::string context = context_text(o, cmd);
@@ -70,52 +74,33 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
                                                   : chat_template_from_name(o.chat_template),
                           messages, /*add_generation_prompt=*/true);
   }
-  const ModelConfig& config = model.weights.config;
 
   const PromptTokens input = build_prompt(tokenizer, context, o.question, setup.query_agnostic);
-  const std::vector<int32_t>& prompt = input.prefill;
-  const std::vector<int32_t>& question = input.fed_after;
-  PROTOKV_CHECK(input.total() <= config.context_length,
-                "prompt of {} tokens is longer than the model's context ({} tokens)", input.total(),
-                config.context_length);
 
-  Session session(model.weights, setup.session_options());
-  std::span<const float> logits = session.prefill(prompt);
-  const PrefillStats prefill = session.prefill_stats();
-
-  const Timer question_timer;
-  for (int32_t token : question) logits = session.decode(token);
-  const double question_ms = question_timer.ms();
-
+  SessionOptions session_options = setup.session_options();
+  session_options.ubatch = o.ubatch;
+  Session session(model.weights, session_options);
   const bool tty = isatty(fileno(stdout)) != 0;
   const bool stream = !o.json;
-  int32_t prev = question.empty() ? prompt.back() : question.back();
-  std::vector<int32_t> generated;
-  std::string text;
+  GenerateOptions generate_options;
+  generate_options.max_new_tokens = o.n_predict;
+  generate_options.ignore_eos = o.ignore_eos;
   Utf8StreamBuffer utf8;  // streamed output never splits a UTF-8 character
-  double decode_ms = 0.0;
-  int64_t decode_steps = 0;
-  bool context_full = false;
-  for (int i = 0; i < o.n_predict; ++i) {
-    const int32_t next = sampler.sample(logits);
-    if (tokenizer.is_end_of_generation(next) && !o.ignore_eos) break;
-    generated.push_back(next);
-    const std::string piece = tokenizer.decode(prev, next);
-    text += piece;
-    if (stream) write_stdout(utf8.push(piece));
-    prev = next;
-    if (i + 1 == o.n_predict) break;  // the last token needs no forward pass
-    if (session.n_past() >= config.context_length) {
-      context_full = true;
-      break;
-    }
-    const Timer step;
-    logits = session.decode(next);
-    decode_ms += step.ms();
-    ++decode_steps;
-  }
+  const GenerateResult result = generate(session, tokenizer, input, sampler, generate_options,
+                                         [stream, &utf8](int32_t, std::string_view piece) {
+                                           if (stream) write_stdout(utf8.push(piece));
+                                         });
   if (stream) write_stdout(utf8.flush());
   if (stream && tty) write_stdout("\n");
+
+  const std::vector<int32_t>& prompt = input.prefill;
+  const std::vector<int32_t>& question = input.fed_after;
+  const PrefillStats& prefill = result.prefill;
+  const double question_ms = result.question_ms;
+  const std::vector<int32_t>& generated = result.tokens;
+  const int64_t decode_steps = result.decode_steps;
+  const double decode_ms = result.decode_ms;
+  const bool context_full = result.stopped == StopReason::kContextFull;
 
   const double ms_per_token =
       decode_steps > 0 ? decode_ms / static_cast<double>(decode_steps) : 0.0;
@@ -129,6 +114,7 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     config_json["threads"] = num_threads();
     config_json["max_new_tokens"] = o.n_predict;
     config_json["stop_at_eos"] = !o.ignore_eos;
+    if (o.ubatch > 0) config_json["ubatch"] = o.ubatch;
     nlohmann::json out;
     out["config"] = config_json;
     out["prompt_tokens"] = prompt.size();
@@ -137,10 +123,8 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
     out["question_ms"] =
         setup.query_agnostic ? nlohmann::json(question_ms) : nlohmann::json(nullptr);
     out["generated_tokens"] = generated;
-    out["text"] = text;
-    out["stopped"] = context_full                                       ? "context_full"
-                     : static_cast<int>(generated.size()) < o.n_predict ? "eos"
-                                                                        : "max_tokens";
+    out["text"] = result.text;
+    out["stopped"] = stop_reason_name(result.stopped);
     out["prefill_ms"] = prefill.prefill_ms;
     out["compress_ms"] = prefill.compress_ms;
     out["decode_ms_per_token"] =
@@ -176,7 +160,7 @@ void run_generate(const GenerateOptions& o, const CLI::App& cmd) {
 }  // namespace
 
 void register_generate(CLI::App& app) {
-  auto options = std::make_shared<GenerateOptions>();
+  auto options = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand(
       "generate",
       "Generate text from a prompt, with the KV cache compressed by a press. stdout: the "
@@ -193,6 +177,7 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   add_sampler_options(*cmd, options->sampler);
   add_press_options(*cmd, options->press);
+  add_ubatch_option(*cmd, options->ubatch);
   cmd->add_flag("--ignore-eos", options->ignore_eos,
                 "Keep generating after the end-of-sequence token");
   cmd->add_flag("--chat", options->chat, "wrap the prompt in the model's chat template");

@@ -1,6 +1,6 @@
 #pragma once
-// Fidelity metrics (DESIGN §6): every metric compares a compressed run ("press") against the
-// full-cache run on the same tokens.
+// Fidelity metrics (docs/DESIGN.md §6; definitions: the founding brief's §6): every metric compares
+// a compressed run ("press") against the full-cache run on the same tokens.
 #include <cstdint>
 #include <span>
 #include <vector>

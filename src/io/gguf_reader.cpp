@@ -8,7 +8,6 @@
 
 #include "io/gguf_value.h"
 #include "io/mapped_file.h"
-#include "model/gguf_names.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 
@@ -159,16 +158,16 @@ struct MetadataParser {
 };
 
 uint64_t read_alignment(const std::map<std::string, GgufValue>& metadata, const std::string& path) {
-  const auto it = metadata.find(std::string(gguf_names::kAlignment));
-  if (it == metadata.end()) return gguf_names::kDefaultAlignment;
+  const auto it = metadata.find(std::string(gguf_container::kAlignment));
+  if (it == metadata.end()) return gguf_container::kDefaultAlignment;
   const GgufValue& v = it->second;
   if (!gguf_detail::is_unsigned(v.type)) {
-    fail("{}: {} has type {}, expected an unsigned integer", path, gguf_names::kAlignment,
+    fail("{}: {} has type {}, expected an unsigned integer", path, gguf_container::kAlignment,
          type_name(v.type));
   }
   const uint64_t alignment = std::get<uint64_t>(v.data);
   if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kMaxAlignment) {
-    fail("{}: invalid {} {} (must be a power of two up to {})", path, gguf_names::kAlignment,
+    fail("{}: invalid {} {} (must be a power of two up to {})", path, gguf_container::kAlignment,
          alignment, kMaxAlignment);
   }
   return alignment;

@@ -11,7 +11,6 @@
 #include <set>
 
 #include "io/gguf_value.h"
-#include "model/gguf_names.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 
@@ -289,14 +288,15 @@ void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> dims, 
 }
 
 void GgufWriter::write(const std::string& path) const {
-  uint64_t alignment = gguf_names::kDefaultAlignment;
+  uint64_t alignment = gguf_container::kDefaultAlignment;
   bool alignment_set = false;
   for (const auto& [key, value] : metadata_) {
-    if (key != gguf_names::kAlignment) continue;
-    PROTOKV_CHECK(value.type == GgufType::kUint32, "{} must be a uint32", gguf_names::kAlignment);
+    if (key != gguf_container::kAlignment) continue;
+    PROTOKV_CHECK(value.type == GgufType::kUint32, "{} must be a uint32",
+                  gguf_container::kAlignment);
     alignment = std::get<uint64_t>(value.data);
     PROTOKV_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0,
-                  "{} {} is not a power of two", gguf_names::kAlignment, alignment);
+                  "{} {} is not a power of two", gguf_container::kAlignment, alignment);
     alignment_set = true;
   }
 
@@ -311,7 +311,7 @@ void GgufWriter::write(const std::string& path) const {
     header.put_value(value);
   }
   if (!alignment_set) {
-    header.put_string(std::string(gguf_names::kAlignment));
+    header.put_string(std::string(gguf_container::kAlignment));
     header.put<uint32_t>(static_cast<uint32_t>(GgufType::kUint32));
     header.put<uint32_t>(static_cast<uint32_t>(alignment));
   }

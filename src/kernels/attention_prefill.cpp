@@ -31,7 +31,8 @@ struct GroupAttention {
   int64_t k_stride;
   const float* v;
   int64_t v_stride;
-  MutableHeadsView out;  // out.data points at the group's first head
+  MutableHeadsView out;      // out.data points at the group's first head
+  const float* log_weights;  // nullable, [n_past + n_queries], added to the scaled logits
   int group;
   int d;
   int64_t n_past;
@@ -91,6 +92,8 @@ void attend_query_tile(const GroupAttention& a, int64_t t0, int64_t t1, TileScra
       float* s_row = s + r * kKeyTile;
       int64_t visible = width;
       if (crosses_diagonal) visible = std::clamp<int64_t>(a.n_past + t0 + r / g + 1 - j0, 0, width);
+      if (a.log_weights != nullptr)  // merged cache entries (Chelsea Eq. 2)
+        for (int64_t j = 0; j < visible; ++j) s_row[j] += a.log_weights[j0 + j];
       if (visible > 0) {
         const float new_max = std::max(row_max[r], Ops::max(s_row, visible));
         const float correction = Ops::exp(row_max[r] - new_max);  // 0 on the first tile
@@ -112,9 +115,9 @@ void attend_query_tile(const GroupAttention& a, int64_t t0, int64_t t1, TileScra
   }
 }
 
-template <class Ops>
-void prefill_heads_impl(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
-                        int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads, int d) {
+// Runs every (KV head, query tile) work item; group_of(kv) describes KV head kv's group.
+template <class Ops, class GroupOf>
+void attend_groups(int64_t n_queries, int n_heads, int n_kv_heads, int d, GroupOf group_of) {
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
     fail("attention: {} query heads cannot share {} KV heads", n_heads, n_kv_heads);
   if (n_queries <= 0 || n_heads <= 0 || d <= 0) return;
@@ -135,20 +138,49 @@ void prefill_heads_impl(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView 
       const int64_t tile = n_tiles - 1 - item / n_kv_heads;
       const int64_t t0 = tile * tile_tokens;
       const int64_t t1 = std::min(n_queries, t0 + tile_tokens);
-      const int first_head = kv * group;
-      const GroupAttention a{
-          {q.data + first_head * q.head_stride, q.token_stride, q.head_stride},
-          k.data + kv * k.head_stride,
-          k.token_stride,
-          v.data + kv * v.head_stride,
-          v.token_stride,
-          {out.data + first_head * out.head_stride, out.token_stride, out.head_stride},
-          group,
-          d,
-          n_past};
-      attend_query_tile<Ops>(a, t0, t1, scratch);
+      attend_query_tile<Ops>(group_of(kv, group), t0, t1, scratch);
     }
   }
+}
+
+template <class Ops>
+void prefill_heads_impl(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
+                        int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads, int d) {
+  attend_groups<Ops>(n_queries, n_heads, n_kv_heads, d, [&](int kv, int group) {
+    const int first_head = kv * group;
+    return GroupAttention{
+        {q.data + first_head * q.head_stride, q.token_stride, q.head_stride},
+        k.data + kv * k.head_stride,
+        k.token_stride,
+        v.data + kv * v.head_stride,
+        v.token_stride,
+        {out.data + first_head * out.head_stride, out.token_stride, out.head_stride},
+        nullptr,
+        group,
+        d,
+        n_past};
+  });
+}
+
+template <class Ops>
+void prefill_cached_impl(HeadsView q, std::span<const KvHeadRows> kv_heads, MutableHeadsView out,
+                         int64_t n_queries, int n_heads, int d) {
+  const auto n_kv_heads = static_cast<int>(kv_heads.size());
+  attend_groups<Ops>(n_queries, n_heads, n_kv_heads, d, [&](int kv, int group) {
+    const int first_head = kv * group;
+    const KvHeadRows& rows = kv_heads[static_cast<size_t>(kv)];
+    return GroupAttention{
+        {q.data + first_head * q.head_stride, q.token_stride, q.head_stride},
+        rows.k,
+        rows.token_stride,
+        rows.v,
+        rows.token_stride,
+        {out.data + first_head * out.head_stride, out.token_stride, out.head_stride},
+        rows.log_weights,
+        group,
+        d,
+        rows.n_past};
+  });
 }
 
 }  // namespace
@@ -168,10 +200,17 @@ void attention_prefill_heads(HeadsView q, HeadsView k, HeadsView v, MutableHeads
   attention_prefill_heads(kBestIsa, q, k, v, out, n_queries, n_past, n_heads, n_kv_heads, head_dim);
 }
 
+void attention_prefill_cached(HeadsView q, std::span<const KvHeadRows> kv_heads,
+                              MutableHeadsView out, int64_t n_queries, int n_heads, int head_dim) {
+  with_isa(kBestIsa, [&](auto ops) {
+    prefill_cached_impl<decltype(ops)>(q, kv_heads, out, n_queries, n_heads, head_dim);
+  });
+}
+
 void attention_prefill(const float* q, const float* k, const float* v, int64_t n, int d,
                        float* out) {
   if (n <= 0 || d <= 0) return;
-  const GroupAttention a{{q, d, d}, k, d, v, d, {out, d, d}, 1, d, 0};
+  const GroupAttention a{{q, d, d}, k, d, v, d, {out, d, d}, nullptr, 1, d, 0};
   const SerialBlasScope serial_blas;  // documented single-threaded, BLAS included
   TileScratch scratch(d, 1);
   const int64_t tile_tokens = tokens_per_tile(1);

@@ -1,7 +1,7 @@
 #pragma once
 // CPU kernels. Each has a naive reference in tests/. Shapes are in the comments; all math is F32.
 //
-// Threading (one level at a time, DESIGN §3):
+// Threading (one level at a time, docs/DESIGN.md §3.5):
 // - matvec, matmul, rmsnorm_rows and attention_prefill_heads parallelise inside (OpenMP, and
 //   OpenBLAS which shares the OpenMP pool). Call them from serial code.
 // - dot, rmsnorm, softmax, rope, attention_prefill, attention_decode and attention_decode_group
@@ -14,8 +14,10 @@
 // Each kernel exists once per compiled instruction set (scalar, AVX2, AVX-512); these functions
 // use the best one. kernels/isa.h exposes the variants for tests and benchmarks.
 #include <cstdint>
+#include <span>
+#include <vector>
 
-#include "protokv/model.h"
+#include "protokv/tensor.h"
 
 namespace protokv::kernels {
 
@@ -39,6 +41,17 @@ void rope(float* x, int n_heads, int head_dim, int32_t pos, float theta, bool ne
 // Single-threaded.
 void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim,
                const int32_t* positions, float theta, bool neox);
+// The per-model part of RoPE, built once (a Session owns one): the inverse frequencies
+// theta^(-2i/head_dim) of the head_dim/2 pairs. Using it, RoPE allocates nothing.
+struct RopeTable {
+  std::vector<double> inv_freq;  // [head_dim / 2]
+  int head_dim = 0;
+  bool neox = false;
+};
+RopeTable make_rope_table(int head_dim, float theta, bool neox);
+// rope_rows with a prebuilt table; same results as the overload above. Single-threaded.
+void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
+               const RopeTable& table, const int32_t* positions);
 
 // y[rows] = W[rows, cols] · x[cols], W in any supported dtype. Parallel over rows.
 // Q8_0: weights are dequantised in registers and multiplied with F32 activations (unlike ggml,
@@ -80,6 +93,25 @@ struct MutableHeadsView {
 void attention_prefill_heads(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
                              int head_dim);
+
+// One KV head's entries as attention_prefill_cached reads them: rows k/v [n_past + n_queries, d]
+// (row i at k + i * token_stride), the first n_past of them already in the cache before the chunk
+// (possibly compressed: heads may differ in n_past) and the last n_queries the chunk's own.
+// log_weights [n_past + n_queries] (nullable) are added to the scaled logits (Chelsea Eq. 2).
+struct KvHeadRows {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t token_stride = 0;
+  const float* log_weights = nullptr;
+  int64_t n_past = 0;
+};
+
+// Causal attention of a prefill chunk over a ragged cache: query token t of KV head kv's group
+// sees that head's rows 0 .. n_past(kv) + t. With equal n_past and no log-weights this computes
+// exactly what attention_prefill_heads computes. Parallel like attention_prefill_heads; one
+// KvHeadRows per KV head (kv_heads.size() == n_kv_heads).
+void attention_prefill_cached(HeadsView q, std::span<const KvHeadRows> kv_heads,
+                              MutableHeadsView out, int64_t n_queries, int n_heads, int head_dim);
 
 // One query q [d] over n cached entries keys/values [n, d]; log_weights [n] (nullable) added to
 // the scaled logits (Chelsea Eq. 2). out [d]. If probs is non-null, the softmax weights [n] are

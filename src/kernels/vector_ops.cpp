@@ -49,43 +49,38 @@ void rmsnorm_impl(float* out, const float* x, const float* weight, int64_t n, fl
   Ops::scaled_mul(out, x, 1.0f / std::sqrt(mean_square + eps), weight, n);
 }
 
-// cos/sin of pos * theta^(-2i/head_dim) for the head_dim/2 pairs of one position.
-void rope_angles(int32_t pos, const std::vector<double>& inv_freq, float* cos_out, float* sin_out) {
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
+// cos/sin of pos * inv_freq[i] for pairs [first, last) of one position (angle in double).
+void rope_angles(int32_t pos, const double* inv_freq, int first, int last, float* cos_out,
+                 float* sin_out) {
+  for (int i = first; i < last; ++i) {
     const double angle = static_cast<double>(pos) * inv_freq[i];
-    cos_out[i] = static_cast<float>(std::cos(angle));
-    sin_out[i] = static_cast<float>(std::sin(angle));
+    cos_out[i - first] = static_cast<float>(std::cos(angle));
+    sin_out[i - first] = static_cast<float>(std::sin(angle));
   }
 }
 
-void rope_apply(float* x, int n_heads, int head_dim, const float* c, const float* s, bool neox) {
+// Rotates pairs [first, last) of every head by the angles c/s (indexed from `first`).
+void rope_apply(float* x, int n_heads, int head_dim, int first, int last, const float* c,
+                const float* s, bool neox) {
   const int half = head_dim / 2;
   for (int h = 0; h < n_heads; ++h) {
     float* head = x + static_cast<int64_t>(h) * head_dim;
     if (neox) {
       float* a = head;
       float* b = head + half;
-      for (int i = 0; i < half; ++i) {
+      for (int i = first; i < last; ++i) {
         const float x0 = a[i], x1 = b[i];
-        a[i] = x0 * c[i] - x1 * s[i];
-        b[i] = x0 * s[i] + x1 * c[i];
+        a[i] = x0 * c[i - first] - x1 * s[i - first];
+        b[i] = x0 * s[i - first] + x1 * c[i - first];
       }
     } else {
-      for (int i = 0; i < half; ++i) {
+      for (int i = first; i < last; ++i) {
         const float x0 = head[2 * i], x1 = head[2 * i + 1];
-        head[2 * i] = x0 * c[i] - x1 * s[i];
-        head[2 * i + 1] = x0 * s[i] + x1 * c[i];
+        head[2 * i] = x0 * c[i - first] - x1 * s[i - first];
+        head[2 * i + 1] = x0 * s[i - first] + x1 * c[i - first];
       }
     }
   }
-}
-
-std::vector<double> rope_inverse_frequencies(int head_dim, float theta) {
-  std::vector<double> inv_freq(static_cast<size_t>(head_dim / 2));
-  const double log_theta = std::log(static_cast<double>(theta));
-  for (size_t i = 0; i < inv_freq.size(); ++i)
-    inv_freq[i] = std::exp(-2.0 * static_cast<double>(i) / head_dim * log_theta);
-  return inv_freq;
 }
 
 }  // namespace
@@ -121,20 +116,41 @@ void softmax(float* x, int64_t n) {
   softmax(kBestIsa, x, n);
 }
 
+RopeTable make_rope_table(int head_dim, float theta, bool neox) {
+  RopeTable table;
+  table.head_dim = head_dim;
+  table.neox = neox;
+  table.inv_freq.resize(static_cast<size_t>(head_dim / 2));
+  const double log_theta = std::log(static_cast<double>(theta));
+  for (size_t i = 0; i < table.inv_freq.size(); ++i)
+    table.inv_freq[i] = std::exp(-2.0 * static_cast<double>(i) / head_dim * log_theta);
+  return table;
+}
+
+void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
+               const RopeTable& table, const int32_t* positions) {
+  // Angles are computed for a block of pairs at a time into stack buffers: no allocation, and
+  // the same values for every head of the token.
+  constexpr int kPairBlock = 64;
+  float c[kPairBlock];
+  float s[kPairBlock];
+  const int half = table.head_dim / 2;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int first = 0; first < half; first += kPairBlock) {
+      const int last = std::min(half, first + kPairBlock);
+      rope_angles(positions[t], table.inv_freq.data(), first, last, c, s);
+      rope_apply(x + t * token_stride, n_heads, table.head_dim, first, last, c, s, table.neox);
+    }
+  }
+}
+
 void rope(float* x, int n_heads, int head_dim, int32_t pos, float theta, bool neox) {
   rope_rows(x, 1, 0, n_heads, head_dim, &pos, theta, neox);
 }
 
 void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim,
                const int32_t* positions, float theta, bool neox) {
-  const std::vector<double> inv_freq = rope_inverse_frequencies(head_dim, theta);
-  std::vector<float> cos_sin(2 * inv_freq.size());
-  float* c = cos_sin.data();
-  float* s = c + inv_freq.size();
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    rope_angles(positions[t], inv_freq, c, s);
-    rope_apply(x + t * token_stride, n_heads, head_dim, c, s, neox);
-  }
+  rope_rows(x, n_tokens, token_stride, n_heads, make_rope_table(head_dim, theta, neox), positions);
 }
 
 }  // namespace protokv::kernels

@@ -1,6 +1,7 @@
-// Decode (DESIGN §3): one token at position n_past. Its K/V are appended to every KV head of each
-// layer, each query head attends over all entries of its KV head (heads may hold different
-// numbers of entries after compression), then the press sees the step.
+// Decode (docs/DESIGN.md §3.2): one token at position n_past through the shared block steps
+// (forward.cpp) with N = 1. Its K/V are appended to every KV head of each layer, each query head
+// attends over all entries of its KV head (heads may hold different numbers of entries after
+// compression), then the press sees the step.
 #include <algorithm>
 
 #include "kernels/kernels.h"
@@ -15,30 +16,20 @@ std::span<const float> Session::Impl::decode(int32_t token) {
                 "context is full: position {} is past the model's context of {} tokens", n_past,
                 config.context_length);
   const auto pos = static_cast<int32_t>(n_past);
-  const int dim = config.dim;
   const int hd = config.head_dim();
   const int n_heads = config.n_heads;
   const int n_kv = config.n_kv_heads;
   const int group = config.group_size();
-  DecodeScratch& s = scratch;
+  RowBuffers& s = step;
   Press* press = press_begun ? options.press : nullptr;
   const bool want_probs = observer != nullptr && observer->wants_probabilities();
 
-  dequantize_row(weights.token_embd.type, weights.token_embd.row(token), s.x.data(), dim);
+  embed(std::span<const int32_t>(&token, 1), s);
 
   for (int l = 0; l < config.n_layers; ++l) {
     const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
     LayerCache& layer_cache = cache.layer(l);
-
-    kernels::rmsnorm(s.xb.data(), s.x.data(), lw.attn_norm, dim, config.norm_eps);
-    kernels::matvec(lw.wq, s.xb.data(), s.q.data());
-    kernels::matvec(lw.wk, s.xb.data(), s.k.data());
-    kernels::matvec(lw.wv, s.xb.data(), s.v.data());
-    add_bias(s.q.data(), lw.bq, static_cast<int64_t>(s.q.size()));
-    add_bias(s.k.data(), lw.bk, static_cast<int64_t>(s.k.size()));
-    add_bias(s.v.data(), lw.bv, static_cast<int64_t>(s.v.size()));
-    kernels::rope(s.q.data(), n_heads, hd, pos, config.rope_theta, config.rope_neox);
-    kernels::rope(s.k.data(), n_kv, hd, pos, config.rope_theta, config.rope_neox);
+    attention_inputs(lw, 1, &pos, s);
 
     int64_t longest = 0;
     for (int h = 0; h < n_kv; ++h) {
@@ -56,11 +47,10 @@ std::span<const float> Session::Impl::decode(int32_t token) {
     for (int kv = 0; kv < n_kv; ++kv) {
       const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
       const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
-      kernels::attention_decode_group(
-          s.q.data() + first * hd, group, head.keys(), head.values(),
-          head.has_log_weights() ? head.log_weights().data() : nullptr, head.size(), hd,
-          s.att.data() + first * hd,
-          want_probs ? s.probs.data() + first * s.probs_stride : nullptr);
+      kernels::attention_decode_group(s.q.data() + first * hd, group, head.keys(), head.values(),
+                                      head.has_log_weights() ? head.log_weights().data() : nullptr,
+                                      head.size(), hd, s.att.data() + first * hd,
+                                      want_probs ? probs.data() + first * probs_stride : nullptr);
     }
     if (observer != nullptr) {
       observer->on_attention_output(l, s.att.data(), n_heads, hd);
@@ -69,10 +59,10 @@ std::span<const float> Session::Impl::decode(int32_t token) {
           const int kv = h / group;
           const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
           // The group kernel writes [group, size] rows from the group's first slot.
-          const float* probs = s.probs.data() + static_cast<int64_t>(kv) * group * s.probs_stride +
-                               static_cast<int64_t>(h - kv * group) * head.size();
+          const float* head_probs = probs.data() + static_cast<int64_t>(kv) * group * probs_stride +
+                                    static_cast<int64_t>(h - kv * group) * head.size();
           observer->on_attention_probs(
-              l, h, std::span<const float>(probs, static_cast<size_t>(head.size())),
+              l, h, std::span<const float>(head_probs, static_cast<size_t>(head.size())),
               head.positions());
         }
       }
@@ -81,19 +71,10 @@ std::span<const float> Session::Impl::decode(int32_t token) {
     // steps only.
     if (press != nullptr) press->on_decode(l, s.q.data(), pos, layer_cache);
 
-    kernels::matvec(lw.wo, s.att.data(), s.proj.data());
-    for (int i = 0; i < dim; ++i) s.x[static_cast<size_t>(i)] += s.proj[static_cast<size_t>(i)];
-
-    kernels::rmsnorm(s.xb.data(), s.x.data(), lw.ffn_norm, dim, config.norm_eps);
-    kernels::matvec(lw.w_gate, s.xb.data(), s.gate.data());
-    kernels::matvec(lw.w_up, s.xb.data(), s.up.data());
-    swiglu(s.gate.data(), s.up.data(), config.hidden_dim);
-    kernels::matvec(lw.w_down, s.gate.data(), s.proj.data());
-    for (int i = 0; i < dim; ++i) s.x[static_cast<size_t>(i)] += s.proj[static_cast<size_t>(i)];
+    attention_output_and_ffn(lw, 1, s);
   }
 
-  kernels::rmsnorm(s.xb.data(), s.x.data(), weights.output_norm, dim, config.norm_eps);
-  kernels::matvec(weights.output, s.xb.data(), logits.data());
+  output_logits(s.x.data(), s.xb.data());
   ++n_past;
   return logits;
 }

@@ -26,7 +26,7 @@ uint32_t file_type_of(DType requested) {
   return names::kFileTypeAllF32;
 }
 
-std::vector<int64_t> gguf_dims(const LlamaTensorSpec& spec) {
+std::vector<int64_t> gguf_dims(const TensorSpec& spec) {
   if (spec.is_vector()) return {spec.cols};
   return {spec.cols, spec.rows};
 }
@@ -52,67 +52,7 @@ void convert_rows(const WeightMatrix& src, DType type, void* dst) {
 
 }  // namespace
 
-WeightMatrix llama_tensor_view(const ModelWeights& w, const LlamaTensorSpec& spec) {
-  auto vector = [&](const float* data) { return WeightMatrix{DType::F32, data, 1, spec.cols}; };
-  const LayerWeights* l = spec.layer >= 0 ? &w.layers.at(static_cast<size_t>(spec.layer)) : nullptr;
-  switch (spec.kind) {
-    case LlamaTensor::kTokenEmbd:
-      return w.token_embd;
-    case LlamaTensor::kOutputNorm:
-      return vector(w.output_norm);
-    case LlamaTensor::kOutput:
-      return w.output;
-    case LlamaTensor::kAttnNorm:
-      return vector(l->attn_norm);
-    case LlamaTensor::kAttnQ:
-      return l->wq;
-    case LlamaTensor::kAttnK:
-      return l->wk;
-    case LlamaTensor::kAttnV:
-      return l->wv;
-    case LlamaTensor::kAttnOutput:
-      return l->wo;
-    case LlamaTensor::kFfnNorm:
-      return vector(l->ffn_norm);
-    case LlamaTensor::kFfnGate:
-      return l->w_gate;
-    case LlamaTensor::kFfnUp:
-      return l->w_up;
-    case LlamaTensor::kFfnDown:
-      return l->w_down;
-  }
-  fail("unknown tensor kind");
-}
-
-std::vector<LlamaTensorSpec> llama_tensor_specs(const ModelConfig& c) {
-  const int64_t dim = c.dim, hidden = c.hidden_dim, vocab = c.vocab_size;
-  const int64_t q_dim = int64_t{c.n_heads} * c.head_dim();
-  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim();
-  std::vector<LlamaTensorSpec> specs;
-  specs.push_back({LlamaTensor::kTokenEmbd, -1, std::string(names::kTokenEmbd), vocab, dim});
-  specs.push_back({LlamaTensor::kOutputNorm, -1, std::string(names::kOutputNorm), 1, dim});
-  if (!c.shared_classifier) {
-    specs.push_back({LlamaTensor::kOutput, -1, std::string(names::kOutput), vocab, dim});
-  }
-  using names::LayerTensor;
-  for (int i = 0; i < c.n_layers; ++i) {
-    auto add = [&](LlamaTensor kind, LayerTensor name, int64_t rows, int64_t cols) {
-      specs.push_back({kind, i, names::layer_tensor(i, name), rows, cols});
-    };
-    add(LlamaTensor::kAttnNorm, LayerTensor::kAttnNorm, 1, dim);
-    add(LlamaTensor::kAttnQ, LayerTensor::kAttnQ, q_dim, dim);
-    add(LlamaTensor::kAttnK, LayerTensor::kAttnK, kv_dim, dim);
-    add(LlamaTensor::kAttnV, LayerTensor::kAttnV, kv_dim, dim);
-    add(LlamaTensor::kAttnOutput, LayerTensor::kAttnOutput, dim, q_dim);
-    add(LlamaTensor::kFfnNorm, LayerTensor::kFfnNorm, 1, dim);
-    add(LlamaTensor::kFfnGate, LayerTensor::kFfnGate, hidden, dim);
-    add(LlamaTensor::kFfnUp, LayerTensor::kFfnUp, hidden, dim);
-    add(LlamaTensor::kFfnDown, LayerTensor::kFfnDown, dim, hidden);
-  }
-  return specs;
-}
-
-DType storage_type(const LlamaTensorSpec& spec, DType requested) {
+DType storage_type(const TensorSpec& spec, DType requested) {
   if (spec.is_vector()) return DType::F32;
   if (spec.cols % dtype_block_size(requested) != 0) return DType::F16;
   return requested;
@@ -120,7 +60,7 @@ DType storage_type(const LlamaTensorSpec& spec, DType requested) {
 
 std::vector<std::string> storage_notes(const ModelConfig& config, DType requested) {
   std::vector<std::string> notes;
-  for (const auto& spec : llama_tensor_specs(config)) {
+  for (const auto& spec : tensor_specs(config, /*with_optional=*/false)) {
     const DType stored = storage_type(spec, requested);
     if (spec.is_vector() || stored == requested) continue;
     notes.push_back(
@@ -134,7 +74,7 @@ std::vector<std::string> storage_notes(const ModelConfig& config, DType requeste
 
 uint64_t llama_file_bytes(const ModelConfig& config, DType requested) {
   uint64_t total = 0;
-  for (const auto& spec : llama_tensor_specs(config)) {
+  for (const auto& spec : tensor_specs(config, /*with_optional=*/false)) {
     total += static_cast<uint64_t>(spec.rows) *
              dtype_row_bytes(storage_type(spec, requested), spec.cols);
   }
@@ -148,7 +88,7 @@ void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
   auto u32 = [](int v) { return static_cast<uint32_t>(v); };
   w.set_string(std::string(names::kArchitecture), arch);
   w.set_string(std::string(names::kName), name);
-  w.set_u32(std::string(names::kAlignment), names::kDefaultAlignment);
+  w.set_u32(std::string(gguf_container::kAlignment), gguf_container::kDefaultAlignment);
   w.set_u32(std::string(names::kFileType), file_type_of(requested));
   if (dtype_block_size(requested) > 1) {
     w.set_u32(std::string(names::kQuantizationVersion), names::kQuantizationVersionValue);
@@ -181,14 +121,19 @@ std::vector<std::string> export_gguf(const ModelWeights& weights, const Tokenize
   set_llama_metadata(writer, c, options.type, options.name);
   if (tokenizer) tokenizer->write_gguf(writer);
 
-  for (const auto& spec : llama_tensor_specs(c)) {
-    const WeightMatrix src = llama_tensor_view(weights, spec);
-    PROTOKV_CHECK(src.data != nullptr && src.rows == spec.rows && src.cols == spec.cols,
-                  "model tensor {} is missing or has the wrong shape", spec.name);
+  for_each_tensor(c, weights, [&](const TensorSlot<const ModelWeights>& t) {
+    const TensorSpec& spec = t.spec;
+    if (!t.present()) {
+      PROTOKV_CHECK(!spec.required(), "model tensor {} is missing", spec.name);
+      return;  // an optional tensor the model does not have
+    }
+    const WeightMatrix src = t.view();
+    PROTOKV_CHECK(src.rows == spec.rows && src.cols == spec.cols,
+                  "model tensor {} has the wrong shape", spec.name);
     const DType type = storage_type(spec, options.type);
     writer.add_tensor(spec.name, gguf_dims(spec), type,
                       [src, type](void* dst, size_t) { convert_rows(src, type, dst); });
-  }
+  });
   writer.write(path);
   return storage_notes(c, options.type);
 }

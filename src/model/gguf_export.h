@@ -1,10 +1,12 @@
 #pragma once
-// Writing Llama-family models as GGUF files that protokv and llama.cpp both load: the tensor
-// list of a config, the llama.* / general.* metadata, and ModelWeights + Tokenizer -> file.
+// Writing Llama-family models as GGUF files that protokv and llama.cpp both load: storage types,
+// the llama.* / general.* metadata, and ModelWeights + Tokenizer -> file. The tensors come from
+// the architecture's table (model/tensor_table.h).
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "model/tensor_table.h"
 #include "protokv/dtype.h"
 #include "protokv/model.h"
 
@@ -13,45 +15,10 @@ namespace protokv {
 class GgufWriter;
 class Tokenizer;
 
-enum class LlamaTensor {
-  kTokenEmbd,
-  kOutputNorm,
-  kOutput,
-  kAttnNorm,
-  kAttnQ,
-  kAttnK,
-  kAttnV,
-  kAttnOutput,
-  kFfnNorm,
-  kFfnGate,
-  kFfnUp,
-  kFfnDown,
-};
-
-// One tensor of a Llama model: `rows` x `cols` (GGUF dims {cols, rows}); vectors have rows == 1
-// and are stored with dims {cols}.
-struct LlamaTensorSpec {
-  LlamaTensor kind;
-  int layer = -1;  // -1 for the tensors outside the blocks
-  std::string name;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  bool is_vector() const {
-    return kind == LlamaTensor::kOutputNorm || kind == LlamaTensor::kAttnNorm ||
-           kind == LlamaTensor::kFfnNorm;
-  }
-};
-
-// Every tensor of `config` in file order (output.weight omitted when the classifier is shared).
-std::vector<LlamaTensorSpec> llama_tensor_specs(const ModelConfig& config);
-
-// The tensor `spec` names inside `weights` (vectors as one F32 row).
-WeightMatrix llama_tensor_view(const ModelWeights& weights, const LlamaTensorSpec& spec);
-
 // The type a tensor is stored as when `requested` is asked for. Norm vectors stay F32 (as in
 // llama.cpp's converters); a matrix whose rows are not a multiple of the requested block size
 // falls back to F16, as llama.cpp's quantizer does for incompatible tensors.
-DType storage_type(const LlamaTensorSpec& spec, DType requested);
+DType storage_type(const TensorSpec& spec, DType requested);
 
 // One line per tensor of `config` that storage_type() stores other than `requested`.
 std::vector<std::string> storage_notes(const ModelConfig& config, DType requested);
@@ -69,7 +36,9 @@ struct GgufExportOptions {
 };
 
 // Writes `weights` (any stored types; converted row by row) and `tokenizer` (may be null) to
-// `path`. Returns one human-readable note per tensor that fell back to another type.
+// `path`: every tensor of the architecture's table that the model has, optional ones (biases)
+// included, so nothing is lost on the way. Returns one human-readable note per tensor that fell
+// back to another type.
 std::vector<std::string> export_gguf(const ModelWeights& weights, const Tokenizer* tokenizer,
                                      const std::string& path, const GgufExportOptions& options);
 

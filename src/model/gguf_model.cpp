@@ -7,6 +7,7 @@
 
 #include "model/gguf_names.h"
 #include "model/loaders.h"
+#include "model/tensor_table.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 #include "protokv/tokenizer.h"
@@ -15,7 +16,6 @@ namespace protokv {
 namespace {
 
 namespace names = gguf_names;
-using names::LayerTensor;
 
 struct ConfigReader {
   const GgufFile& file;
@@ -159,29 +159,19 @@ ModelWeights weights_from_gguf(const GgufFile& file) {
   c.shared_classifier = file.find_tensor(std::string(names::kOutput)) == nullptr;
   c.validate();
 
-  const int64_t dim = c.dim, hidden = c.hidden_dim, vocab = c.vocab_size;
-  const int64_t q_dim = int64_t{c.n_heads} * c.head_dim();
-  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim();
-
-  TensorBinder bind(file, w);
-  w.token_embd = bind.matrix(std::string(names::kTokenEmbd), vocab, dim);
-  w.output_norm = bind.vector(std::string(names::kOutputNorm), dim);
-  w.output =
-      c.shared_classifier ? w.token_embd : bind.matrix(std::string(names::kOutput), vocab, dim);
   w.layers.resize(static_cast<size_t>(c.n_layers));
-  for (int i = 0; i < c.n_layers; ++i) {
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
-    auto name = [i](LayerTensor t) { return names::layer_tensor(i, t); };
-    l.attn_norm = bind.vector(name(LayerTensor::kAttnNorm), dim);
-    l.wq = bind.matrix(name(LayerTensor::kAttnQ), q_dim, dim);
-    l.wk = bind.matrix(name(LayerTensor::kAttnK), kv_dim, dim);
-    l.wv = bind.matrix(name(LayerTensor::kAttnV), kv_dim, dim);
-    l.wo = bind.matrix(name(LayerTensor::kAttnOutput), dim, q_dim);
-    l.ffn_norm = bind.vector(name(LayerTensor::kFfnNorm), dim);
-    l.w_gate = bind.matrix(name(LayerTensor::kFfnGate), hidden, dim);
-    l.w_up = bind.matrix(name(LayerTensor::kFfnUp), hidden, dim);
-    l.w_down = bind.matrix(name(LayerTensor::kFfnDown), dim, hidden);
-  }
+  TensorBinder bind(file, w);
+  for_each_tensor(c, w, [&](const TensorSlot<ModelWeights>& t) {
+    const TensorSpec& s = t.spec;
+    if (!s.required() && file.find_tensor(s.name) == nullptr) return;  // optional and absent
+    if (s.is_vector()) {
+      t.bind(bind.vector(s.name, s.cols));
+    } else {
+      const WeightMatrix m = bind.matrix(s.name, s.rows, s.cols);
+      t.bind(m.data, m.type);
+    }
+  });
+  if (c.shared_classifier) w.output = w.token_embd;
   return w;
 }
 

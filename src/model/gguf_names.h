@@ -1,6 +1,7 @@
 #pragma once
-// The one table of GGUF metadata keys and tensor names protokv reads and writes, so that the
-// reader, the model loader and the exporters hold no raw strings. Names follow llama.cpp's
+// The one table of GGUF model metadata keys and tensor names protokv reads and writes, so that
+// the model loader and the exporters hold no raw strings (the container's own keys, such as the
+// alignment, belong to the GGUF layer: protokv/gguf.h). Names follow llama.cpp's
 // gguf-py constants so files we write load there and files it writes load here.
 #include <fmt/format.h>
 
@@ -9,10 +10,6 @@
 #include <string_view>
 
 namespace protokv::gguf_names {
-
-// --- container-level keys ---------------------------------------------------------------------
-inline constexpr std::string_view kAlignment = "general.alignment";
-inline constexpr uint32_t kDefaultAlignment = 32;
 
 // --- general.* --------------------------------------------------------------------------------
 inline constexpr std::string_view kArchitecture = "general.architecture";
@@ -65,45 +62,6 @@ inline constexpr std::string_view kOutput = "output.weight";
 // Llama 3.1 RoPE frequency factors; not applied yet, so its presence is rejected.
 inline constexpr std::string_view kRopeFreqs = "rope_freqs.weight";
 
-// Per-block tensors: "blk.<layer>.<name>.weight".
-enum class LayerTensor {
-  kAttnNorm,
-  kAttnQ,
-  kAttnK,
-  kAttnV,
-  kAttnOutput,
-  kFfnNorm,
-  kFfnGate,
-  kFfnUp,
-  kFfnDown,
-};
-
-inline constexpr std::string_view layer_tensor_stem(LayerTensor tensor) {
-  switch (tensor) {
-    case LayerTensor::kAttnNorm:
-      return "attn_norm";
-    case LayerTensor::kAttnQ:
-      return "attn_q";
-    case LayerTensor::kAttnK:
-      return "attn_k";
-    case LayerTensor::kAttnV:
-      return "attn_v";
-    case LayerTensor::kAttnOutput:
-      return "attn_output";
-    case LayerTensor::kFfnNorm:
-      return "ffn_norm";
-    case LayerTensor::kFfnGate:
-      return "ffn_gate";
-    case LayerTensor::kFfnUp:
-      return "ffn_up";
-    case LayerTensor::kFfnDown:
-      return "ffn_down";
-  }
-  return "";
-}
-
-inline std::string layer_tensor(int layer, LayerTensor tensor) {
-  return fmt::format("blk.{}.{}.weight", layer, layer_tensor_stem(tensor));
-}
+// Per-block tensor names are in the architecture's tensor table (model/tensor_table.cpp).
 
 }  // namespace protokv::gguf_names

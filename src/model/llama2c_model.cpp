@@ -7,9 +7,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "io/mapped_file.h"
 #include "model/loaders.h"
+#include "model/tensor_table.h"
 #include "protokv/error.h"
 
 namespace protokv {
@@ -24,31 +28,22 @@ int32_t read_le_int32(const unsigned char* p) {
   return static_cast<int32_t>(v);
 }
 
-// Hands out consecutive F32 tensors from the mapped weight area.
-class TensorCursor {
- public:
-  explicit TensorCursor(const float* start) : next_(start) {}
-  const float* take(int64_t n) {
-    const float* p = next_;
-    next_ += n;
-    return p;
-  }
-  // llama2.c stacks one [rows, cols] matrix per layer: layer l starts at l * rows * cols.
-  const float* take_stacked(int n_layers, int64_t per_layer) {
-    return take(static_cast<int64_t>(n_layers) * per_layer);
-  }
+// The tensors of a llama2.c checkpoint in file order (run.c's memory_map_weights), by their
+// names in the llama tensor table: per-layer tensors are stacked ([n_layers, rows, cols]).
+// run.c's matmul(xout, x, w, n, d) computes xout[d] = W[d, n] x[n]: rows are output features,
+// which is the table's convention, so the tensors map without transposition. The precomputed
+// RoPE tables (unused: RoPE is computed) sit between output_norm and the classifier.
+constexpr std::string_view kFileOrder[] = {
+    "token_embd.weight",      "blk.{}.attn_norm.weight", "blk.{}.attn_q.weight",
+    "blk.{}.attn_k.weight",   "blk.{}.attn_v.weight",    "blk.{}.attn_output.weight",
+    "blk.{}.ffn_norm.weight", "blk.{}.ffn_gate.weight",  "blk.{}.ffn_down.weight",
+    "blk.{}.ffn_up.weight",   "output_norm.weight",      "",  // "": the RoPE tables
+    "output.weight"};
 
- private:
-  const float* next_;
-};
-
-WeightMatrix f32_matrix(const float* data, int64_t rows, int64_t cols) {
-  WeightMatrix w;
-  w.type = DType::F32;
-  w.data = data;
-  w.rows = rows;
-  w.cols = cols;
-  return w;
+const TensorEntry& table_entry(const ModelConfig& config, std::string_view name) {
+  for (const TensorEntry& e : tensor_table(config.architecture))
+    if (e.gguf_name == name) return e;
+  fail("llama2.c layout names unknown tensor {}", name);
 }
 
 }  // namespace
@@ -82,65 +77,44 @@ ModelWeights load_llama2c_model(const std::string& path) {
     fail("{}: not a valid llama2.c checkpoint: {}", path, e.what());
   }
 
-  const int64_t dim = config.dim;
-  const int64_t hidden = config.hidden_dim;
-  const int64_t layers = config.n_layers;
-  const int64_t head_dim = config.head_dim();
-  const int64_t q_dim = config.n_heads * head_dim;
-  const int64_t kv_dim = config.n_kv_heads * head_dim;
-  const int64_t vocab = config.vocab_size;
-  const int64_t context = config.context_length;
-
-  // Every count below is bounded by validate(), so int64 arithmetic cannot overflow.
-  const int64_t per_layer =
-      2 * dim + dim * q_dim + 2 * dim * kv_dim + q_dim * dim + 3 * dim * hidden;
-  const int64_t rope_tables = 2 * context * head_dim / 2;  // freq_cis_real + freq_cis_imag
-  int64_t floats = vocab * dim + layers * per_layer + dim + rope_tables;
-  if (!config.shared_classifier) floats += vocab * dim;
+  // Where each table entry starts in the file, in floats after the header; every count is
+  // bounded by validate(), so int64 arithmetic cannot overflow.
+  std::vector<std::pair<const TensorEntry*, int64_t>> starts;
+  int64_t floats = 0;
+  for (std::string_view name : kFileOrder) {
+    if (name.empty()) {
+      floats += config.context_length * config.head_dim();  // freq_cis_real + freq_cis_imag
+      continue;
+    }
+    const TensorEntry& e = table_entry(config, name);
+    if (e.presence == TensorPresence::kUnlessSharedClassifier && config.shared_classifier) continue;
+    const TensorShape shape = e.shape(config);
+    starts.emplace_back(&e, floats);
+    floats += (e.per_layer ? config.n_layers : 1) * shape.rows * shape.cols;
+  }
   const auto expected = static_cast<uint64_t>(kHeaderBytes) + static_cast<uint64_t>(floats) * 4;
   if (file_size != expected) {
     fail(
         "{}: size {} bytes does not match its llama2.c header ({} bytes expected for dim {}, "
         "{} layers, vocab {}{})",
-        path, file_size, expected, dim, layers, vocab,
+        path, file_size, expected, config.dim, config.n_layers, config.vocab_size,
         config.shared_classifier ? "" : ", separate classifier");
   }
 
   ModelWeights weights;
   weights.config = config;
-  TensorCursor cursor(reinterpret_cast<const float*>(bytes + kHeaderBytes));
-  const float* token_embedding = cursor.take(vocab * dim);  // [vocab, dim]
-  const float* rms_att = cursor.take_stacked(config.n_layers, dim);
-  // run.c's matmul(xout, x, w, n, d) computes xout[d] = W[d, n] x[n]: rows are output features,
-  // which is our WeightMatrix convention, so the tensors map without transposition.
-  const float* wq = cursor.take_stacked(config.n_layers, q_dim * dim);   // [L, q_dim, dim]
-  const float* wk = cursor.take_stacked(config.n_layers, kv_dim * dim);  // [L, kv_dim, dim]
-  const float* wv = cursor.take_stacked(config.n_layers, kv_dim * dim);  // [L, kv_dim, dim]
-  const float* wo = cursor.take_stacked(config.n_layers, dim * q_dim);   // [L, dim, q_dim]
-  const float* rms_ffn = cursor.take_stacked(config.n_layers, dim);      // [L, dim]
-  const float* w1 = cursor.take_stacked(config.n_layers, hidden * dim);  // [L, hidden, dim] gate
-  const float* w2 = cursor.take_stacked(config.n_layers, dim * hidden);  // [L, dim, hidden] down
-  const float* w3 = cursor.take_stacked(config.n_layers, hidden * dim);  // [L, hidden, dim] up
-  const float* rms_final = cursor.take(dim);
-  cursor.take(rope_tables);  // precomputed RoPE tables: unused, we compute RoPE ourselves
-  const float* wcls = config.shared_classifier ? token_embedding : cursor.take(vocab * dim);
-
-  weights.token_embd = f32_matrix(token_embedding, vocab, dim);
-  weights.output_norm = rms_final;
-  weights.output = f32_matrix(wcls, vocab, dim);
-  weights.layers.resize(static_cast<size_t>(layers));
-  for (int64_t l = 0; l < layers; ++l) {
-    LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
-    lw.attn_norm = rms_att + l * dim;
-    lw.wq = f32_matrix(wq + l * q_dim * dim, q_dim, dim);
-    lw.wk = f32_matrix(wk + l * kv_dim * dim, kv_dim, dim);
-    lw.wv = f32_matrix(wv + l * kv_dim * dim, kv_dim, dim);
-    lw.wo = f32_matrix(wo + l * dim * q_dim, dim, q_dim);
-    lw.ffn_norm = rms_ffn + l * dim;
-    lw.w_gate = f32_matrix(w1 + l * hidden * dim, hidden, dim);
-    lw.w_down = f32_matrix(w2 + l * dim * hidden, dim, hidden);
-    lw.w_up = f32_matrix(w3 + l * hidden * dim, hidden, dim);
-  }
+  weights.layers.resize(static_cast<size_t>(config.n_layers));
+  const auto* data = reinterpret_cast<const float*>(bytes + kHeaderBytes);
+  for_each_tensor(config, weights, [&](const TensorSlot<ModelWeights>& t) {
+    for (const auto& [entry, start] : starts) {
+      if (entry != t.spec.entry) continue;
+      const int64_t layer_offset = t.spec.layer >= 0 ? t.spec.layer * t.spec.rows * t.spec.cols : 0;
+      t.bind(data + start + layer_offset);
+      return;
+    }
+    // Not in a llama2.c file (optional tensors such as biases): absent.
+  });
+  if (config.shared_classifier) weights.output = weights.token_embd;
   weights.storage.push_back(std::move(mapping));
   return weights;
 }

@@ -1,5 +1,6 @@
 #include "protokv/model.h"
 
+#include "model/tensor_table.h"
 #include "protokv/error.h"
 
 namespace protokv {
@@ -27,23 +28,18 @@ void ModelConfig::validate() const {
 }
 
 size_t ModelWeights::weight_bytes() const {
-  size_t total = token_embd.bytes() + static_cast<size_t>(config.dim) * 4;
-  if (!config.shared_classifier) total += output.bytes();
-  for (const auto& l : layers) {
-    total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() +
-             l.w_up.bytes() + l.w_down.bytes() + 2 * static_cast<size_t>(config.dim) * 4;
-  }
+  size_t total = 0;
+  for_each_tensor(config, *this, [&](const TensorSlot<const ModelWeights>& t) {
+    if (t.present()) total += t.view().bytes();
+  });
   return total;
 }
 
 int64_t ModelWeights::parameter_count() const {
-  auto count = [](const WeightMatrix& w) { return w.rows * w.cols; };
-  int64_t total = count(token_embd) + config.dim;
-  if (!config.shared_classifier) total += count(output);
-  for (const auto& l : layers) {
-    total += count(l.wq) + count(l.wk) + count(l.wv) + count(l.wo) + count(l.w_gate) +
-             count(l.w_up) + count(l.w_down) + 2 * config.dim;
-  }
+  int64_t total = 0;
+  for_each_tensor(config, *this, [&](const TensorSlot<const ModelWeights>& t) {
+    if (t.present()) total += t.spec.rows * t.spec.cols;
+  });
   return total;
 }
 

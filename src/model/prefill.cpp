@@ -1,6 +1,13 @@
-// Prefill (DESIGN §3): the whole prompt, layer by layer. After each layer's attention the press
-// compresses that layer's K/V straight into the cache, so peak KV memory is one layer's full K/V
-// plus the compressed layers before it.
+// Prefill (docs/DESIGN.md §3.3): the prompt, layer by layer, in chunks of `ubatch` rows appended at
+// n_past; append() feeds a follow-up turn the same way without resetting the cache.
+//
+// With a compressing press and the whole prompt in one chunk, each layer's K/V go to the press
+// right after that layer's attention and the press writes the cache, so peak KV memory is one
+// layer's full K/V plus the compressed layers before it. With several chunks, each chunk's K/V
+// are appended to the cache in full (later chunks attend to them) and the press runs once the
+// final chunk is in, layer by layer, over the same post-RoPE Q/K/V it would have seen in one
+// chunk (equal to float rounding); the peak is then the whole uncompressed cache plus every
+// layer's queries.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -14,140 +21,65 @@
 namespace protokv {
 namespace {
 
-// Rows of the FFN processed at once: bounds the [rows, hidden_dim] intermediates on long prompts
-// while keeping the GEMMs large enough to run at full speed.
-constexpr int64_t kFfnChunkRows = 256;
-// Below this many elements an elementwise loop is not worth waking the thread pool for.
+// Below this many elements a copy loop is not worth waking the thread pool for.
 constexpr int64_t kParallelMinElements = int64_t{1} << 15;
 
 // src [n, n_heads * head_dim] (token-major, as the projections produce it) ->
-// dst [n_heads, n, head_dim] (head-major, as LayerView and the attention kernel want it).
-void rows_to_heads(const float* src, int64_t n, int n_heads, int head_dim, float* dst) {
+// dst rows [row0, row0 + n) of [n_heads, n_total, head_dim] (head-major, as LayerView and the
+// attention kernel want it).
+void rows_to_heads(const float* src, int64_t n, int n_heads, int head_dim, float* dst,
+                   int64_t row0 = 0, int64_t n_total = -1) {
+  if (n_total < 0) n_total = n;
   const int64_t width = static_cast<int64_t>(n_heads) * head_dim;
   const size_t row_bytes = static_cast<size_t>(head_dim) * sizeof(float);
 #pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i)
     for (int h = 0; h < n_heads; ++h)
-      std::memcpy(dst + (static_cast<int64_t>(h) * n + i) * head_dim,
+      std::memcpy(dst + (static_cast<int64_t>(h) * n_total + row0 + i) * head_dim,
                   src + i * width + static_cast<int64_t>(h) * head_dim, row_bytes);
-}
-
-// RoPE at each token's position, token blocks in parallel. x [n, n_heads * head_dim].
-void rope_rows_parallel(float* x, int64_t n, int n_heads, int head_dim, const int32_t* positions,
-                        const ModelConfig& config) {
-  const int64_t width = static_cast<int64_t>(n_heads) * head_dim;
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t t0 = b * kBlock;
-    kernels::rope_rows(x + t0 * width, std::min(kBlock, n - t0), width, n_heads, head_dim,
-                       positions + t0, config.rope_theta, config.rope_neox);
-  }
-}
-
-void add_bias_rows(float* x, const float* bias, int64_t n, int64_t width) {
-  if (bias == nullptr) return;
-#pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements)
-  for (int64_t i = 0; i < n; ++i) add_bias(x + i * width, bias, width);
-}
-
-void add_rows(float* x, const float* delta, int64_t count) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
-  for (int64_t i = 0; i < count; ++i) x[i] += delta[i];
 }
 
 }  // namespace
 
-std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
-  const Timer total_timer;
+void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kind, RowBuffers& b,
+                                  std::vector<std::vector<float>>* queries, int64_t n_total) {
   const auto n = static_cast<int64_t>(tokens.size());
-  PROTOKV_CHECK(n > 0, "empty prompt: prefill needs at least one token");
-  PROTOKV_CHECK(n <= config.context_length,
-                "prompt of {} tokens is longer than the model's context ({} tokens)", n,
-                config.context_length);
-  for (int32_t t : tokens) check_token(t);
-  reset();
-
-  const int dim = config.dim;
   const int hd = config.head_dim();
   const int n_heads = config.n_heads;
   const int n_kv = config.n_kv_heads;
   const int64_t q_dim = static_cast<int64_t>(n_heads) * hd;
   const int64_t kv_dim = static_cast<int64_t>(n_kv) * hd;
-  const int64_t hidden = config.hidden_dim;
-  const int64_t headroom = decode_headroom(n);
-
+  const int64_t row0 = n_past;  // position of the chunk's first token
   Press* press = options.press;
-  int64_t budget_entries = n;
-  if (press != nullptr) {
-    options.budget.validate();
-    budget_entries = options.budget.resolve(n);
-    SequenceInfo info;
-    info.n_layers = config.n_layers;
-    info.n_heads = n_heads;
-    info.n_kv_heads = n_kv;
-    info.head_dim = hd;
-    info.n_tokens = n;
-    press->begin(info, options.budget);
-    press_begun = true;
-  }
-  // A budget that covers the prompt keeps everything: the cache is filled exactly as without a
-  // press, so the output is bit-identical to no compression.
-  const bool compress = press != nullptr && budget_entries < n;
 
   std::vector<int32_t> positions(static_cast<size_t>(n));  // [n] true token positions
-  std::iota(positions.begin(), positions.end(), 0);
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(row0));
 
-  std::vector<float> x(static_cast<size_t>(n * dim));           // [n, dim] residual stream
-  std::vector<float> xb(static_cast<size_t>(n * dim));          // [n, dim] normalised / projected
-  std::vector<float> q_rows(static_cast<size_t>(n * q_dim));    // [n, n_heads * hd]
-  std::vector<float> k_rows(static_cast<size_t>(n * kv_dim));   // [n, n_kv_heads * hd]
-  std::vector<float> v_rows(static_cast<size_t>(n * kv_dim));   // [n, n_kv_heads * hd]
-  std::vector<float> k_heads(static_cast<size_t>(n * kv_dim));  // [n_kv_heads, n, hd]
-  std::vector<float> v_heads(static_cast<size_t>(n * kv_dim));  // [n_kv_heads, n, hd]
-  std::vector<float> att_rows(static_cast<size_t>(n * q_dim));  // [n, n_heads * hd]
-  // [n_heads, n, hd]: the press's view of the queries, only needed when compressing.
-  std::vector<float> q_heads(compress ? static_cast<size_t>(n * q_dim) : 0);
-  const int64_t chunk = std::min(n, kFfnChunkRows);
-  std::vector<float> gate(static_cast<size_t>(chunk * hidden));  // [chunk, hidden]
-  std::vector<float> up(static_cast<size_t>(chunk * hidden));    // [chunk, hidden]
+  // Head-major copies for the press of a whole-prompt chunk.
+  const bool to_press = kind == ChunkKind::kPromptWhole;
+  std::vector<float> k_heads(to_press ? static_cast<size_t>(n * kv_dim) : 0);  // [n_kv, n, hd]
+  std::vector<float> v_heads(to_press ? static_cast<size_t>(n * kv_dim) : 0);  // [n_kv, n, hd]
+  std::vector<float> q_heads(to_press ? static_cast<size_t>(n * q_dim) : 0);   // [n_heads, n, hd]
+  std::vector<kernels::KvHeadRows> kv_rows(static_cast<size_t>(n_kv));
 
-#pragma omp parallel for schedule(static) if (n * dim >= kParallelMinElements)
-  for (int64_t i = 0; i < n; ++i) {
-    dequantize_row(weights.token_embd.type, weights.token_embd.row(tokens[static_cast<size_t>(i)]),
-                   x.data() + i * dim, dim);
-  }
-
-  const size_t full_layer_kv_bytes = static_cast<size_t>(2 * n * kv_dim) * sizeof(float);
-  size_t done_kv_bytes = 0;  // cache bytes of the layers already compressed
+  embed(tokens, b);
+  const size_t chunk_layer_kv_bytes = static_cast<size_t>(2 * n * kv_dim) * sizeof(float);
+  size_t kv_bytes_now = cache.kv_bytes();  // all layers: this chunk's done ones + earlier chunks
   for (int l = 0; l < config.n_layers; ++l) {
     const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
-
-    // Attention block.
-    kernels::rmsnorm_rows(xb.data(), x.data(), lw.attn_norm, n, dim, config.norm_eps);
-    kernels::matmul(lw.wq, xb.data(), n, q_rows.data());
-    kernels::matmul(lw.wk, xb.data(), n, k_rows.data());
-    kernels::matmul(lw.wv, xb.data(), n, v_rows.data());
-    add_bias_rows(q_rows.data(), lw.bq, n, q_dim);
-    add_bias_rows(k_rows.data(), lw.bk, n, kv_dim);
-    add_bias_rows(v_rows.data(), lw.bv, n, kv_dim);
-    rope_rows_parallel(q_rows.data(), n, n_heads, hd, positions.data(), config);
-    rope_rows_parallel(k_rows.data(), n, n_kv, hd, positions.data(), config);
-    rows_to_heads(k_rows.data(), n, n_kv, hd, k_heads.data());
-    rows_to_heads(v_rows.data(), n, n_kv, hd, v_heads.data());
-    if (compress) rows_to_heads(q_rows.data(), n, n_heads, hd, q_heads.data());
-
-    // Causal attention of every query head (GQA: head h reads KV head h / group), written
-    // straight into token-major rows for the output projection.
-    kernels::attention_prefill_heads({q_rows.data(), q_dim, hd}, {k_heads.data(), hd, n * hd},
-                                     {v_heads.data(), hd, n * hd}, {att_rows.data(), q_dim, hd}, n,
-                                     /*n_past=*/0, n_heads, n_kv, hd);
-
-    // The layer's K/V go to the cache (compressed or whole) while the full tensors are at hand.
-    stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, done_kv_bytes + full_layer_kv_bytes);
     LayerCache& layer_cache = cache.layer(l);
-    if (compress) {
+    attention_inputs(lw, n, positions.data(), b);
+
+    if (to_press) {
+      // Causal attention over the chunk's own K/V, then the press writes this layer's cache
+      // while the full tensors are at hand.
+      rows_to_heads(b.k.data(), n, n_kv, hd, k_heads.data());
+      rows_to_heads(b.v.data(), n, n_kv, hd, v_heads.data());
+      rows_to_heads(b.q.data(), n, n_heads, hd, q_heads.data());
+      kernels::attention_prefill_heads({b.q.data(), q_dim, hd}, {k_heads.data(), hd, n * hd},
+                                       {v_heads.data(), hd, n * hd}, {b.att.data(), q_dim, hd}, n,
+                                       /*n_past=*/0, n_heads, n_kv, hd);
+      stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now + chunk_layer_kv_bytes);
       LayerView view;
       view.layer = l;
       view.n_layers = config.n_layers;
@@ -162,48 +94,164 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
       const Timer compress_timer;
       press->compress_prefill(view, layer_cache);
       stats.compress_ms += compress_timer.ms();
+      const int64_t headroom = decode_headroom(n);
       for (HeadCache& head : layer_cache.heads) head.reserve(head.size() + headroom);
+      kv_bytes_now += layer_cache.kv_bytes();
     } else {
+      // The chunk's K/V join the cache first; then each query row attends to its head's cached
+      // entries (possibly compressed, with log-weights) and the chunk rows up to its own.
+      // Room for the rest of this prompt (or appended turn) and the first decode steps.
+      const int64_t reserve_rows = (n_total - row0) + decode_headroom(n_total);
 #pragma omp parallel for schedule(static) if (n * kv_dim >= kParallelMinElements)
       for (int h = 0; h < n_kv; ++h) {
         HeadCache& head = layer_cache.heads[static_cast<size_t>(h)];
-        head.reserve(n + headroom);
-        const float* keys = k_heads.data() + static_cast<int64_t>(h) * n * hd;
-        const float* values = v_heads.data() + static_cast<int64_t>(h) * n * hd;
+        const int64_t head_past = head.size();
+        head.reserve(head_past + reserve_rows);
         for (int64_t i = 0; i < n; ++i)
-          head.append(keys + i * hd, values + i * hd, positions[static_cast<size_t>(i)]);
+          head.append(b.k.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
+                      b.v.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
+                      positions[static_cast<size_t>(i)]);
+        kv_rows[static_cast<size_t>(h)] = {
+            head.keys(), head.values(), hd,
+            head.has_log_weights() ? head.log_weights().data() : nullptr, head_past};
+      }
+      kv_bytes_now += chunk_layer_kv_bytes;
+      if (kind != ChunkKind::kAppend)  // the stats describe the prompt's prefill
+        stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now);
+      kernels::attention_prefill_cached({b.q.data(), q_dim, hd}, kv_rows, {b.att.data(), q_dim, hd},
+                                        n, n_heads, hd);
+      if (queries != nullptr) {
+        auto& layer_queries = (*queries)[static_cast<size_t>(l)];
+        if (layer_queries.empty()) layer_queries.assign(static_cast<size_t>(n_total * q_dim), 0.0f);
+        rows_to_heads(b.q.data(), n, n_heads, hd, layer_queries.data(), row0, n_total);
+      }
+      // After compression, appended rows reach the press like decoded tokens do.
+      if (kind == ChunkKind::kAppend && press_begun && press != nullptr) {
+        for (int64_t i = 0; i < n; ++i)
+          press->on_decode(l, b.q.data() + i * q_dim, positions[static_cast<size_t>(i)],
+                           layer_cache);
       }
     }
-    done_kv_bytes += layer_cache.kv_bytes();
 
-    kernels::matmul(lw.wo, att_rows.data(), n, xb.data());
-    add_rows(x.data(), xb.data(), n * dim);
-
-    // Feed-forward block, `chunk` rows at a time (rows are independent).
-    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
-      const int64_t rows = std::min(chunk, n - r0);
-      float* x_chunk = x.data() + r0 * dim;
-      float* xb_chunk = xb.data() + r0 * dim;
-      kernels::rmsnorm_rows(xb_chunk, x_chunk, lw.ffn_norm, rows, dim, config.norm_eps);
-      kernels::matmul(lw.w_gate, xb_chunk, rows, gate.data());
-      kernels::matmul(lw.w_up, xb_chunk, rows, up.data());
-#pragma omp parallel for schedule(static) if (rows * hidden >= kParallelMinElements)
-      for (int64_t r = 0; r < rows; ++r)
-        swiglu(gate.data() + r * hidden, up.data() + r * hidden, hidden);
-      kernels::matmul(lw.w_down, gate.data(), rows, xb_chunk);
-      add_rows(x_chunk, xb_chunk, rows * dim);
-    }
+    attention_output_and_ffn(lw, n, b);
   }
 
   // Logits of the last token only.
-  float* last = x.data() + (n - 1) * dim;
-  kernels::rmsnorm(last, last, weights.output_norm, dim, config.norm_eps);
-  kernels::matvec(weights.output, last, logits.data());
+  float* last = b.x.data() + (n - 1) * config.dim;
+  output_logits(last, last);
+  n_past += n;
+}
 
-  n_past = n;
+void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>& queries,
+                                           int64_t n) {
+  const int hd = config.head_dim();
+  const int n_kv = config.n_kv_heads;
+  const int64_t kv_dim = static_cast<int64_t>(n_kv) * hd;
+  std::vector<float> k_heads(static_cast<size_t>(n * kv_dim));  // [n_kv, n, hd]
+  std::vector<float> v_heads(static_cast<size_t>(n * kv_dim));  // [n_kv, n, hd]
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  std::iota(positions.begin(), positions.end(), 0);
+  const size_t row_bytes = static_cast<size_t>(n * hd) * sizeof(float);
+  const int64_t headroom = decode_headroom(n);
+  for (int l = 0; l < config.n_layers; ++l) {
+    LayerCache& layer_cache = cache.layer(l);
+    for (int h = 0; h < n_kv; ++h) {
+      HeadCache& head = layer_cache.heads[static_cast<size_t>(h)];
+      std::memcpy(k_heads.data() + static_cast<int64_t>(h) * n * hd, head.keys(), row_bytes);
+      std::memcpy(v_heads.data() + static_cast<int64_t>(h) * n * hd, head.values(), row_bytes);
+      head.clear();  // compress_prefill writes into empty heads
+    }
+    LayerView view;
+    view.layer = l;
+    view.n_layers = config.n_layers;
+    view.n_tokens = n;
+    view.head_dim = hd;
+    view.n_heads = config.n_heads;
+    view.n_kv_heads = n_kv;
+    view.q = queries[static_cast<size_t>(l)].data();
+    view.k = k_heads.data();
+    view.v = v_heads.data();
+    view.positions = positions.data();
+    const Timer compress_timer;
+    options.press->compress_prefill(view, layer_cache);
+    stats.compress_ms += compress_timer.ms();
+    for (HeadCache& head : layer_cache.heads) {
+      head.release_unused();
+      head.reserve(head.size() + headroom);
+    }
+  }
+}
+
+std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
+  const Timer total_timer;
+  const auto n = static_cast<int64_t>(tokens.size());
+  PROTOKV_CHECK(n > 0, "empty prompt: prefill needs at least one token");
+  PROTOKV_CHECK(n <= config.context_length,
+                "prompt of {} tokens is longer than the model's context ({} tokens)", n,
+                config.context_length);
+  PROTOKV_CHECK(options.ubatch >= 0, "ubatch must be >= 0 (0: the whole prompt), got {}",
+                options.ubatch);
+  for (int32_t t : tokens) check_token(t);
+  reset();
+
+  Press* press = options.press;
+  int64_t budget_entries = n;
+  if (press != nullptr) {
+    options.budget.validate();
+    budget_entries = options.budget.resolve(n);
+    SequenceInfo info;
+    info.n_layers = config.n_layers;
+    info.n_heads = config.n_heads;
+    info.n_kv_heads = config.n_kv_heads;
+    info.head_dim = config.head_dim();
+    info.n_tokens = n;
+    press->begin(info, options.budget);
+    press_begun = true;
+  }
+  // A budget that covers the prompt keeps everything: the cache is filled exactly as without a
+  // press, so the output is bit-identical to no compression.
+  const bool compress = press != nullptr && budget_entries < n;
+  const int64_t chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
+
+  RowBuffers rows(chunk, config);
+  if (compress && chunk == n) {
+    forward_chunk(tokens, ChunkKind::kPromptWhole, rows, nullptr, n);
+  } else {
+    std::vector<std::vector<float>> queries(compress ? static_cast<size_t>(config.n_layers) : 0);
+    for (int64_t r0 = 0; r0 < n; r0 += chunk)
+      forward_chunk(
+          tokens.subspan(static_cast<size_t>(r0), static_cast<size_t>(std::min(chunk, n - r0))),
+          ChunkKind::kPrompt, rows, compress ? &queries : nullptr, n);
+    if (compress) compress_cached_prompt(queries, n);
+  }
+
   stats.n_tokens = n;
   stats.kv_bytes = cache.kv_bytes();
   stats.prefill_ms = total_timer.ms();
+  return logits;
+}
+
+void Session::Impl::check_append(std::span<const int32_t> tokens) const {
+  const auto n = static_cast<int64_t>(tokens.size());
+  PROTOKV_CHECK(n > 0, "nothing to append: no tokens given");
+  PROTOKV_CHECK(n_past + n <= config.context_length,
+                "context is full: {} tokens after position {} do not fit the model's context of "
+                "{} tokens",
+                n, n_past, config.context_length);
+  PROTOKV_CHECK(options.ubatch >= 0, "ubatch must be >= 0 (0: the whole prompt), got {}",
+                options.ubatch);
+  for (int32_t t : tokens) check_token(t);
+}
+
+std::span<const float> Session::Impl::append(std::span<const int32_t> tokens) {
+  check_append(tokens);
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
+  RowBuffers rows(chunk, config);
+  for (int64_t r0 = 0; r0 < n; r0 += chunk)
+    forward_chunk(
+        tokens.subspan(static_cast<size_t>(r0), static_cast<size_t>(std::min(chunk, n - r0))),
+        ChunkKind::kAppend, rows, nullptr, n_past + n);
   return logits;
 }
 

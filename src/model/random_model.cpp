@@ -54,23 +54,25 @@ inline float approx_normal(uint64_t bits) {
   return (static_cast<float>(sum) + 2.0f - 2.0f * 65536.0f) * kScale;
 }
 
-float standard_deviation(const LlamaTensorSpec& spec, const ModelConfig& config) {
+float standard_deviation(const TensorSpec& spec, const ModelConfig& config) {
   const float fan_in = 1.0f / std::sqrt(static_cast<float>(spec.cols));
   const float residual = 1.0f / std::sqrt(2.0f * static_cast<float>(config.n_layers));
-  switch (spec.kind) {
-    case LlamaTensor::kTokenEmbd:
+  switch (spec.entry->init) {
+    case TensorInit::kOnes:
+      return 0.0f;  // not random (random_tensor_rows fills ones)
+    case TensorInit::kEmbedding:
       return 1.0f;
-    case LlamaTensor::kAttnOutput:
-    case LlamaTensor::kFfnDown:
+    case TensorInit::kResidual:
       return fan_in * residual;
-    default:
+    case TensorInit::kFanIn:
       return fan_in;
   }
+  return fan_in;
 }
 
 // Fills `spec` stored as `type` into `dst` (threads over rows; each row has its own stream, so
 // the bytes do not depend on the thread count).
-void fill_tensor(const LlamaTensorSpec& spec, const ModelConfig& config, uint64_t seed, DType type,
+void fill_tensor(const TensorSpec& spec, const ModelConfig& config, uint64_t seed, DType type,
                  void* dst) {
   const size_t row_bytes = dtype_row_bytes(type, spec.cols);
   if (type == DType::F32) {
@@ -182,17 +184,16 @@ std::shared_ptr<Tokenizer> synthetic_tokenizer(int vocab_size) {
                                      /*bos_id=*/1, /*eos_id=*/2, /*unk_id=*/0);
 }
 
-void random_tensor_rows(const LlamaTensorSpec& spec, const ModelConfig& config, uint64_t seed,
+void random_tensor_rows(const TensorSpec& spec, const ModelConfig& config, uint64_t seed,
                         int64_t row_begin, int64_t row_end, float* out) {
   const auto cols = static_cast<size_t>(spec.cols);
-  if (spec.is_vector()) {
+  if (spec.entry->init == TensorInit::kOnes) {
     std::fill(out, out + static_cast<size_t>(row_end - row_begin) * cols, 1.0f);
     return;
   }
   const float sd = standard_deviation(spec, config);
   // One stream per (seed, tensor, row); the tensor key is independent of the layer count.
-  const uint64_t tensor_key =
-      static_cast<uint64_t>(spec.layer + 1) * 64 + static_cast<uint64_t>(spec.kind);
+  const uint64_t tensor_key = static_cast<uint64_t>(spec.layer + 1) * 64 + spec.entry->seed_key;
   const uint64_t tensor_seed = mix64(mix64(seed) ^ tensor_key);
   for (int64_t r = row_begin; r < row_end; ++r) {
     Xoshiro256 rng(mix64(tensor_seed ^ static_cast<uint64_t>(r)));
@@ -208,7 +209,7 @@ std::vector<std::string> write_random_model(const RandomModelOptions& options,
   GgufWriter writer;
   set_llama_metadata(writer, c, options.type, options.name);
   synthetic_tokenizer(c.vocab_size)->write_gguf(writer);
-  for (const auto& spec : llama_tensor_specs(c)) {
+  for (const auto& spec : tensor_specs(c, /*with_optional=*/false)) {
     const DType type = storage_type(spec, options.type);
     std::vector<int64_t> dims = spec.is_vector() ? std::vector<int64_t>{spec.cols}
                                                  : std::vector<int64_t>{spec.cols, spec.rows};
@@ -229,52 +230,14 @@ ModelWeights random_model_weights(const ModelConfig& config, uint64_t seed) {
   ModelWeights w;
   w.config = config;
   w.layers.resize(static_cast<size_t>(config.n_layers));
-  for (const auto& spec : llama_tensor_specs(config)) {
+  for_each_tensor(config, w, [&](const TensorSlot<ModelWeights>& t) {
+    const TensorSpec& spec = t.spec;
+    if (!spec.required()) return;  // random models have no optional tensors (biases)
     auto buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(spec.rows * spec.cols));
     fill_tensor(spec, config, seed, DType::F32, buffer->data());
-    const float* data = buffer->data();
+    t.bind(buffer->data());
     w.storage.push_back(std::move(buffer));
-    const WeightMatrix m{DType::F32, data, spec.rows, spec.cols};
-    LayerWeights* l = spec.layer >= 0 ? &w.layers[static_cast<size_t>(spec.layer)] : nullptr;
-    switch (spec.kind) {
-      case LlamaTensor::kTokenEmbd:
-        w.token_embd = m;
-        break;
-      case LlamaTensor::kOutputNorm:
-        w.output_norm = data;
-        break;
-      case LlamaTensor::kOutput:
-        w.output = m;
-        break;
-      case LlamaTensor::kAttnNorm:
-        l->attn_norm = data;
-        break;
-      case LlamaTensor::kAttnQ:
-        l->wq = m;
-        break;
-      case LlamaTensor::kAttnK:
-        l->wk = m;
-        break;
-      case LlamaTensor::kAttnV:
-        l->wv = m;
-        break;
-      case LlamaTensor::kAttnOutput:
-        l->wo = m;
-        break;
-      case LlamaTensor::kFfnNorm:
-        l->ffn_norm = data;
-        break;
-      case LlamaTensor::kFfnGate:
-        l->w_gate = m;
-        break;
-      case LlamaTensor::kFfnUp:
-        l->w_up = m;
-        break;
-      case LlamaTensor::kFfnDown:
-        l->w_down = m;
-        break;
-    }
-  }
+  });
   if (config.shared_classifier) w.output = w.token_embd;
   return w;
 }

@@ -48,7 +48,7 @@ std::shared_ptr<Tokenizer> synthetic_tokenizer(int vocab_size);
 // deviation 1/sqrt(cols); the residual-branch outputs (attn_output, ffn_down) are further scaled
 // by 1/sqrt(2 n_layers) as in GPT-2 so the residual stream stays O(1); token embeddings have
 // standard deviation 1; norm weights are 1.
-void random_tensor_rows(const LlamaTensorSpec& spec, const ModelConfig& config, uint64_t seed,
+void random_tensor_rows(const TensorSpec& spec, const ModelConfig& config, uint64_t seed,
                         int64_t row_begin, int64_t row_end, float* out);
 
 // Writes the model (with the synthetic tokenizer) as GGUF, streaming one tensor at a time.

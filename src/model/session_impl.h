@@ -1,37 +1,48 @@
 #pragma once
-// Internal state of protokv::Session, shared by session.cpp (lifecycle), prefill.cpp and
-// decode.cpp. Not part of the public API.
+// Internal state of protokv::Session, shared by session.cpp (lifecycle), forward.cpp (the
+// transformer block), prefill.cpp and decode.cpp. Not part of the public API.
 #include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "protokv/engine.h"
 
 namespace protokv {
 
-// Buffers of one decode step, allocated once per Session so that a step allocates nothing but
-// cache growth.
-struct DecodeScratch {
-  std::vector<float> x;     // [dim] residual stream
-  std::vector<float> xb;    // [dim] normalised input of a sub-block
-  std::vector<float> q;     // [n_heads * head_dim]
-  std::vector<float> k;     // [n_kv_heads * head_dim]
-  std::vector<float> v;     // [n_kv_heads * head_dim]
-  std::vector<float> att;   // [n_heads * head_dim] attention output before wo
-  std::vector<float> proj;  // [dim] output of wo / w_down
-  std::vector<float> gate;  // [hidden_dim]
-  std::vector<float> up;    // [hidden_dim]
-  // Softmax weights for observers: KV head h owns slots [h * group, (h + 1) * group) of
-  // probs_stride floats each, filled as [group, entries] rows by the group attention kernel.
-  std::vector<float> probs;  // [n_heads * probs_stride]
-  int64_t probs_stride = 0;
+// Activations of `rows` token rows through one transformer block (forward.cpp). Decode uses a
+// one-row set owned by the Session, so a decode step allocates nothing but cache growth; a
+// prefill allocates one for its chunk.
+struct RowBuffers {
+  RowBuffers() = default;
+  RowBuffers(int64_t rows, const ModelConfig& config);
+  int64_t rows = 0;
+  std::vector<float> x;     // [rows, dim] residual stream
+  std::vector<float> xb;    // [rows, dim] normalised input of a sub-block, then its projection
+  std::vector<float> q;     // [rows, n_heads * head_dim] post-RoPE queries
+  std::vector<float> k;     // [rows, n_kv_heads * head_dim] post-RoPE keys
+  std::vector<float> v;     // [rows, n_kv_heads * head_dim]
+  std::vector<float> att;   // [rows, n_heads * head_dim] attention output before wo
+  std::vector<float> gate;  // [ffn_rows, hidden_dim]
+  std::vector<float> up;    // [ffn_rows, hidden_dim]
+  int64_t ffn_rows = 0;     // FFN rows processed at once (bounds gate/up on long prompts)
+};
+
+// How a chunk of rows (Session::Impl::forward_chunk, prefill.cpp) treats the cache and the press.
+enum class ChunkKind {
+  kPrompt,       // part of prefill(): compression (if any) is deferred to the end of the prompt
+  kPromptWhole,  // the whole prompt in one chunk with a compressing press: K/V go to the press
+  kAppend,       // append() after a prefill: no compression, the press's decode hook sees rows
 };
 
 struct Session::Impl {
   Impl(const ModelWeights& w, SessionOptions opts);
 
   std::span<const float> prefill(std::span<const int32_t> tokens);
+  std::span<const float> append(std::span<const int32_t> tokens);
+  // Throws Error, leaving the session as it is, when `tokens` cannot be appended.
+  void check_append(std::span<const int32_t> tokens) const;
   std::span<const float> decode(int32_t token);
   void reset();
 
@@ -43,16 +54,42 @@ struct Session::Impl {
   // Grows the per-head probability scratch to hold `n` entries per head.
   void ensure_probs_capacity(int64_t n);
 
+  // The transformer block as steps over the rows of `b` (forward.cpp). Each dispatches on the
+  // row count inside the kernels: one row takes the SIMD mat-vec path, many rows BLAS GEMMs.
+  // x = embeddings of `tokens`.
+  void embed(std::span<const int32_t> tokens, RowBuffers& b) const;
+  // q/k/v = projections of rmsnorm(x) (+ biases), RoPE'd at `positions`.
+  void attention_inputs(const LayerWeights& lw, int64_t n, const int32_t* positions,
+                        RowBuffers& b) const;
+  // x += wo · att, then x += FFN(rmsnorm(x)).
+  void attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b) const;
+  // logits = output · rmsnorm(x_row); `scratch` [dim] may alias x_row.
+  void output_logits(const float* x_row, float* scratch);
+
+  // Runs `tokens` at positions n_past.. through every layer (prefill.cpp). `queries`, when not
+  // null, collects each layer's post-RoPE queries [n_layers][n_heads, n_total, head_dim] for a
+  // deferred compression.
+  void forward_chunk(std::span<const int32_t> tokens, ChunkKind kind, RowBuffers& b,
+                     std::vector<std::vector<float>>* queries, int64_t n_total);
+  // Compresses every layer of a fully prefilled, uncompressed cache with the press, using the
+  // queries collected by forward_chunk.
+  void compress_cached_prompt(const std::vector<std::vector<float>>& queries, int64_t n);
+
   const ModelWeights& weights;
   const ModelConfig& config;
   SessionOptions options;
+  kernels::RopeTable rope;  // built once, for every step of every sequence of this Session
   KvCache cache;
   int64_t n_past = 0;
   bool press_begun = false;  // press->begin() ran for the current sequence
   PrefillStats stats;
   DecodeObserver* observer = nullptr;
   std::vector<float> logits;  // [vocab]
-  DecodeScratch scratch;
+  RowBuffers step;            // one row: decode
+  // Softmax weights for observers: KV head h owns slots [h * group, (h + 1) * group) of
+  // probs_stride floats each, filled as [group, entries] rows by the group attention kernel.
+  std::vector<float> probs;  // [n_heads * probs_stride]
+  int64_t probs_stride = 0;
 };
 
 // x[i] += bias[i] when a bias is present (Qwen2 q/k/v biases).

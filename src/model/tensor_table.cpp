@@ -1,0 +1,133 @@
+#include "model/tensor_table.h"
+
+#include <fmt/format.h>
+
+#include "model/gguf_names.h"
+
+namespace protokv {
+namespace {
+
+int64_t q_width(const ModelConfig& c) {
+  return int64_t{c.n_heads} * c.head_dim();
+}
+int64_t kv_width(const ModelConfig& c) {
+  return int64_t{c.n_kv_heads} * c.head_dim();
+}
+
+TensorShape vocab_by_dim(const ModelConfig& c) {
+  return {c.vocab_size, c.dim};
+}
+TensorShape dim_vector(const ModelConfig& c) {
+  return {1, c.dim};
+}
+TensorShape q_by_dim(const ModelConfig& c) {
+  return {q_width(c), c.dim};
+}
+TensorShape kv_by_dim(const ModelConfig& c) {
+  return {kv_width(c), c.dim};
+}
+TensorShape dim_by_q(const ModelConfig& c) {
+  return {c.dim, q_width(c)};
+}
+TensorShape q_vector(const ModelConfig& c) {
+  return {1, q_width(c)};
+}
+TensorShape kv_vector(const ModelConfig& c) {
+  return {1, kv_width(c)};
+}
+TensorShape hidden_by_dim(const ModelConfig& c) {
+  return {c.hidden_dim, c.dim};
+}
+TensorShape dim_by_hidden(const ModelConfig& c) {
+  return {c.dim, c.hidden_dim};
+}
+
+using P = TensorPresence;
+using I = TensorInit;
+using MW = ModelWeights;
+using LW = LayerWeights;
+
+// Llama (llama.cpp's LLM_ARCH_LLAMA names). seed_key values are fixed forever: they select the
+// random streams of make-model, so changing one changes every random model.
+// clang-format off
+const TensorEntry kLlama[] = {
+    {"token_embd.weight",       false, false, P::kRequired, vocab_by_dim, I::kEmbedding, false, 0, &MW::token_embd, nullptr, nullptr, nullptr},
+    {"output_norm.weight",      false, true,  P::kRequired, dim_vector, I::kOnes, false, 1, nullptr, &MW::output_norm, nullptr, nullptr},
+    {"output.weight",           false, false, P::kUnlessSharedClassifier, vocab_by_dim, I::kFanIn, false, 2, &MW::output, nullptr, nullptr, nullptr},
+    {"blk.{}.attn_norm.weight",   true, true,  P::kRequired, dim_vector, I::kOnes, false, 3, nullptr, nullptr, nullptr, &LW::attn_norm},
+    {"blk.{}.attn_q.weight",      true, false, P::kRequired, q_by_dim, I::kFanIn, true, 4, nullptr, nullptr, &LW::wq, nullptr},
+    {"blk.{}.attn_q.bias",        true, true,  P::kOptional, q_vector, I::kFanIn, false, 12, nullptr, nullptr, nullptr, &LW::bq},
+    {"blk.{}.attn_k.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 5, nullptr, nullptr, &LW::wk, nullptr},
+    {"blk.{}.attn_k.bias",        true, true,  P::kOptional, kv_vector, I::kFanIn, false, 13, nullptr, nullptr, nullptr, &LW::bk},
+    {"blk.{}.attn_v.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 6, nullptr, nullptr, &LW::wv, nullptr},
+    {"blk.{}.attn_v.bias",        true, true,  P::kOptional, kv_vector, I::kFanIn, false, 14, nullptr, nullptr, nullptr, &LW::bv},
+    {"blk.{}.attn_output.weight", true, false, P::kRequired, dim_by_q, I::kResidual, true, 7, nullptr, nullptr, &LW::wo, nullptr},
+    {"blk.{}.ffn_norm.weight",    true, true,  P::kRequired, dim_vector, I::kOnes, false, 8, nullptr, nullptr, nullptr, &LW::ffn_norm},
+    {"blk.{}.ffn_gate.weight",    true, false, P::kRequired, hidden_by_dim, I::kFanIn, true, 9, nullptr, nullptr, &LW::w_gate, nullptr},
+    {"blk.{}.ffn_up.weight",      true, false, P::kRequired, hidden_by_dim, I::kFanIn, true, 10, nullptr, nullptr, &LW::w_up, nullptr},
+    {"blk.{}.ffn_down.weight",    true, false, P::kRequired, dim_by_hidden, I::kResidual, true, 11, nullptr, nullptr, &LW::w_down, nullptr},
+};
+// clang-format on
+
+}  // namespace
+
+std::span<const TensorEntry> tensor_table(std::string_view architecture) {
+  if (architecture == gguf_names::kArchLlama) return kLlama;
+  fail("unsupported model architecture '{}' (only 'llama' is supported)", architecture);
+}
+
+std::vector<TensorSpec> tensor_specs(const ModelConfig& config, bool with_optional) {
+  const std::span<const TensorEntry> table = tensor_table(config.architecture);
+  std::vector<TensorSpec> specs;
+  auto add = [&](const TensorEntry& e, int layer) {
+    if (e.presence == P::kOptional && !with_optional) return;
+    if (e.presence == P::kUnlessSharedClassifier && config.shared_classifier) return;
+    const TensorShape shape = e.shape(config);
+    std::string name =
+        layer >= 0 ? fmt::format(fmt::runtime(e.gguf_name), layer) : std::string(e.gguf_name);
+    specs.push_back({&e, layer, std::move(name), shape.rows, shape.cols});
+  };
+  for (const TensorEntry& e : table)
+    if (!e.per_layer) add(e, -1);
+  for (int l = 0; l < config.n_layers; ++l)
+    for (const TensorEntry& e : table)
+      if (e.per_layer) add(e, l);
+  return specs;
+}
+
+WeightMatrix tensor_view(const ModelWeights& w, const TensorSpec& spec) {
+  const TensorEntry& e = *spec.entry;
+  if (e.per_layer) {
+    const LayerWeights& l = w.layers.at(static_cast<size_t>(spec.layer));
+    if (e.layer_matrix != nullptr) return l.*e.layer_matrix;
+    return WeightMatrix{DType::F32, l.*e.layer_vector, 1, spec.cols};
+  }
+  if (e.model_matrix != nullptr) return w.*e.model_matrix;
+  return WeightMatrix{DType::F32, w.*e.model_vector, 1, spec.cols};
+}
+
+void check_tensors(const ModelWeights& weights) {
+  const ModelConfig& c = weights.config;
+  c.validate();
+  for_each_tensor(c, weights, [](const TensorSlot<const ModelWeights>& t) {
+    const TensorSpec& s = t.spec;
+    if (!t.present()) {
+      PROTOKV_CHECK(!s.required(), "model is missing weight {}", s.name);
+      return;
+    }
+    const WeightMatrix w = t.view();
+    PROTOKV_CHECK(w.rows == s.rows && w.cols == s.cols,
+                  "weight {} has shape [{}, {}], expected [{}, {}]", s.name, w.rows, w.cols, s.rows,
+                  s.cols);
+    PROTOKV_CHECK(w.cols % dtype_block_size(w.type) == 0,
+                  "weight {}: {} columns are not a multiple of the {} block size", s.name, w.cols,
+                  dtype_name(w.type));
+  });
+  if (c.shared_classifier) {  // output aliases token_embd and is not in the table walk
+    PROTOKV_CHECK(weights.output.data != nullptr && weights.output.rows == c.vocab_size &&
+                      weights.output.cols == c.dim,
+                  "model with a shared classifier must view token_embd as its output");
+  }
+}
+
+}  // namespace protokv

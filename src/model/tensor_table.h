@@ -1,0 +1,133 @@
+#pragma once
+// The one declarative table of an architecture's tensors (docs/DESIGN.md §3.1): name, shape from
+// the config, required or optional, and where it lives in ModelWeights. Loading (GGUF, llama2.c),
+// export, weight checks, byte / parameter / FLOP counts and the random-model builder all walk it
+// through for_each_tensor, so adding a tensor (a bias, a q/k norm) or an architecture is a table
+// entry, not a dozen edits. After gemma.cpp's ForEachTensor (gemma/weights.h).
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "protokv/error.h"
+#include "protokv/model.h"
+
+namespace protokv {
+
+struct TensorShape {
+  int64_t rows = 0;  // vectors: 1
+  int64_t cols = 0;
+};
+
+enum class TensorPresence {
+  kRequired,
+  kOptional,                // e.g. llama q/k/v biases: used when the model has them
+  kUnlessSharedClassifier,  // output.weight: absent when the classifier reuses token_embd
+};
+
+// How the random-model builder initialises a tensor (random_model.cpp).
+enum class TensorInit {
+  kOnes,       // norm weights
+  kEmbedding,  // standard deviation 1
+  kFanIn,      // standard deviation 1/sqrt(cols)
+  kResidual,   // 1/sqrt(cols) / sqrt(2 n_layers): outputs that add into the residual stream
+};
+
+struct TensorEntry {
+  std::string_view gguf_name;  // per-layer names hold "{}" for the layer index
+  bool per_layer = false;
+  bool is_vector = false;  // one F32 row (norms, biases), held as const float*
+  TensorPresence presence = TensorPresence::kRequired;
+  TensorShape (*shape)(const ModelConfig&) = nullptr;
+  TensorInit init = TensorInit::kFanIn;
+  bool projection = false;  // a per-token matrix product of a block (counted in FLOPs)
+  uint64_t seed_key = 0;    // stable id of the tensor in random-model streams
+  // Where the tensor lives: exactly one of these is set.
+  WeightMatrix ModelWeights::*model_matrix = nullptr;
+  const float* ModelWeights::*model_vector = nullptr;
+  WeightMatrix LayerWeights::*layer_matrix = nullptr;
+  const float* LayerWeights::*layer_vector = nullptr;
+};
+
+// The table of `architecture`, in GGUF file order (globals, then each block). Throws Error for an
+// architecture protokv cannot run.
+std::span<const TensorEntry> tensor_table(std::string_view architecture);
+
+// One tensor of a concrete config.
+struct TensorSpec {
+  const TensorEntry* entry = nullptr;
+  int layer = -1;  // -1 outside the blocks
+  std::string name;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool is_vector() const { return entry->is_vector; }
+  bool required() const { return entry->presence != TensorPresence::kOptional; }
+  uint64_t elements() const { return static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols); }
+};
+
+// Every tensor `config` can have, in file order: output.weight only without a shared classifier,
+// optional tensors only with `with_optional`.
+std::vector<TensorSpec> tensor_specs(const ModelConfig& config, bool with_optional);
+
+// A tensor of `weights` as for_each_tensor hands it out; `Weights` is ModelWeights or
+// const ModelWeights.
+template <class Weights>
+struct TensorSlot {
+  static constexpr bool kConst = std::is_const_v<Weights>;
+  using Matrix = std::conditional_t<kConst, const WeightMatrix, WeightMatrix>;
+  using Vector = std::conditional_t<kConst, const float* const, const float*>;
+
+  const TensorSpec& spec;
+  Matrix* matrix = nullptr;  // set for matrices
+  Vector* vector = nullptr;  // set for vectors
+
+  bool present() const { return matrix != nullptr ? matrix->data != nullptr : *vector != nullptr; }
+  // The tensor as a matrix (a vector as one F32 row); data null when absent.
+  WeightMatrix view() const {
+    if (matrix != nullptr) return *matrix;
+    return WeightMatrix{DType::F32, *vector, 1, spec.cols};
+  }
+  // Points the slot at `data` (an F32 vector, or a matrix of the spec's shape in `type`).
+  void bind(const void* data, DType type = DType::F32) const requires(!kConst) {
+    if (matrix != nullptr) {
+      *matrix = WeightMatrix{type, data, spec.rows, spec.cols};
+    } else {
+      PROTOKV_CHECK(type == DType::F32, "vector tensor {} must be F32", spec.name);
+      *vector = static_cast<const float*>(data);
+    }
+  }
+};
+
+// Calls f(TensorSlot) for every tensor `config` can have (optional ones included: a slot says
+// whether it is present), in file order. `weights.layers` must hold config.n_layers layers.
+// When the classifier is shared, output is not visited (it aliases token_embd).
+template <class Weights, class F>
+void for_each_tensor(const ModelConfig& config, Weights& weights, F&& f) {
+  PROTOKV_CHECK(static_cast<int>(weights.layers.size()) == config.n_layers,
+                "model has {} layers of weights, config says {}", weights.layers.size(),
+                config.n_layers);
+  for (const TensorSpec& spec : tensor_specs(config, /*with_optional=*/true)) {
+    const TensorEntry& e = *spec.entry;
+    TensorSlot<Weights> slot{spec};
+    if (e.per_layer) {
+      auto& layer = weights.layers[static_cast<size_t>(spec.layer)];
+      if (e.layer_matrix != nullptr) slot.matrix = &(layer.*e.layer_matrix);
+      if (e.layer_vector != nullptr) slot.vector = &(layer.*e.layer_vector);
+    } else {
+      if (e.model_matrix != nullptr) slot.matrix = &(weights.*e.model_matrix);
+      if (e.model_vector != nullptr) slot.vector = &(weights.*e.model_vector);
+    }
+    f(slot);
+  }
+}
+
+// The tensor `spec` names inside `weights` (a vector as one F32 row; data null when absent).
+WeightMatrix tensor_view(const ModelWeights& weights, const TensorSpec& spec);
+
+// Throws Error unless every required tensor is present and every present one has its shape
+// (and, for matrices, whole quantisation blocks per row).
+void check_tensors(const ModelWeights& weights);
+
+}  // namespace protokv

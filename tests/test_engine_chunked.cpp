@@ -1,0 +1,226 @@
+// Chunked prefill (SessionOptions::ubatch) and Session::append: the prompt fed in chunks, or a
+// follow-up turn fed after a (compressed) prefill, gives the logits and caches of a single chunk
+// or of token-by-token decode to float rounding; a press still runs once over the whole prompt.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "protokv/engine.h"
+#include "protokv/error.h"
+#include "protokv/press.h"
+#include "protokv/press_registry.h"
+#include "test_engine_model.h"
+
+namespace protokv {
+namespace {
+
+using testing::make_random_model;
+using testing::RandomModelSpec;
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (auto& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+std::vector<float> to_vector(std::span<const float> s) {
+  return std::vector<float>(s.begin(), s.end());
+}
+
+// Largest |a - b| / max(1, |b|).
+float worst_error(std::span<const float> a, std::span<const float> b) {
+  EXPECT_EQ(a.size(), b.size());
+  float worst = 0.0f;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(1.0f, std::fabs(b[i])));
+  return worst;
+}
+
+// Same entries (positions, log-weights) per head, keys and values to `tol`.
+void expect_same_cache(const KvCache& a, const KvCache& b, float tol) {
+  ASSERT_EQ(a.n_layers(), b.n_layers());
+  for (int l = 0; l < a.n_layers(); ++l)
+    for (int h = 0; h < a.n_kv_heads(); ++h) {
+      const HeadCache& x = a.layer(l).heads[static_cast<size_t>(h)];
+      const HeadCache& y = b.layer(l).heads[static_cast<size_t>(h)];
+      ASSERT_EQ(x.size(), y.size()) << "layer " << l << " head " << h;
+      EXPECT_TRUE(std::equal(x.positions().begin(), x.positions().end(), y.positions().begin()))
+          << "layer " << l << " head " << h;
+      const auto n = static_cast<size_t>(x.size() * x.head_dim());
+      EXPECT_LE(worst_error({x.keys(), n}, {y.keys(), n}), tol) << "layer " << l << " head " << h;
+      EXPECT_LE(worst_error({x.values(), n}, {y.values(), n}), tol);
+      EXPECT_LE(worst_error(x.log_weights(), y.log_weights()), tol);
+    }
+}
+
+constexpr float kTol = 1e-5f;
+
+struct ChunkCase {
+  DType type;
+  int ubatch;
+};
+
+class ChunkedPrefill : public ::testing::TestWithParam<ChunkCase> {};
+
+TEST_P(ChunkedPrefill, EqualsOneShotPrefillAndDecodesTheSame) {
+  RandomModelSpec spec;
+  spec.type = GetParam().type;
+  spec.n_layers = 3;
+  spec.biases = true;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(37, spec.vocab_size, 11);
+
+  Session whole(model.weights);
+  const auto expected = to_vector(whole.prefill(tokens));
+  SessionOptions options;
+  options.ubatch = GetParam().ubatch;
+  Session chunked(model.weights, options);
+  const auto actual = to_vector(chunked.prefill(tokens));
+  EXPECT_EQ(chunked.n_past(), 37);
+  EXPECT_LE(worst_error(actual, expected), kTol);
+  expect_same_cache(chunked.cache(), whole.cache(), kTol);
+  EXPECT_EQ(chunked.prefill_stats().kv_bytes, whole.prefill_stats().kv_bytes);
+  EXPECT_EQ(chunked.prefill_stats().peak_kv_bytes, whole.prefill_stats().peak_kv_bytes);
+  for (int32_t t : {5, 9, 2})
+    EXPECT_LE(worst_error(chunked.decode(t), to_vector(whole.decode(t))), kTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ChunkedPrefill,
+                         ::testing::Values(ChunkCase{DType::F32, 1}, ChunkCase{DType::F32, 4},
+                                           ChunkCase{DType::F32, 16}, ChunkCase{DType::F32, 36},
+                                           ChunkCase{DType::Q8_0, 5}, ChunkCase{DType::F16, 9}),
+                         [](const auto& info) {
+                           return std::string(dtype_name(info.param.type)) + "_ubatch" +
+                                  std::to_string(info.param.ubatch);
+                         });
+
+TEST(ChunkedPrefill, UbatchOfThePromptOrMoreIsBitIdenticalToOneShot) {
+  const auto model = make_random_model({});
+  const auto tokens = random_tokens(20, 300, 3);
+  Session whole(model.weights);
+  const auto expected = to_vector(whole.prefill(tokens));
+  for (int ubatch : {20, 1000}) {
+    SessionOptions options;
+    options.ubatch = ubatch;
+    Session session(model.weights, options);
+    EXPECT_EQ(to_vector(session.prefill(tokens)), expected) << ubatch;
+  }
+}
+
+// With a compressing press the chunks fill the cache in full and the press runs once over the
+// whole prompt, after the final chunk: it keeps the same entries as with one chunk.
+TEST(ChunkedPrefill, PressRunsOnceOverTheWholePromptAndKeepsTheSameEntries) {
+  RandomModelSpec spec;
+  spec.n_layers = 3;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(48, spec.vocab_size, 5);
+  for (const char* method : {"snapkv", "streaming_llm", "h2o", "adakv", "protokv"}) {
+    SCOPED_TRACE(method);
+    auto one_press = make_press(method);
+    auto chunked_press = make_press(method);
+    SessionOptions one_options;
+    one_options.press = one_press.get();
+    one_options.budget.entries = 16;
+    SessionOptions chunked_options = one_options;
+    chunked_options.press = chunked_press.get();
+    chunked_options.ubatch = 7;
+    Session one(model.weights, one_options);
+    Session chunked(model.weights, chunked_options);
+    // Prefill logits never depend on the press: attention inside prefill sees every token.
+    EXPECT_LE(worst_error(chunked.prefill(tokens), to_vector(one.prefill(tokens))), kTol);
+    expect_same_cache(chunked.cache(), one.cache(), kTol);
+    EXPECT_EQ(chunked.prefill_stats().kv_bytes, one.prefill_stats().kv_bytes);
+    // The whole uncompressed cache exists before the press runs.
+    const size_t hd = static_cast<size_t>(spec.dim / spec.n_heads);
+    EXPECT_EQ(chunked.prefill_stats().peak_kv_bytes,
+              tokens.size() * static_cast<size_t>(spec.n_layers * spec.n_kv_heads) * hd * 8);
+    for (int32_t t : {7, 1})
+      EXPECT_LE(worst_error(chunked.decode(t), to_vector(one.decode(t))), kTol);
+  }
+}
+
+TEST(SessionAppend, FollowUpTurnEqualsOneShotPrefillOfBoth) {
+  RandomModelSpec spec;
+  spec.n_layers = 2;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(30, spec.vocab_size, 8);
+  const std::span<const int32_t> all(tokens);
+  Session whole(model.weights);
+  const auto expected = to_vector(whole.prefill(all));
+  for (int ubatch : {0, 4}) {
+    SessionOptions options;
+    options.ubatch = ubatch;
+    Session turns(model.weights, options);
+    turns.prefill(all.first(12));
+    turns.append(all.subspan(12, 5));
+    const auto actual = to_vector(turns.append(all.subspan(17)));
+    EXPECT_EQ(turns.n_past(), 30);
+    EXPECT_LE(worst_error(actual, expected), kTol) << ubatch;
+    expect_same_cache(turns.cache(), whole.cache(), kTol);
+  }
+}
+
+// A question appended after a compressed context (query-agnostic mode) attends to the ragged,
+// log-weighted cache exactly as decoding it token by token does.
+TEST(SessionAppend, AfterCompressionEqualsTokenByTokenDecode) {
+  RandomModelSpec spec;
+  spec.n_layers = 3;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(40, spec.vocab_size, 9);
+  const std::span<const int32_t> context = std::span<const int32_t>(tokens).first(31);
+  const std::span<const int32_t> question = std::span<const int32_t>(tokens).subspan(31);
+  for (const char* method : {"snapkv", "protokv"}) {
+    SCOPED_TRACE(method);
+    auto press_a = make_press(method);
+    auto press_b = make_press(method);
+    SessionOptions options;
+    options.budget.entries = 12;
+    options.press = press_a.get();
+    Session appended(model.weights, options);
+    options.press = press_b.get();
+    Session decoded(model.weights, options);
+    appended.prefill(context);
+    decoded.prefill(context);
+    const PrefillStats before = appended.prefill_stats();
+    std::span<const float> expected;
+    for (int32_t t : question) expected = decoded.decode(t);
+    const auto actual = to_vector(appended.append(question));
+    // The prefill statistics still describe the prompt's prefill.
+    EXPECT_EQ(appended.prefill_stats().peak_kv_bytes, before.peak_kv_bytes);
+    EXPECT_EQ(appended.prefill_stats().kv_bytes, before.kv_bytes);
+    EXPECT_LE(worst_error(actual, to_vector(expected)), kTol);
+    expect_same_cache(appended.cache(), decoded.cache(), kTol);
+    EXPECT_LE(worst_error(appended.decode(3), to_vector(decoded.decode(3))), kTol);
+  }
+}
+
+TEST(SessionAppend, InputErrors) {
+  RandomModelSpec spec;
+  spec.context_length = 16;
+  const auto model = make_random_model(spec);
+  Session session(model.weights);
+  const std::vector<int32_t> ten(10, 1);
+  EXPECT_THROW(session.append({}), Error);
+  session.prefill(ten);
+  try {
+    session.append(ten);
+    FAIL() << "appending past the context must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context is full"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(session.append(std::vector<int32_t>{1, 300}), Error);  // token outside the vocab
+  EXPECT_EQ(session.n_past(), 10);  // rejected input leaves the session as it was
+  session.append(std::vector<int32_t>(6, 2));
+  EXPECT_EQ(session.n_past(), 16);
+
+  SessionOptions bad;
+  bad.ubatch = -1;
+  EXPECT_THROW(Session(model.weights, bad), Error);
+}
+
+}  // namespace
+}  // namespace protokv
