@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -207,6 +208,33 @@ TEST(LongbenchCli, BadInputIsOneClearMessageOrASkippedSample) {
   r = run_protokv(base + "'" + dir.path().string() + "' --max-length 200 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["summary"][0]["scored"], 1);
+}
+
+}  // namespace
+}  // namespace protokv
+
+namespace protokv {
+namespace {
+
+// pred.py's build_chat: an instruct model's template wraps the prompt as the user turn, for the
+// datasets that ask for it; a model without a template, or a dataset without chat, stays plain.
+TEST(Longbench, ChatWrapUsesTheModelsTemplateForChatDatasets) {
+  const auto path = testing::shared_dir() / "tokenizers" / "hf" / "llama3" / "tokenizer.json";
+  if (!std::filesystem::exists(path)) {
+    if (std::getenv("CI")) FAIL() << path << " not found";
+    GTEST_SKIP() << path << " not found (set PROTOKV_SHARED_DIR); skipping";
+  }
+  const auto llama3 = Tokenizer::from_hf_json(path.string());
+  const eval::LongbenchDataset& qa = eval::find_longbench_dataset("narrativeqa");
+  ASSERT_TRUE(qa.chat_template);
+  const eval::ChatWrap wrap = eval::longbench_chat_wrap(qa, *llama3);
+  EXPECT_EQ(wrap.prefix, "<|start_header_id|>user<|end_header_id|>\n\n");
+  EXPECT_EQ(wrap.suffix, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+
+  const eval::LongbenchDataset& trec = eval::find_longbench_dataset("trec");
+  ASSERT_FALSE(trec.chat_template);
+  const eval::ChatWrap plain = eval::longbench_chat_wrap(trec, *llama3);
+  EXPECT_TRUE(plain.prefix.empty() && plain.suffix.empty());
 }
 
 }  // namespace

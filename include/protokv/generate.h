@@ -16,11 +16,11 @@ namespace protokv {
 
 class Tokenizer;
 
-// The token protocol of both modes: [BOS where the vocabulary wants it] + context, then "\n" + question encoded on its own (no
-// BOS), so query-aware and query-agnostic runs see exactly the same tokens and differ only in what
-// is compressed. Query-aware: everything is prefilled (and compressed) together, `fed_after` is
-// empty; query-agnostic: the context alone is prefilled and compressed, then the question is
-// appended uncompressed (Session::append).
+// The token protocol of both modes: [BOS where the vocabulary wants it] + context, then "\n" +
+// question encoded on its own (no BOS), so query-aware and query-agnostic runs see exactly the same
+// tokens and differ only in what is compressed. Query-aware: everything is prefilled (and
+// compressed) together, `fed_after` is empty; query-agnostic: the context alone is prefilled and
+// compressed, then the question is appended uncompressed (Session::append).
 struct PromptTokens {
   std::vector<int32_t> prefill;
   std::vector<int32_t> fed_after;

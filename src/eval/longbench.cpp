@@ -191,10 +191,17 @@ std::string longbench_bucket(int64_t length) {
   return "8k+";
 }
 
-ChatWrap longbench_chat_wrap(const LongbenchDataset& /*dataset*/) {
-  // Hook for chat models (tokenizer issue): pred.py applies the chat template to every dataset
-  // with chat_template = true, after truncation. Plain prompt until the templates exist.
-  return {};
+ChatWrap longbench_chat_wrap(const LongbenchDataset& dataset, const Tokenizer& tokenizer) {
+  if (!dataset.chat_template || tokenizer.chat_template().empty()) return {};
+  // Render the template around a marker that cannot occur in it, then split at the marker.
+  static constexpr std::string_view kMarker = "\x01protokv-longbench-prompt\x01";
+  const ChatMessage user{"user", std::string(kMarker)};
+  const std::string rendered =
+      render_chat(detect_chat_template(tokenizer.chat_template()), {&user, 1},
+                  /*add_generation_prompt=*/true);
+  const size_t at = rendered.find(kMarker);
+  PROTOKV_CHECK(at != std::string::npos, "chat template dropped the user message");
+  return {rendered.substr(0, at), rendered.substr(at + kMarker.size())};
 }
 
 LongctxSample make_longbench_sample(const Tokenizer& tokenizer, const LongbenchDataset& dataset,
@@ -223,7 +230,7 @@ LongctxSample make_longbench_sample(const Tokenizer& tokenizer, const LongbenchD
     return text;
   };
   const size_t at = dataset.prompt.find("{context}");
-  const ChatWrap chat = dataset.chat_template ? longbench_chat_wrap(dataset) : ChatWrap{};
+  const ChatWrap chat = longbench_chat_wrap(dataset, tokenizer);
   const std::string before = fill_input(dataset.prompt.substr(0, at));
   const std::string after = fill_input(dataset.prompt.substr(at + 9));
   std::vector<int32_t> context = tokenizer.encode(chat.prefix + before + example.context, true);

@@ -49,13 +49,14 @@ std::vector<LongbenchExample> read_longbench_jsonl(const std::string& path);
 // LongBench-E length bucket of eval.py's scorer_e: "0-4k" (< 4000), "4-8k" (< 8000), "8k+".
 std::string longbench_bucket(int64_t length);
 
-// Chat-template hook: the text put before and after the plain prompt for chat models. Empty for
-// now (plain prompt); the tokenizer's chat templates will fill it for datasets with
-// chat_template = true.
+// The text put before and after the plain prompt for chat models, as pred.py's build_chat does:
+// for datasets with chat_template = true and a tokenizer that carries a chat template (an
+// instruct model), the prompt becomes the user turn of that template, followed by the header of
+// the assistant's turn. Empty (plain prompt) otherwise.
 struct ChatWrap {
   std::string prefix, suffix;
 };
-ChatWrap longbench_chat_wrap(const LongbenchDataset& dataset);
+ChatWrap longbench_chat_wrap(const LongbenchDataset& dataset, const Tokenizer& tokenizer);
 
 // The sample of one example: prompt = template with {context} and {input}; context part = the
 // template up to the end of {context} (compressed first in query-agnostic mode), question part

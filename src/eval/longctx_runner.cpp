@@ -376,15 +376,15 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
         rec.peak_kv_bytes = stats.peak_kv_bytes;
         Timer decode_timer;
         if (options.query_agnostic) {
-          // The question reaches the compressed cache token by token (decode appends).
-          for (int32_t t : sample.question) logits = session.decode(t);
+          // The question is appended to the compressed cache as a second chunk.
+          if (!sample.question.empty()) logits = session.append(sample.question);
         }
         rec.kv_bytes = session.cache().kv_bytes();
         std::vector<int32_t> generated;
         for (int i = 0; i < sample.max_new_tokens; ++i) {
           const int32_t next = argmax(logits);
           generated.push_back(next);
-          if (next == tokenizer.eos_id()) break;
+          if (tokenizer.is_end_of_generation(next)) break;
           if (i + 1 < sample.max_new_tokens) logits = session.decode(next);
         }
         rec.decode_ms = decode_timer.ms();
