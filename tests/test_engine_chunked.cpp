@@ -12,20 +12,14 @@
 #include "protokv/press.h"
 #include "protokv/press_registry.h"
 #include "test_engine_model.h"
+#include "test_util.h"
 
 namespace protokv {
 namespace {
 
 using testing::make_random_model;
+using testing::random_tokens;
 using testing::RandomModelSpec;
-
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> tokens(static_cast<size_t>(n));
-  for (auto& t : tokens) t = dist(rng);
-  return tokens;
-}
 
 std::vector<float> to_vector(std::span<const float> s) {
   return std::vector<float>(s.begin(), s.end());

@@ -18,23 +18,17 @@
 #include "protokv/press_registry.h"
 #include "test_engine_model.h"
 #include "test_press_util.h"
+#include "test_util.h"
 
 namespace protokv {
 namespace {
 
 using testing::make_random_model;
+using testing::random_tokens;
 using testing::RandomModelSpec;
 using testing::reference_logits;
 using testing::ReferenceTensors;
 using testing::SyntheticLayer;
-
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> tokens(static_cast<size_t>(n));
-  for (auto& t : tokens) t = dist(rng);
-  return tokens;
-}
 
 // Largest |a - b| / max(1, |b|).
 float worst_relative_error(std::span<const float> actual, const std::vector<float>& expected) {

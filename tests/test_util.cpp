@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace protokv::testing {
@@ -25,6 +26,14 @@ CommandResult run_protokv(const std::string& args) {
   result.out = slurp(out_path);
   result.err = slurp(err_path);
   return result;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (auto& t : tokens) t = dist(rng);
+  return tokens;
 }
 
 }  // namespace protokv::testing

@@ -2,9 +2,11 @@
 // Test helpers: locating ../shared, temporary files, running the CLI.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace protokv::testing {
 
@@ -64,5 +66,8 @@ struct CommandResult {
 
 // Runs the protokv binary with `args` (a shell-quoted string).
 CommandResult run_protokv(const std::string& args);
+
+// `n` token ids drawn uniformly from [0, vocab) by std::mt19937_64(seed).
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed);
 
 }  // namespace protokv::testing
