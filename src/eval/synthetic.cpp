@@ -75,9 +75,9 @@ ModelWeights make_synthetic_model(const SyntheticModelSpec& spec) {
   c.rope_neox = false;
   c.shared_classifier = false;
   c.validate();
-  PROTOKV_CHECK(spec.vocab_size > SyntheticVocab::kFirstFiller + 16,
+  PROTOKV_CHECK(spec.vocab_size > SyntheticTokens::kFirstFiller + 16,
                 "synthetic model needs a vocabulary above {} tokens",
-                SyntheticVocab::kFirstFiller + 16);
+                SyntheticTokens::kFirstFiller + 16);
 
   BufferArena arena(w);
   std::mt19937_64 rng(spec.seed);
@@ -132,7 +132,7 @@ ModelWeights make_synthetic_model(const SyntheticModelSpec& spec) {
 }
 
 std::vector<int32_t> make_synthetic_prompt(int64_t n_tokens, int vocab_size, uint64_t seed) {
-  using V = SyntheticVocab;
+  using V = SyntheticTokens;
   PROTOKV_CHECK(n_tokens >= 16, "synthetic prompt needs at least 16 tokens, got {}", n_tokens);
   PROTOKV_CHECK(vocab_size > V::kFirstFiller + 16, "synthetic prompt needs a vocabulary above {}",
                 V::kFirstFiller + 16);
