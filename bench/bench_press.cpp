@@ -1,79 +1,60 @@
 // Compression time per method on the same tensors (DESIGN §7: ratio to snapkv). One layer of a
-// Llama-3-8B-shaped attention (32 query heads, 8 KV heads, head_dim 128), random post-RoPE-like
-// Q/K/V, budget 512. Run: protokv_microbench --benchmark_filter=Press
+// Llama-3-8B-shaped attention (32 query heads, 8 KV heads, head_dim 128) with the SYNTHETIC
+// post-RoPE Q/K/V of `protokv bench compress`, budget 512. That command gives the medians and
+// ratios; this Google Benchmark twin is for profiling one method under perf.
+// Run: protokv_microbench --benchmark_filter=Press
 #include <benchmark/benchmark.h>
 
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "eval/compress_bench.h"
+#include "eval/synthetic.h"
 #include "protokv/press_registry.h"
 
 namespace {
 
-constexpr int kHeads = 32, kKvHeads = 8, kDim = 128;
 constexpr int64_t kBudget = 512;
 
-struct Tensors {
-  int64_t n;
-  std::vector<float> q, k, v;
-  std::vector<int32_t> positions;
-
-  explicit Tensors(int64_t tokens) : n(tokens) {
-    std::mt19937_64 rng(1);
-    std::normal_distribution<float> normal;
-    q.resize(static_cast<size_t>(kHeads * n * kDim));
-    k.resize(static_cast<size_t>(kKvHeads * n * kDim));
-    v.resize(k.size());
-    for (float& x : q) x = normal(rng);
-    for (float& x : k) x = normal(rng);
-    for (float& x : v) x = normal(rng);
-    positions.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+// The tensors of `protokv bench compress` (eval/compress_bench: its default shape and seed), so
+// the two benchmarks time the same input.
+const protokv::eval::SyntheticLayer& tensors(int64_t n) {
+  static std::unique_ptr<protokv::eval::SyntheticLayer> cached;
+  if (!cached || cached->spec.n_tokens != n) {
+    const protokv::eval::CompressBenchOptions defaults;
+    protokv::eval::SyntheticLayerSpec spec;
+    spec.n_tokens = n;
+    spec.n_kv_heads = defaults.n_kv_heads;
+    spec.group_size = defaults.group_size;
+    spec.head_dim = defaults.head_dim;
+    spec.seed = defaults.seed;
+    cached =
+        std::make_unique<protokv::eval::SyntheticLayer>(protokv::eval::make_synthetic_layer(spec));
   }
-
-  protokv::LayerView view() const {
-    protokv::LayerView view;
-    view.layer = 0;
-    view.n_layers = 1;
-    view.n_tokens = n;
-    view.head_dim = kDim;
-    view.n_heads = kHeads;
-    view.n_kv_heads = kKvHeads;
-    view.q = q.data();
-    view.k = k.data();
-    view.v = v.data();
-    view.positions = positions.data();
-    return view;
-  }
-};
-
-const Tensors& tensors(int64_t n) {
-  static std::unique_ptr<Tensors> cached;
-  if (!cached || cached->n != n) cached = std::make_unique<Tensors>(n);
   return *cached;
 }
 
 void BM_PressCompress(benchmark::State& state, const std::string& spec, const std::string& alloc) {
-  const Tensors& t = tensors(state.range(0));
+  const protokv::eval::SyntheticLayer& t = tensors(state.range(0));
+  const protokv::eval::SyntheticLayerSpec& shape = t.spec;
   auto press = protokv::make_press(spec, alloc);
   protokv::SequenceInfo info;
   info.n_layers = 1;
-  info.n_heads = kHeads;
-  info.n_kv_heads = kKvHeads;
-  info.head_dim = kDim;
-  info.n_tokens = t.n;
+  info.n_heads = shape.n_kv_heads * shape.group_size;
+  info.n_kv_heads = shape.n_kv_heads;
+  info.head_dim = shape.head_dim;
+  info.n_tokens = shape.n_tokens;
   protokv::Budget budget;
   budget.entries = kBudget;
   press->begin(info, budget);
   for (auto _ : state) {
     protokv::LayerCache out;
-    out.heads.assign(kKvHeads, protokv::HeadCache(kDim));
-    press->compress_prefill(t.view(), out);
+    out.heads.assign(static_cast<size_t>(shape.n_kv_heads), protokv::HeadCache(shape.head_dim));
+    press->compress_prefill(t.view(/*layer=*/0, /*n_layers=*/1), out);
     benchmark::DoNotOptimize(out.heads[0].keys());
   }
-  state.counters["n"] = static_cast<double>(t.n);
+  state.counters["n"] = static_cast<double>(shape.n_tokens);
 }
 
 void register_all() {

@@ -61,7 +61,7 @@ TEST(SyntheticModel, QueriesShareMostOfTheirKeyProjection) {
 }
 
 TEST(SyntheticPrompt, PlantsPairsAndEndsByRecallingAKey) {
-  using V = SyntheticVocab;
+  using V = SyntheticTokens;
   const int vocab = 512;
   const auto tokens = make_synthetic_prompt(1024, vocab, 3);
   ASSERT_EQ(tokens.size(), 1024u);
@@ -92,7 +92,7 @@ TEST(SyntheticPrompt, ShortPromptsStillWork) {
   for (int64_t n : {16, 17, 64, 65, 192}) {
     const auto tokens = make_synthetic_prompt(n, 160, 1);
     EXPECT_EQ(static_cast<int64_t>(tokens.size()), n);
-    EXPECT_EQ(tokens[0], SyntheticVocab::kBos);
+    EXPECT_EQ(tokens[0], SyntheticTokens::kBos);
   }
 }
 

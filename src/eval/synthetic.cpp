@@ -7,19 +7,12 @@
 #include <memory>
 #include <random>
 
+#include "core/rng.h"
 #include "kernels/kernels.h"
 #include "protokv/error.h"
 
 namespace protokv::eval {
 namespace {
-
-// splitmix64: derives independent seeds for heads/layers from one user seed.
-uint64_t mix_seed(uint64_t seed, uint64_t stream) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 void fill_normal(std::mt19937_64& rng, float* out, size_t n, float stddev) {
   std::normal_distribution<float> normal(0.0f, stddev);
@@ -82,9 +75,9 @@ ModelWeights make_synthetic_model(const SyntheticModelSpec& spec) {
   c.rope_neox = false;
   c.shared_classifier = false;
   c.validate();
-  PROTOKV_CHECK(spec.vocab_size > SyntheticVocab::kFirstFiller + 16,
+  PROTOKV_CHECK(spec.vocab_size > SyntheticTokens::kFirstFiller + 16,
                 "synthetic model needs a vocabulary above {} tokens",
-                SyntheticVocab::kFirstFiller + 16);
+                SyntheticTokens::kFirstFiller + 16);
 
   BufferArena arena(w);
   std::mt19937_64 rng(spec.seed);
@@ -139,7 +132,7 @@ ModelWeights make_synthetic_model(const SyntheticModelSpec& spec) {
 }
 
 std::vector<int32_t> make_synthetic_prompt(int64_t n_tokens, int vocab_size, uint64_t seed) {
-  using V = SyntheticVocab;
+  using V = SyntheticTokens;
   PROTOKV_CHECK(n_tokens >= 16, "synthetic prompt needs at least 16 tokens, got {}", n_tokens);
   PROTOKV_CHECK(vocab_size > V::kFirstFiller + 16, "synthetic prompt needs a vocabulary above {}",
                 V::kFirstFiller + 16);
@@ -233,7 +226,7 @@ SyntheticLayer make_synthetic_layer(const SyntheticLayerSpec& spec) {
   // thread count.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int h = 0; h < spec.n_kv_heads; ++h) {
-    std::mt19937_64 rng(mix_seed(spec.seed, static_cast<uint64_t>(h)));
+    std::mt19937_64 rng(stream_seed(spec.seed, static_cast<uint64_t>(h)));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> mean(static_cast<size_t>(d)), step(static_cast<size_t>(d));
     for (auto& x : mean) x = normal(rng);

@@ -37,8 +37,9 @@ struct SyntheticModelSpec {
 // F32 weights in owned buffers (ModelWeights::storage), the same structs as a loaded model.
 ModelWeights make_synthetic_model(const SyntheticModelSpec& spec);
 
-// Token layout of the synthetic workload.
-struct SyntheticVocab {
+// Token ids of the synthetic workload's layout (a model's ids, not a tokenizer: the synthetic
+// tokenizer's vocabulary is SyntheticVocab in model/random_model.h).
+struct SyntheticTokens {
   static constexpr int32_t kBos = 1;
   static constexpr int32_t kEos = 2;
   static constexpr int32_t kFirstKey = 3;  // planted keys: [3, 3 + n_keys)

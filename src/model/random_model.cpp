@@ -5,6 +5,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "core/rng.h"
 #include "model/gguf_names.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
@@ -12,14 +13,6 @@
 
 namespace protokv {
 namespace {
-
-// SplitMix64's output function: a strong 64-bit mix, used to derive independent streams.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // xoshiro256** (Blackman & Vigna): fast, and plenty for weights.
 class Xoshiro256 {
