@@ -9,6 +9,7 @@
 #include <string>
 
 #include "press/allocator.h"
+#include "press/entry.h"
 #include "press/scores.h"
 #include "protokv/press_registry.h"
 #include "protokv/threads.h"
@@ -32,22 +33,26 @@ void PrintTo(const MethodCase& c, std::ostream* os) {
   *os << c.spec << " --alloc '" << c.alloc << "'";
 }
 
+// Every compressing method of the press table with its defaults (window and sinks as its
+// config() records them, the allocator its entry fixes), so a new press is covered once it is
+// registered; then variants of options and allocators.
 std::vector<MethodCase> all_methods() {
   using press::AllocatorKind;
-  return {
-      {"streaming_llm", "", AllocatorKind::Uniform, 0, 4},
+  std::vector<MethodCase> cases;
+  for (const press::PressEntry* entry : press::press_table()) {
+    if (!entry->compresses) continue;
+    const auto config = make_press(entry->name)->config();
+    cases.push_back({std::string(entry->name), "", entry->fixed_allocator,
+                     config.value("window", int64_t{0}), config.value("sinks", int64_t{0})});
+  }
+  const std::vector<MethodCase> variants = {
       {"streaming_llm:sinks=2", "", AllocatorKind::Uniform, 0, 2},
-      {"h2o", "", AllocatorKind::Uniform, 8},
       {"h2o:decode=1,gqa=max", "", AllocatorKind::Uniform, 20},  // recent = B/2 = 20
       {"h2o", "adakv", AllocatorKind::AdaKv, 8},
-      {"snapkv", "", AllocatorKind::Uniform, 8},
       {"snapkv:pool_type=avg,gqa=sum,window=4", "", AllocatorKind::Uniform, 4},
       {"snapkv", "pyramid", AllocatorKind::Pyramid, 8},
-      {"pyramidkv", "", AllocatorKind::Pyramid, 8},
       {"pyramidkv:beta=4,window=6", "", AllocatorKind::Pyramid, 6, 0, 4},
-      {"adakv", "", AllocatorKind::AdaKv, 8},
       {"adakv:normalise=1,floor=0.5", "", AllocatorKind::AdaKv, 8},
-      {"protokv", "", AllocatorKind::Uniform, 8},
       {"protokv:deviation=neighbourhood", "", AllocatorKind::Uniform, 8},
       {"protokv:deviation=neighbourhood,kappa=2", "", AllocatorKind::Uniform, 8},
       {"protokv:score=sum_logits", "", AllocatorKind::Uniform, 8},
@@ -60,6 +65,28 @@ std::vector<MethodCase> all_methods() {
       {"protokv", "adakv", AllocatorKind::AdaKv, 8},
       {"protokv:select=clusters", "pyramid", AllocatorKind::Pyramid, 8},
   };
+  cases.insert(cases.end(), variants.begin(), variants.end());
+  return cases;
+}
+
+// The table's defaults as this test expects them: a press whose window or allocator the cases
+// above read wrongly would be tested against the wrong invariants.
+TEST(PressTable, DefaultCasesMatchTheKnownDefaults) {
+  const std::vector<MethodCase> cases = all_methods();
+  auto find = [&cases](const std::string& spec) {
+    for (const auto& c : cases)
+      if (c.spec == spec && c.alloc.empty()) return c;
+    ADD_FAILURE() << spec << " has no default case";
+    return MethodCase{};
+  };
+  EXPECT_EQ(find("streaming_llm").sinks, 4);
+  EXPECT_EQ(find("streaming_llm").window, 0);
+  EXPECT_EQ(find("h2o").window, 8);
+  EXPECT_EQ(find("snapkv").window, 8);
+  EXPECT_EQ(find("protokv").window, 8);
+  EXPECT_EQ(find("pyramidkv").kind, press::AllocatorKind::Pyramid);
+  EXPECT_EQ(find("adakv").kind, press::AllocatorKind::AdaKv);
+  EXPECT_EQ(find("snapkv").kind, press::AllocatorKind::Uniform);
 }
 
 class EveryMethod : public ::testing::TestWithParam<MethodCase> {};
@@ -171,8 +198,10 @@ TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoT
   layer.layer = 1;
   layer.fill_random(314, 1.5f);
   ASSERT_TRUE(press::worth_parallel(layer.view()));
-  for (const char* spec :
-       {"snapkv", "pyramidkv", "adakv", "h2o", "h2o:decode=1", "protokv", "streaming_llm"}) {
+  std::vector<std::string> specs = {"h2o:decode=1"};
+  for (const press::PressEntry* entry : press::press_table())
+    if (entry->compresses) specs.emplace_back(entry->name);
+  for (const std::string& spec : specs) {
     std::vector<std::vector<int32_t>> kept[2];
     for (const int threads : {1, 2}) {
       set_threads(threads);

@@ -3,7 +3,7 @@
 #include <numeric>
 #include <vector>
 
-namespace protokv {
+namespace protokv::press {
 
 void FullPress::compress_prefill(const LayerView& layer, LayerCache& out) {
   std::vector<int32_t> all(static_cast<size_t>(layer.n_tokens));
@@ -14,4 +14,19 @@ void FullPress::compress_prefill(const LayerView& layer, LayerCache& out) {
   }
 }
 
-}  // namespace protokv
+const PressEntry kFullEntry{
+    .name = "full",
+    .allocator_role = AllocatorRole::None,
+    .fixed_allocator = AllocatorKind::Uniform,
+    .compresses = false,
+    .help =
+        [] {
+          return std::string(
+              "no compression (the reference for every fidelity metric). No options.\n");
+        },
+    .make = [](const PressEntry&, OptionReader&, const AllocatorConfig&) -> std::unique_ptr<Press> {
+      return std::make_unique<FullPress>();
+    },
+};
+
+}  // namespace protokv::press

@@ -1,7 +1,8 @@
 #pragma once
+#include "press/entry.h"
 #include "protokv/press.h"
 
-namespace protokv {
+namespace protokv::press {
 
 // No compression: keeps every prefill entry. The reference for every fidelity metric.
 class FullPress final : public Press {
@@ -12,4 +13,6 @@ class FullPress final : public Press {
   void compress_prefill(const LayerView& layer, LayerCache& out) override;
 };
 
-}  // namespace protokv
+extern const PressEntry kFullEntry;
+
+}  // namespace protokv::press

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "press/entry.h"
 #include "press/scoring_press.h"
 #include "press/window_scores.h"
 
@@ -75,5 +76,7 @@ class H2oPress final : public ScoringPress {
   int n_kv_heads_ = 0;
   std::vector<HeadState> states_;  // [n_layers, n_kv_heads]
 };
+
+extern const PressEntry kH2oEntry;
 
 }  // namespace protokv::press

@@ -1,5 +1,7 @@
 #include "press/protokv.h"
 
+#include <fmt/format.h>
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -303,5 +305,59 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
     record_diagnostics(layer.layer, h, std::move(clusters), std::move(size));
   }
 }
+
+const PressEntry kProtoKvEntry{
+    .name = "protokv",
+    .allocator_role = AllocatorRole::Composes,
+    .fixed_allocator = AllocatorKind::Uniform,
+    .compresses = true,
+    .help =
+        [] {
+          return fmt::format(
+              "ProtoKV Algorithm 1 per KV head over the prefix keys (positions < n-w,\n"
+              "post-RoPE): k consecutive chunks (sizes floor/ceil of n_prefix/k, covering\n"
+              "every token); deviation delta = (1-cos(k_t, mu_m))/||sigma_m|| (Eq. 10); the\n"
+              "top-p form the irregular set O; regular prototypes = normalised chunk sums\n"
+              "without O (Eq. 11); O's keys, L2-normalised, are hashed with random Fourier\n"
+              "features (Eqs. 12-14, r bits, u = 2^r buckets, W ~ N(0, gamma^2), b ~\n"
+              "U(0, 2pi), drawn per (layer, KV head) from seed); irregular prototypes =\n"
+              "normalised bucket sums, empty buckets dropped (Eq. 15); every prefix token\n"
+              "goes to the prototype of highest cosine (Eq. 17, one blocked GEMM); token\n"
+              "score = mean of the UNPOOLED window scores over its cluster (Eq. 18;\n"
+              "pool=1 by default, pool=7 pools as snapkv); keep the top B-w (ties: the\n"
+              "token's own window score, then lower position) plus the window.\n"
+              "chunks=auto: k = clamp(round(n_prefix/chunk_len), 1, max_chunks) with\n"
+              "chunk_len={} max_chunks={}; chunks=K fixes k (at most n_prefix).\n"
+              "lsh_bits={} (u = 2^r) irregular=3u ({}) gamma={} (the paper gives none)\n"
+              "seed={} plus window/pool/pool_type/gqa as snapkv except pool=1 (GQA: the scores "
+              "are\n"
+              "reduced over the group before the cluster mean).\n"
+              "Variants: deviation=chunk|neighbourhood (paper 002: S(i) = mean cosine to\n"
+              "the keys within kappa positions, kappa={}; O = top-p of -zscore(S));\n"
+              "score=mean|sum_logits (psi(C) = (sum of the group's window queries) .\n"
+              "(sum of C's keys), no softmax, no pooling); select=tokens|clusters (whole\n"
+              "clusters in score order, the last one truncated by the tokens' own scores;\n"
+              "with score=mean it differs from tokens only when two clusters tie).\n"
+              "Ablations, same prototype count: prototypes=chunk (k+u chunks, no O),\n"
+              "prototypes=lsh (every prefix key hashed with r' = round(log2(k+u)) bits,\n"
+              "at most 12), prototypes=hybrid (default).\n"
+              "assign=exact (default: Eq. 17 over every prototype) | assign=local: an\n"
+              "opt-in APPROXIMATION of Eq. 17, not the paper's: each token is compared\n"
+              "only with the prototypes of its own chunk, assign_neighbours=1 chunks on\n"
+              "each side and the LSH buckets (docs/methods.md gives how often it differs\n"
+              "from exact); needs prototypes=hybrid or chunk.\n",
+              ProtoKvConfig::kDefaultChunkLen, ProtoKvConfig::kDefaultMaxChunks,
+              ProtoKvConfig::kDefaultLshBits, 3 * (1 << ProtoKvConfig::kDefaultLshBits),
+              ProtoKvConfig::kDefaultGamma, ProtoKvConfig::kDefaultSeed,
+              ProtoKvConfig::kDefaultKappa);
+        },
+    .make = [](const PressEntry& entry, OptionReader& options,
+               const AllocatorConfig& allocator) -> std::unique_ptr<Press> {
+      const ProtoKvConfig config = read_protokv_options(options);
+      return std::make_unique<ScoringPress>(std::string(entry.name),
+                                            std::make_unique<ProtoKvScorer>(config),
+                                            config.window_scores.window, allocator);
+    },
+};
 
 }  // namespace protokv::press

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "press/entry.h"
 #include "press/protokv_clustering.h"
 #include "press/scoring_press.h"
 #include "press/window_scores.h"
@@ -88,5 +89,7 @@ class ProtoKvScorer final : public Scorer {
   int n_kv_heads_ = 0;
   std::vector<HeadDiagnostics> heads_;  // [n_layers * n_kv_heads]
 };
+
+extern const PressEntry kProtoKvEntry;
 
 }  // namespace protokv::press

@@ -1,6 +1,7 @@
 #pragma once
 // SnapKV (ProtoKV paper Eqs. 4-5): score = observation-window attention, pooled, reduced over the
 // GQA group. Also the scorer of pyramidkv and adakv, which differ only in their allocator.
+#include "press/entry.h"
 #include "press/scoring_press.h"
 #include "press/window_scores.h"
 
@@ -16,5 +17,10 @@ class SnapKvScorer final : public Scorer {
  private:
   WindowScoreConfig config_;
 };
+
+extern const PressEntry kSnapKvEntry;
+// snapkv scores with their own allocator.
+extern const PressEntry kPyramidKvEntry;
+extern const PressEntry kAdaKvEntry;
 
 }  // namespace protokv::press

@@ -1,5 +1,7 @@
 #include "press/streaming_llm.h"
 
+#include <fmt/format.h>
+
 #include "press/scoring_press.h"
 #include "protokv/error.h"
 
@@ -36,5 +38,25 @@ void StreamingLlmPress::compress_prefill(const LayerView& layer, LayerCache& out
     out.heads[static_cast<size_t>(h)].assign_rows(layer.k_head(h), layer.v_head(h), layer.positions,
                                                   kept);
 }
+
+const PressEntry kStreamingLlmEntry{
+    .name = "streaming_llm",
+    .allocator_role = AllocatorRole::None,
+    .fixed_allocator = AllocatorKind::Uniform,
+    .compresses = true,
+    .help =
+        [] {
+          return fmt::format(
+              "keep the first `sinks` tokens and the last B - sinks.\n"
+              "sinks={}. Needs B >= sinks + 1. No allocator.\n",
+              StreamingLlmPress::kDefaultSinks);
+        },
+    .make = [](const PressEntry&, OptionReader& options,
+               const AllocatorConfig&) -> std::unique_ptr<Press> {
+      const int64_t sinks =
+          options.get_int("sinks", StreamingLlmPress::kDefaultSinks, 0, int64_t{1} << 30);
+      return std::make_unique<StreamingLlmPress>(sinks);
+    },
+};
 
 }  // namespace protokv::press

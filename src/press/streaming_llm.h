@@ -1,6 +1,7 @@
 #pragma once
 // StreamingLLM (Xiao et al.): keep the first `sinks` tokens (attention sinks) and the most recent
 // B - sinks tokens of the prompt. Position-only: no scores, no allocator.
+#include "press/entry.h"
 #include "protokv/press.h"
 
 namespace protokv::press {
@@ -19,5 +20,7 @@ class StreamingLlmPress final : public Press {
   int64_t sinks_;
   Budget budget_;
 };
+
+extern const PressEntry kStreamingLlmEntry;
 
 }  // namespace protokv::press

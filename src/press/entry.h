@@ -1,0 +1,47 @@
+#pragma once
+// A press is one entry: its name, its help paragraph (options with defaults, where it is
+// approximate), how it uses a budget allocator, and the factory that reads its options. Each
+// entry is defined beside its press (full.cpp, snapkv.cpp, ...) and listed once in press_table()
+// (registry.cpp); make_press(), press_names(), press_help() and the invariants test's list of
+// methods are generated from that table.
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "press/allocator.h"
+#include "press/options.h"
+#include "protokv/press.h"
+
+namespace protokv::press {
+
+// How a method relates to the per-head budget allocator (--alloc).
+enum class AllocatorRole {
+  None,      // keeps the same entries in every head (full, streaming_llm): any --alloc but
+             // uniform is an error
+  Composes,  // a scoring press: uniform by default, composes with any allocator
+  Is,        // the method *is* a scoring press fixed to one allocator (pyramidkv, adakv)
+};
+
+struct PressEntry {
+  std::string_view name;
+  AllocatorRole allocator_role;
+  // The allocator of an AllocatorRole::Is method (Uniform otherwise).
+  AllocatorKind fixed_allocator;
+  // false only for the uncompressed reference (full), which keeps every entry at any budget.
+  bool compresses;
+  // One paragraph: what the method keeps, its options with defaults, its approximations. Plain
+  // lines without the name column; press_help() indents them.
+  std::string (*help)();
+  // Reads the method's own options (after the allocator's, which `allocator` holds; uniform for
+  // AllocatorRole::None) and builds the press. OptionReader::finish() is make_press()'s job.
+  std::unique_ptr<Press> (*make)(const PressEntry& entry, OptionReader& options,
+                                 const AllocatorConfig& allocator);
+};
+
+// Every registered method, in display order.
+std::span<const PressEntry* const> press_table();
+// The entry named `name`, or nullptr.
+const PressEntry* find_press_entry(std::string_view name);
+
+}  // namespace protokv::press
