@@ -7,36 +7,13 @@
 #include <numbers>
 #include <numeric>
 
+#include "core/rng.h"
 #include "kernels/kernels.h"
 #include "kernels/simd.h"
 #include "protokv/error.h"
 
 namespace protokv::press {
 namespace {
-
-// SplitMix64: a tiny, portable generator, so a seed gives the same W and b on every platform
-// (std::normal_distribution is implementation-defined).
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, 1) from the top 53 bits.
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  // Standard normal by Box-Muller; 1 - uniform() lies in (0, 1], so the log is finite.
-  double normal() {
-    const double u1 = 1.0 - uniform();
-    const double u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
-
- private:
-  uint64_t state_;
-};
 
 // Appends normalise(sum) to the prototypes unless the sum is zero.
 void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
