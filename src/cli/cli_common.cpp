@@ -77,10 +77,14 @@ void add_press_options(CLI::App& cmd, PressOptions& options) {
                  "compress the context alone, then feed the question and generate");
 }
 
+void check_mode(const std::string& mode) {
+  PROTOKV_CHECK(mode == "query-aware" || mode == "query-agnostic",
+                "--mode must be query-aware or query-agnostic, got '{}'", mode);
+}
+
 PressSetup make_press_setup(const PressOptions& options) {
   PressSetup setup;
-  PROTOKV_CHECK(options.mode == "query-aware" || options.mode == "query-agnostic",
-                "--mode must be query-aware or query-agnostic, got '{}'", options.mode);
+  check_mode(options.mode);
   setup.query_agnostic = options.mode == "query-agnostic";
   setup.alloc = options.alloc;
   PROTOKV_CHECK(options.budget >= 0, "--budget must be a positive number of entries, got {}",

@@ -57,6 +57,8 @@ struct PressSetup {
   // {"press": <press->config()>, "budget": ..., "alloc": ..., "mode": ...}
   nlohmann::json to_json() const;
 };
+// Throws Error unless `mode` is query-aware or query-agnostic (the --mode values).
+void check_mode(const std::string& mode);
 // Builds the press named by `options.press` through the registry and validates budget and mode.
 PressSetup make_press_setup(const PressOptions& options);
 

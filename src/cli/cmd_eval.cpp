@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "eval/fidelity.h"
 #include "eval/spec_list.h"
@@ -42,23 +43,8 @@ struct FidelityArgs {
   bool no_attention = false;
 };
 
-std::string read_text_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  PROTOKV_CHECK(!ec, "cannot read text file {}: {}", path, ec.message());
-  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 28;
-  PROTOKV_CHECK(size <= kMaxBytes, "text file {} is {} bytes; the limit is 256 MiB", path, size);
-  std::ifstream in(path, std::ios::binary);
-  PROTOKV_CHECK(in.good(), "cannot open text file {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 void run_fidelity_command(const FidelityArgs& args) {
-  PROTOKV_CHECK(args.mode == "query-aware" || args.mode == "query-agnostic",
-                "--mode must be query-aware or query-agnostic, got '{}'", args.mode);
+  check_mode(args.mode);
   PROTOKV_CHECK(args.mode == "query-aware",
                 "--mode query-agnostic is not supported by eval fidelity yet: the teacher-forced "
                 "continuation has no separate question to append after compression");

@@ -78,8 +78,7 @@ struct Prepared {
 };
 
 Prepared prepare(const LongctxArgs& args, const std::string& benchmark) {
-  PROTOKV_CHECK(args.mode == "query-aware" || args.mode == "query-agnostic",
-                "--mode must be query-aware or query-agnostic, got '{}'", args.mode);
+  check_mode(args.mode);
   PROTOKV_CHECK(args.limit >= 0, "--limit must be >= 0");
   PROTOKV_CHECK(!args.resume || !args.out_dir.empty(), "--resume needs --out DIR");
   Prepared p;

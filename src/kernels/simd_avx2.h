@@ -1,0 +1,282 @@
+#pragma once
+// The AVX2 + FMA + F16C vector primitives (see kernels/simd.h); empty unless compiled for them.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/simd_features.h"
+#include "protokv/dtype.h"
+
+#if defined(PROTOKV_HAVE_AVX2)
+
+namespace protokv::kernels {
+
+struct Avx2Ops {
+  static constexpr const char* kName = "avx2";
+
+  static float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+
+  static float hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+
+  static __m256 load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256 load_bf16(const uint16_t* p) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+
+  static float dot(const float* a, const float* b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+           s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+      s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+      s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+  }
+
+  static float dot_f16(const uint16_t* w, const float* x, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+           s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      s0 = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), s0);
+      s1 = _mm256_fmadd_ps(load_f16(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+      s2 = _mm256_fmadd_ps(load_f16(w + i + 16), _mm256_loadu_ps(x + i + 16), s2);
+      s3 = _mm256_fmadd_ps(load_f16(w + i + 24), _mm256_loadu_ps(x + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), s0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; ++i) s += _cvtsh_ss(w[i]) * x[i];
+    return s;
+  }
+
+  static float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+           s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      s0 = _mm256_fmadd_ps(load_bf16(w + i), _mm256_loadu_ps(x + i), s0);
+      s1 = _mm256_fmadd_ps(load_bf16(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+      s2 = _mm256_fmadd_ps(load_bf16(w + i + 16), _mm256_loadu_ps(x + i + 16), s2);
+      s3 = _mm256_fmadd_ps(load_bf16(w + i + 24), _mm256_loadu_ps(x + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_bf16(w + i), _mm256_loadu_ps(x + i), s0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
+    return s;
+  }
+
+  // Q8_0 weights against F32 activations (see ScalarOps::dot_q8).
+  static float dot_q8(const BlockQ8_0* w, const float* x, int64_t n_blocks) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const float* xb = x + b * kQ8BlockSize;
+      __m256 block0 = _mm256_setzero_ps(), block1 = _mm256_setzero_ps();
+      for (int k = 0; k < 4; k += 2) {
+        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[b].quants + 8 * k))));
+        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[b].quants + 8 * k + 8))));
+        block0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xb + 8 * k), block0);
+        block1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xb + 8 * k + 8), block1);
+      }
+      const __m256 scale = _mm256_set1_ps(_cvtsh_ss(w[b].scale));
+      acc0 = _mm256_fmadd_ps(block0, scale, acc0);
+      acc1 = _mm256_fmadd_ps(block1, scale, acc1);
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+  }
+
+  static void to_f32(DType type, const void* src, float* dst, int64_t n) {
+    switch (type) {
+      case DType::F32:
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return;
+      case DType::F16: {
+        const auto* h = static_cast<const uint16_t*>(src);
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_f16(h + i));
+        for (; i < n; ++i) dst[i] = _cvtsh_ss(h[i]);
+        return;
+      }
+      case DType::BF16: {
+        const auto* h = static_cast<const uint16_t*>(src);
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_bf16(h + i));
+        for (; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+        return;
+      }
+      case DType::Q8_0: {
+        const auto* blocks = static_cast<const BlockQ8_0*>(src);
+        for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
+          const __m256 d = _mm256_set1_ps(_cvtsh_ss(blocks[b].scale));
+          for (int k = 0; k < 4; ++k) {
+            const __m128i q8 =
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blocks[b].quants + 8 * k));
+            const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            _mm256_storeu_ps(dst + b * kQ8BlockSize + 8 * k, _mm256_mul_ps(q, d));
+          }
+        }
+        return;
+      }
+    }
+  }
+
+  static void dot4(const float* a, const float* b, int64_t stride, int64_t n, float* out) {
+    const float* b0 = b;
+    const float* b1 = b + stride;
+    const float* b2 = b + 2 * stride;
+    const float* b3 = b + 3 * stride;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+           s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 va = _mm256_loadu_ps(a + i);
+      s0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b0 + i), s0);
+      s1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b1 + i), s1);
+      s2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b2 + i), s2);
+      s3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(b3 + i), s3);
+    }
+    out[0] = hsum(s0);
+    out[1] = hsum(s1);
+    out[2] = hsum(s2);
+    out[3] = hsum(s3);
+    for (; i < n; ++i) {
+      out[0] += a[i] * b0[i];
+      out[1] += a[i] * b1[i];
+      out[2] += a[i] * b2[i];
+      out[3] += a[i] * b3[i];
+    }
+  }
+
+  // Columns in chunks of 32 held in registers across all rows: out is loaded and stored once
+  // per chunk instead of once per row.
+  static void weighted_row_sum(const float* weights, const float* rows, int64_t count,
+                               int64_t stride, float* out, int64_t n) {
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32) {
+      __m256 acc0 = _mm256_loadu_ps(out + c), acc1 = _mm256_loadu_ps(out + c + 8),
+             acc2 = _mm256_loadu_ps(out + c + 16), acc3 = _mm256_loadu_ps(out + c + 24);
+      for (int64_t j = 0; j < count; ++j) {
+        const __m256 w = _mm256_set1_ps(weights[j]);
+        const float* row = rows + j * stride + c;
+        acc0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row), acc0);
+        acc1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8), acc1);
+        acc2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 16), acc2);
+        acc3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 24), acc3);
+      }
+      _mm256_storeu_ps(out + c, acc0);
+      _mm256_storeu_ps(out + c + 8, acc1);
+      _mm256_storeu_ps(out + c + 16, acc2);
+      _mm256_storeu_ps(out + c + 24, acc3);
+    }
+    if (c < n)
+      for (int64_t j = 0; j < count; ++j) axpy(weights[j], rows + j * stride + c, out + c, n - c);
+  }
+
+  static void axpy(float a, const float* x, float* y, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] += a * x[i];
+  }
+
+  static void scale(float* x, float a, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+    for (; i < n; ++i) x[i] *= a;
+  }
+
+  static float max(const float* x, int64_t n) {
+    __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    float r = hmax(m);
+    for (; i < n; ++i) r = std::max(r, x[i]);
+    return r;
+  }
+
+  // e^x: x = k ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (truncation
+  // error < 2e-7 relative), 2^k built in the exponent field. Inputs below -87.33 (where 2^k
+  // would leave the normal range) give 0, a difference below 1.2e-38 from the true value;
+  // inputs above 88.37 give inf (the true value is inf from 88.73). Softmax-style callers
+  // subtract the maximum first, so they only pass x <= 0.
+  static __m256 exp(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33f);
+    const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.7f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // ln 2 split in two so that k * ln2_hi is exact.
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i bits =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    return _mm256_andnot_ps(underflow, result);
+  }
+
+  static float exp(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
+
+  static float exp_shifted_sum(float* x, float shift, int64_t n) {
+    const __m256 vs = _mm256_set1_ps(shift);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 e = exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
+      _mm256_storeu_ps(x + i, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    float s = hsum(sum);
+    for (; i < n; ++i) {
+      x[i] = exp(x[i] - shift);
+      s += x[i];
+    }
+    return s;
+  }
+
+  static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
+
+  static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {
+    const __m256 vs = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs),
+                                              _mm256_loadu_ps(w + i)));
+    for (; i < n; ++i) out[i] = x[i] * s * w[i];
+  }
+};
+
+}  // namespace protokv::kernels
+
+#endif  // PROTOKV_HAVE_AVX2

@@ -1,0 +1,320 @@
+#pragma once
+// The AVX-512 F/BW/VL vector primitives (see kernels/simd.h); empty unless compiled for them.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/simd_features.h"
+#include "protokv/dtype.h"
+
+#if defined(PROTOKV_HAVE_AVX512)
+
+namespace protokv::kernels {
+
+struct Avx512Ops {
+  static constexpr const char* kName = "avx512";
+
+  static __mmask16 tail_mask(int64_t remaining) {
+    return static_cast<__mmask16>((1u << remaining) - 1u);
+  }
+  static __m512 load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 load_f16(const uint16_t* p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  }
+  static __m512 widen_bf16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512 load_bf16(const uint16_t* p) {
+    return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 load_bf16(const uint16_t* p, __mmask16 m) {
+    return widen_bf16(_mm256_maskz_loadu_epi16(m, p));
+  }
+
+  static float dot(const float* a, const float* b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+      s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+      s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16)
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+  }
+
+  static float dot_f16(const uint16_t* w, const float* x, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      s0 = _mm512_fmadd_ps(load_f16(w + i), _mm512_loadu_ps(x + i), s0);
+      s1 = _mm512_fmadd_ps(load_f16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
+      s2 = _mm512_fmadd_ps(load_f16(w + i + 32), _mm512_loadu_ps(x + i + 32), s2);
+      s3 = _mm512_fmadd_ps(load_f16(w + i + 48), _mm512_loadu_ps(x + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load_f16(w + i), _mm512_loadu_ps(x + i), s0);
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      s1 = _mm512_fmadd_ps(load_f16(w + i, m), _mm512_maskz_loadu_ps(m, x + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+  }
+
+  static float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      s0 = _mm512_fmadd_ps(load_bf16(w + i), _mm512_loadu_ps(x + i), s0);
+      s1 = _mm512_fmadd_ps(load_bf16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
+      s2 = _mm512_fmadd_ps(load_bf16(w + i + 32), _mm512_loadu_ps(x + i + 32), s2);
+      s3 = _mm512_fmadd_ps(load_bf16(w + i + 48), _mm512_loadu_ps(x + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load_bf16(w + i), _mm512_loadu_ps(x + i), s0);
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      s1 = _mm512_fmadd_ps(load_bf16(w + i, m), _mm512_maskz_loadu_ps(m, x + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+  }
+
+  // Q8_0 weights against F32 activations (see ScalarOps::dot_q8).
+  static float dot_q8(const BlockQ8_0* w, const float* x, int64_t n_blocks) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const float* xb = x + b * kQ8BlockSize;
+      const __m512 q0 = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].quants))));
+      const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].quants + 16))));
+      const __m512 scale = _mm512_set1_ps(_cvtsh_ss(w[b].scale));
+      acc0 = _mm512_fmadd_ps(_mm512_mul_ps(q0, _mm512_loadu_ps(xb)), scale, acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), scale, acc1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  }
+
+  static void to_f32(DType type, const void* src, float* dst, int64_t n) {
+    switch (type) {
+      case DType::F32:
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return;
+      case DType::F16: {
+        const auto* h = static_cast<const uint16_t*>(src);
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_f16(h + i));
+        if (i < n) {
+          const __mmask16 m = tail_mask(n - i);
+          _mm512_mask_storeu_ps(dst + i, m, load_f16(h + i, m));
+        }
+        return;
+      }
+      case DType::BF16: {
+        const auto* h = static_cast<const uint16_t*>(src);
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_bf16(h + i));
+        if (i < n) {
+          const __mmask16 m = tail_mask(n - i);
+          _mm512_mask_storeu_ps(dst + i, m, load_bf16(h + i, m));
+        }
+        return;
+      }
+      case DType::Q8_0: {
+        const auto* blocks = static_cast<const BlockQ8_0*>(src);
+        for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
+          const __m512 d = _mm512_set1_ps(_cvtsh_ss(blocks[b].scale));
+          for (int k = 0; k < 2; ++k) {
+            const __m128i q8 =
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[b].quants + 16 * k));
+            const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8));
+            _mm512_storeu_ps(dst + b * kQ8BlockSize + 16 * k, _mm512_mul_ps(q, d));
+          }
+        }
+        return;
+      }
+    }
+  }
+
+  // The four sums reduced together: pairwise unpacks put partial sums of all four rows into
+  // each 128-bit lane, then the lanes are added, ~13 shuffles/adds instead of 4 full reductions.
+  static void dot4(const float* a, const float* b, int64_t stride, int64_t n, float* out) {
+    const float* b0 = b;
+    const float* b1 = b + stride;
+    const float* b2 = b + 2 * stride;
+    const float* b3 = b + 3 * stride;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 va = _mm512_loadu_ps(a + i);
+      s0 = _mm512_fmadd_ps(va, _mm512_loadu_ps(b0 + i), s0);
+      s1 = _mm512_fmadd_ps(va, _mm512_loadu_ps(b1 + i), s1);
+      s2 = _mm512_fmadd_ps(va, _mm512_loadu_ps(b2 + i), s2);
+      s3 = _mm512_fmadd_ps(va, _mm512_loadu_ps(b3 + i), s3);
+    }
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      const __m512 va = _mm512_maskz_loadu_ps(m, a + i);
+      s0 = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b0 + i), s0);
+      s1 = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b1 + i), s1);
+      s2 = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b2 + i), s2);
+      s3 = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b3 + i), s3);
+    }
+    // Per 128-bit lane: [s0 0+2, s1 0+2, s0 1+3, s1 1+3] and the same for s2, s3.
+    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(s0, s1), _mm512_unpackhi_ps(s0, s1));
+    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(s2, s3), _mm512_unpackhi_ps(s2, s3));
+    // Per lane: [s0, s1, s2, s3] partial sums.
+    const __m512 lanes = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
+    const __m256 halves =
+        _mm256_add_ps(_mm512_castps512_ps256(lanes),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1)));
+    const __m128 sums =
+        _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
+    _mm_storeu_ps(out, sums);
+  }
+
+  // Columns in chunks of 64 held in registers across all rows (two accumulator sets for even
+  // and odd rows, so the FMA chains overlap): out is loaded and stored once per chunk.
+  static void weighted_row_sum(const float* weights, const float* rows, int64_t count,
+                               int64_t stride, float* out, int64_t n) {
+    for (int64_t c = 0; c < n; c += 64) {
+      const int64_t width = std::min<int64_t>(64, n - c);
+      __mmask16 m[4];
+      for (int k = 0; k < 4; ++k) m[k] = tail_mask(std::clamp<int64_t>(width - 16 * k, 0, 16));
+      __m512 even[4], odd[4];
+      for (int k = 0; k < 4; ++k) {
+        even[k] = _mm512_maskz_loadu_ps(m[k], out + c + 16 * k);
+        odd[k] = _mm512_setzero_ps();
+      }
+      int64_t j = 0;
+      for (; j + 2 <= count; j += 2) {
+        const __m512 w0 = _mm512_set1_ps(weights[j]);
+        const __m512 w1 = _mm512_set1_ps(weights[j + 1]);
+        const float* r0 = rows + j * stride + c;
+        const float* r1 = r0 + stride;
+        for (int k = 0; k < 4; ++k) {
+          even[k] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m[k], r0 + 16 * k), even[k]);
+          odd[k] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m[k], r1 + 16 * k), odd[k]);
+        }
+      }
+      if (j < count) {
+        const __m512 w0 = _mm512_set1_ps(weights[j]);
+        const float* r0 = rows + j * stride + c;
+        for (int k = 0; k < 4; ++k)
+          even[k] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m[k], r0 + 16 * k), even[k]);
+      }
+      for (int k = 0; k < 4; ++k)
+        _mm512_mask_storeu_ps(out + c + 16 * k, m[k], _mm512_add_ps(even[k], odd[k]));
+    }
+  }
+
+  static void axpy(float a, const float* x, float* y, int64_t n) {
+    const __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      _mm512_mask_storeu_ps(
+          y + i, m,
+          _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+  }
+
+  static void scale(float* x, float a, int64_t n) {
+    const __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), va));
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), va));
+    }
+  }
+
+  static float max(const float* x, int64_t n) {
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m512 m0 = neg_inf, m1 = neg_inf;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
+      m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + i + 16));
+    }
+    for (; i + 16 <= n; i += 16) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
+    if (i < n) m1 = _mm512_max_ps(m1, _mm512_mask_loadu_ps(neg_inf, tail_mask(n - i), x + i));
+    return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+  }
+
+  // e^x as in Avx2Ops::exp, with scalef doing the 2^k scaling: it handles overflow to inf and
+  // gradual underflow to 0 itself, so inputs are only clamped to keep k finite.
+  static __m512 exp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-110.0f)), _mm512_set1_ps(89.0f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+  }
+
+  static float exp(float x) { return _mm512_cvtss_f32(exp(_mm512_set1_ps(x))); }
+
+  static float exp_shifted_sum(float* x, float shift, int64_t n) {
+    const __m512 vs = _mm512_set1_ps(shift);
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m512 e0 = exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), vs));
+      const __m512 e1 = exp(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vs));
+      _mm512_storeu_ps(x + i, e0);
+      _mm512_storeu_ps(x + i + 16, e1);
+      sum0 = _mm512_add_ps(sum0, e0);
+      sum1 = _mm512_add_ps(sum1, e1);
+    }
+    for (; i < n; i += 16) {
+      const __mmask16 m = tail_mask(std::min<int64_t>(16, n - i));
+      const __m512 e = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vs));
+      _mm512_mask_storeu_ps(x + i, m, e);
+      sum0 = _mm512_add_ps(sum0, _mm512_maskz_mov_ps(m, e));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+  }
+
+  static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
+
+  static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {
+    const __m512 vs = _mm512_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vs),
+                                              _mm512_loadu_ps(w + i)));
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      _mm512_mask_storeu_ps(out + i, m,
+                            _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs),
+                                          _mm512_maskz_loadu_ps(m, w + i)));
+    }
+  }
+};
+
+}  // namespace protokv::kernels
+
+#endif  // PROTOKV_HAVE_AVX512
