@@ -383,3 +383,27 @@ TEST(CliBench, E2eReportsEveryContext) {
 
 }  // namespace
 }  // namespace protokv
+
+namespace protokv {
+namespace {
+
+// -f reads a text prompt: a missing file and a file far too large to be a prompt (a sparse
+// 300 MiB file: a model passed as text, say) are one clear line each, not a crash or a long read.
+TEST(CliGenerate, PromptFileErrorsAreOneLine) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto missing = run_protokv("generate " + stories_args() + " -f /nonexistent/prompt.txt");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("file not found: /nonexistent/prompt.txt"), std::string::npos)
+      << missing.err;
+  TempDir dir;
+  const auto huge = dir / "huge.txt";
+  { std::ofstream create(huge); }
+  std::filesystem::resize_file(huge, uintmax_t{300} << 20);
+  const auto big = run_protokv("generate " + stories_args() + " -f '" + huge.string() + "'");
+  EXPECT_EQ(big.exit_code, 1);
+  EXPECT_NE(big.err.find("the limit is 256 MiB"), std::string::npos) << big.err;
+  EXPECT_EQ(std::count(big.err.begin(), big.err.end(), '\n'), 1) << big.err;
+}
+
+}  // namespace
+}  // namespace protokv
