@@ -22,10 +22,26 @@ struct ModelConfig {
   int context_length = 0;
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
-  bool rope_neox = false;  // false: Meta order, rotate pairs (2i, 2i+1); true: (i, i + d/2)
+  bool rope_neox = false;  // false: Meta order, rotate pairs (2i, 2i+1); true: (i, i + n_rot/2)
   bool shared_classifier = false;
+  // Per-head width of q, k and v (GGUF "<arch>.attention.key_length"); 0: dim / n_heads. Qwen3
+  // models have heads wider or narrower than dim / n_heads.
+  int explicit_head_dim = 0;
+  // Dimensions of each head that RoPE rotates (GGUF "<arch>.rope.dimension_count"), the first
+  // n_rot; the rest pass through. 0: the whole head.
+  int n_rot = 0;
+  // Linear RoPE scaling (GGUF rope.scaling.type "linear"): positions are divided by this factor
+  // (ggml's freq_scale = 1 / factor). 1: none.
+  float rope_linear_factor = 1.0f;
+  // The model carries rope_freqs.weight ([n_rot / 2] divisors of the pair frequencies, as
+  // llama.cpp's converter writes them for Llama 3.x "llama3" RoPE scaling).
+  bool rope_freq_factors = false;
 
-  int head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
+  int head_dim() const {
+    if (explicit_head_dim > 0) return explicit_head_dim;
+    return n_heads > 0 ? dim / n_heads : 0;
+  }
+  int rope_dims() const { return n_rot > 0 ? n_rot : head_dim(); }
   int group_size() const { return n_kv_heads > 0 ? n_heads / n_kv_heads : 0; }
   // Throws Error when shapes are absurd or inconsistent.
   void validate() const;
@@ -40,6 +56,8 @@ struct LayerWeights {
   const float* bq = nullptr;         // optional biases (Qwen2)
   const float* bk = nullptr;
   const float* bv = nullptr;
+  const float* attn_q_norm = nullptr;  // optional per-head RMSNorm weights [head_dim] (Qwen3)
+  const float* attn_k_norm = nullptr;
   const float* ffn_norm = nullptr;  // [dim]
   WeightMatrix w_gate;              // [hidden_dim, dim]  (llama2.c w1)
   WeightMatrix w_up;                // [hidden_dim, dim]  (llama2.c w3)
@@ -51,6 +69,7 @@ struct ModelWeights {
   WeightMatrix token_embd;             // [vocab, dim]
   const float* output_norm = nullptr;  // [dim]
   WeightMatrix output;                 // [vocab, dim]; same data as token_embd when shared
+  const float* rope_freqs = nullptr;   // [n_rot / 2] when config.rope_freq_factors (Llama 3.x)
   std::vector<LayerWeights> layers;
   // Keeps the memory behind every pointer above alive (a mapped file and/or owned buffers).
   std::vector<std::shared_ptr<const void>> storage;

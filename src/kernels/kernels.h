@@ -41,14 +41,20 @@ void rope(float* x, int n_heads, int head_dim, int32_t pos, float theta, bool ne
 // Single-threaded.
 void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim,
                const int32_t* positions, float theta, bool neox);
-// The per-model part of RoPE, built once (a Session owns one): the inverse frequencies
-// theta^(-2i/head_dim) of the head_dim/2 pairs. Using it, RoPE allocates nothing.
+// The per-model part of RoPE, built once (a Session owns one): the inverse frequencies of the
+// rot_dims/2 rotated pairs of each head, freq_scale * theta^(-2i/rot_dims) / freq_factors[i]
+// (ggml_rope_ext without YaRN: freq_scale = 1 / linear factor; freq_factors from Llama 3.x's
+// rope_freqs.weight). Dimensions past rot_dims pass through unrotated. Using it, RoPE allocates
+// nothing.
 struct RopeTable {
-  std::vector<double> inv_freq;  // [head_dim / 2]
+  std::vector<double> inv_freq;  // [rot_dims / 2]
   int head_dim = 0;
+  int rot_dims = 0;  // even, <= head_dim
   bool neox = false;
 };
 RopeTable make_rope_table(int head_dim, float theta, bool neox);
+RopeTable make_rope_table(int head_dim, int rot_dims, float theta, bool neox, float freq_scale,
+                          const float* freq_factors);
 // rope_rows with a prebuilt table; same results as the overload above. Single-threaded.
 void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
                const RopeTable& table, const int32_t* positions);

@@ -59,10 +59,11 @@ void rope_angles(int32_t pos, const double* inv_freq, int first, int last, float
   }
 }
 
-// Rotates pairs [first, last) of every head by the angles c/s (indexed from `first`).
-void rope_apply(float* x, int n_heads, int head_dim, int first, int last, const float* c,
-                const float* s, bool neox) {
-  const int half = head_dim / 2;
+// Rotates pairs [first, last) of the first rot_dims values of every head by the angles c/s
+// (indexed from `first`).
+void rope_apply(float* x, int n_heads, int head_dim, int rot_dims, int first, int last,
+                const float* c, const float* s, bool neox) {
+  const int half = rot_dims / 2;
   for (int h = 0; h < n_heads; ++h) {
     float* head = x + static_cast<int64_t>(h) * head_dim;
     if (neox) {
@@ -117,13 +118,22 @@ void softmax(float* x, int64_t n) {
 }
 
 RopeTable make_rope_table(int head_dim, float theta, bool neox) {
+  return make_rope_table(head_dim, head_dim, theta, neox, 1.0f, nullptr);
+}
+
+RopeTable make_rope_table(int head_dim, int rot_dims, float theta, bool neox, float freq_scale,
+                          const float* freq_factors) {
   RopeTable table;
   table.head_dim = head_dim;
+  table.rot_dims = rot_dims;
   table.neox = neox;
-  table.inv_freq.resize(static_cast<size_t>(head_dim / 2));
+  table.inv_freq.resize(static_cast<size_t>(rot_dims / 2));
   const double log_theta = std::log(static_cast<double>(theta));
-  for (size_t i = 0; i < table.inv_freq.size(); ++i)
-    table.inv_freq[i] = std::exp(-2.0 * static_cast<double>(i) / head_dim * log_theta);
+  for (size_t i = 0; i < table.inv_freq.size(); ++i) {
+    double f = std::exp(-2.0 * static_cast<double>(i) / rot_dims * log_theta) * freq_scale;
+    if (freq_factors != nullptr) f /= static_cast<double>(freq_factors[i]);
+    table.inv_freq[i] = f;
+  }
   return table;
 }
 
@@ -134,12 +144,13 @@ void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
   constexpr int kPairBlock = 64;
   float c[kPairBlock];
   float s[kPairBlock];
-  const int half = table.head_dim / 2;
+  const int half = table.rot_dims / 2;
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int first = 0; first < half; first += kPairBlock) {
       const int last = std::min(half, first + kPairBlock);
       rope_angles(positions[t], table.inv_freq.data(), first, last, c, s);
-      rope_apply(x + t * token_stride, n_heads, table.head_dim, first, last, c, s, table.neox);
+      rope_apply(x + t * token_stride, n_heads, table.head_dim, table.rot_dims, first, last, c, s,
+                 table.neox);
     }
   }
 }

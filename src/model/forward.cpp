@@ -79,6 +79,16 @@ void Session::Impl::attention_inputs(const LayerWeights& lw, int64_t n, const in
   add_bias_rows(b.q.data(), lw.bq, n, q_dim);
   add_bias_rows(b.k.data(), lw.bk, n, kv_dim);
   add_bias_rows(b.v.data(), lw.bv, n, kv_dim);
+  // Qwen3: each head of q and k is RMS-normalised (own weights, the model's epsilon) before RoPE.
+  const int64_t hd = config.head_dim();
+  if (lw.attn_q_norm != nullptr) {
+    kernels::rmsnorm_rows(b.q.data(), b.q.data(), lw.attn_q_norm, n * config.n_heads, hd,
+                          config.norm_eps);
+  }
+  if (lw.attn_k_norm != nullptr) {
+    kernels::rmsnorm_rows(b.k.data(), b.k.data(), lw.attn_k_norm, n * config.n_kv_heads, hd,
+                          config.norm_eps);
+  }
   rope_rows_parallel(b.q.data(), n, config.n_heads, positions, rope);
   rope_rows_parallel(b.k.data(), n, config.n_kv_heads, positions, rope);
 }

@@ -84,7 +84,10 @@ uint64_t llama_file_bytes(const ModelConfig& config, DType requested) {
 void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
                         const std::string& name) {
   const std::string& arch = c.architecture;
-  PROTOKV_CHECK(arch == names::kArchLlama, "cannot write architecture '{}' as GGUF", arch);
+  PROTOKV_CHECK(c.rope_neox == architecture_rope_neox(arch),
+                "cannot write a {} model with {} RoPE: llama.cpp's {} uses {} RoPE", arch,
+                c.rope_neox ? "NeoX" : "Meta-order", arch,
+                architecture_rope_neox(arch) ? "NeoX" : "Meta-order");
   auto u32 = [](int v) { return static_cast<uint32_t>(v); };
   w.set_string(std::string(names::kArchitecture), arch);
   w.set_string(std::string(names::kName), name);
@@ -97,11 +100,19 @@ void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
   w.set_u32(names::arch_key(arch, names::kEmbeddingLength), u32(c.dim));
   w.set_u32(names::arch_key(arch, names::kBlockCount), u32(c.n_layers));
   w.set_u32(names::arch_key(arch, names::kFeedForwardLength), u32(c.hidden_dim));
-  w.set_u32(names::arch_key(arch, names::kRopeDimensionCount), u32(c.head_dim()));
+  w.set_u32(names::arch_key(arch, names::kRopeDimensionCount), u32(c.rope_dims()));
+  if (c.explicit_head_dim > 0) {
+    w.set_u32(names::arch_key(arch, names::kKeyLength), u32(c.head_dim()));
+    w.set_u32(names::arch_key(arch, names::kValueLength), u32(c.head_dim()));
+  }
   w.set_u32(names::arch_key(arch, names::kHeadCount), u32(c.n_heads));
   w.set_u32(names::arch_key(arch, names::kHeadCountKv), u32(c.n_kv_heads));
   w.set_f32(names::arch_key(arch, names::kRmsNormEps), c.norm_eps);
   w.set_f32(names::arch_key(arch, names::kRopeFreqBase), c.rope_theta);
+  if (c.rope_linear_factor != 1.0f) {
+    w.set_string(names::arch_key(arch, names::kRopeScalingType), "linear");
+    w.set_f32(names::arch_key(arch, names::kRopeScalingFactor), c.rope_linear_factor);
+  }
   w.set_u32(names::arch_key(arch, names::kVocabSize), u32(c.vocab_size));
 }
 
@@ -109,7 +120,6 @@ std::vector<std::string> export_gguf(const ModelWeights& weights, const Tokenize
                                      const std::string& path, const GgufExportOptions& options) {
   const ModelConfig& c = weights.config;
   c.validate();
-  PROTOKV_CHECK(!c.rope_neox, "cannot export a NEOX-RoPE model as a GGUF llama model");
   PROTOKV_CHECK(static_cast<int>(weights.layers.size()) == c.n_layers,
                 "model has {} layers but its config says {}", weights.layers.size(), c.n_layers);
   if (tokenizer) {

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <cstring>
+#include <unordered_set>
 #include <vector>
 
 #include "model/gguf_names.h"
@@ -44,11 +45,7 @@ int to_int(int64_t v, std::string_view what) {
 ModelConfig read_config(const GgufFile& file) {
   const auto arch = file.get_string(std::string(names::kArchitecture));
   if (!arch) fail("GGUF file has no {} key: not a model", names::kArchitecture);
-  // TODO(qwen2): Qwen2 differs by q/k/v biases and NEOX RoPE; planned, not implemented yet.
-  if (*arch != names::kArchLlama) {
-    fail("unsupported model architecture '{}' (only 'llama' is supported; qwen2 is planned)",
-         *arch);
-  }
+  tensor_table(*arch);  // throws, naming the architecture, unless it is llama, qwen2 or qwen3
   ConfigReader r{file, *arch};
   ModelConfig c;
   c.architecture = *arch;
@@ -62,22 +59,62 @@ ModelConfig read_config(const GgufFile& file) {
   const auto eps = r.optional_float(names::kRmsNormEps);
   if (!eps) fail("GGUF model lacks required key {}", names::arch_key(*arch, names::kRmsNormEps));
   c.norm_eps = static_cast<float>(*eps);
-  // GGUF llama tensors are in Meta order: RoPE rotates adjacent pairs.
-  c.rope_neox = false;
+  // llama.cpp's rope type of the architecture: NORM (adjacent pairs) for llama, NEOX for Qwen.
+  c.rope_neox = architecture_rope_neox(*arch);
 
+  // Head width: attention.key_length when present (Qwen3), else dim / n_heads, as llama.cpp.
+  const std::string key_length_key = names::arch_key(*arch, names::kKeyLength);
+  if (const auto key_length = r.optional_int(names::kKeyLength)) {
+    c.explicit_head_dim = to_int(*key_length, key_length_key);
+    const auto value_length = r.optional_int(names::kValueLength).value_or(*key_length);
+    PROTOKV_CHECK(value_length == *key_length, "{} = {} differs from {} = {} (unsupported)",
+                  names::arch_key(*arch, names::kValueLength), value_length, key_length_key,
+                  *key_length);
+  } else {
+    PROTOKV_CHECK(c.dim % c.n_heads == 0, "{} = {} does not divide {} = {} and there is no {}",
+                  names::arch_key(*arch, names::kHeadCount), c.n_heads,
+                  names::arch_key(*arch, names::kEmbeddingLength), c.dim, key_length_key);
+  }
+  if (*arch == names::kArchQwen2) {  // llama.cpp's qwen2 shapes attn_q/attn_output [dim, dim]
+    PROTOKV_CHECK(c.n_heads * c.head_dim() == c.dim, "qwen2 needs {} x head dimension {} = {}",
+                  names::arch_key(*arch, names::kHeadCount), c.head_dim(),
+                  names::arch_key(*arch, names::kEmbeddingLength));
+  }
   if (const auto rope_dims = r.optional_int(names::kRopeDimensionCount)) {
-    PROTOKV_CHECK(c.n_heads > 0 && *rope_dims == c.dim / c.n_heads,
-                  "partial RoPE is not supported ({} = {}, head dimension {})",
-                  names::arch_key(*arch, names::kRopeDimensionCount), *rope_dims,
-                  c.n_heads > 0 ? c.dim / c.n_heads : 0);
+    const std::string key = names::arch_key(*arch, names::kRopeDimensionCount);
+    c.n_rot = to_int(*rope_dims, key);
+    PROTOKV_CHECK(c.n_rot % 2 == 0 && c.n_rot <= c.head_dim(),
+                  "{} = {} must be even and at most the head dimension {}", key, c.n_rot,
+                  c.head_dim());
+    if (c.n_rot == c.head_dim()) c.n_rot = 0;  // the whole head: the default
   }
+
+  // RoPE scaling, as llama.cpp reads it: the type defaults to linear, which with no factor is
+  // no scaling; Llama 3.x's "llama3" scaling is not a key but the rope_freqs.weight tensor.
   const std::string scaling_key = names::arch_key(*arch, names::kRopeScalingType);
-  if (const auto scaling = file.get_string(scaling_key); scaling && *scaling != "none") {
-    fail("RoPE scaling '{}' ({}) is not supported yet", *scaling, scaling_key);
+  const std::string scaling = file.get_string(scaling_key).value_or("linear");
+  if (scaling != "none" && scaling != "linear") {
+    fail(
+        "RoPE scaling '{}' ({}) is not supported (supported: none, linear, and Llama 3.x "
+        "rope_freqs.weight)",
+        scaling, scaling_key);
   }
-  if (file.find_tensor(std::string(names::kRopeFreqs))) {
-    fail("tensor {} (Llama 3.1 RoPE frequency factors) is not supported yet", names::kRopeFreqs);
+  if (scaling == "linear") {
+    std::optional<double> factor = r.optional_float(names::kRopeScalingFactor);
+    if (!factor) factor = r.optional_float(names::kRopeScaleLinear);
+    if (factor && *factor != 0.0) {  // llama.cpp: factor 0 means none
+      PROTOKV_CHECK(*factor >= 1.0 / 1024 && *factor <= 1024.0, "invalid {} {}",
+                    names::arch_key(*arch, names::kRopeScalingFactor), *factor);
+      c.rope_linear_factor = static_cast<float>(*factor);
+    }
   }
+  if (const auto attn_factor = r.optional_float(names::kRopeScalingAttnFactor)) {
+    PROTOKV_CHECK(*attn_factor == 1.0, "{} = {} is not supported (only 1)",
+                  names::arch_key(*arch, names::kRopeScalingAttnFactor), *attn_factor);
+  }
+  c.rope_freq_factors = file.find_tensor(std::string(names::kRopeFreqs)) != nullptr;
+  PROTOKV_CHECK(!c.rope_freq_factors || *arch == names::kArchLlama,
+                "tensor {} is not used by architecture '{}'", names::kRopeFreqs, *arch);
   return c;
 }
 
@@ -161,9 +198,11 @@ ModelWeights weights_from_gguf(const GgufFile& file) {
 
   w.layers.resize(static_cast<size_t>(c.n_layers));
   TensorBinder bind(file, w);
+  size_t bound = 0;
   for_each_tensor(c, w, [&](const TensorSlot<ModelWeights>& t) {
     const TensorSpec& s = t.spec;
     if (!s.required() && file.find_tensor(s.name) == nullptr) return;  // optional and absent
+    ++bound;
     if (s.is_vector()) {
       t.bind(bind.vector(s.name, s.cols));
     } else {
@@ -172,6 +211,16 @@ ModelWeights weights_from_gguf(const GgufFile& file) {
     }
   });
   if (c.shared_classifier) w.output = w.token_embd;
+  // A tensor the table does not know means a model variant protokv would silently run wrong
+  // (a fused attn_qkv, an output bias, a layer beyond block_count): refuse it, as llama.cpp does.
+  if (bound != file.tensors().size()) {
+    std::unordered_set<std::string> known;
+    for (const TensorSpec& s : tensor_specs(c, /*with_optional=*/true)) known.insert(s.name);
+    for (const GgufTensorInfo& t : file.tensors()) {
+      PROTOKV_CHECK(known.count(t.name) != 0, "tensor {} is not part of a {} model with {} blocks",
+                    t.name, c.architecture, c.n_layers);
+    }
+  }
   return w;
 }
 

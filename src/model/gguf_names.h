@@ -27,6 +27,8 @@ inline constexpr uint32_t kFileTypeMostlyBF16 = 32;
 
 // --- architectures ----------------------------------------------------------------------------
 inline constexpr std::string_view kArchLlama = "llama";
+inline constexpr std::string_view kArchQwen2 = "qwen2";
+inline constexpr std::string_view kArchQwen3 = "qwen3";
 
 // --- per-architecture hyper-parameters: "<arch>.<suffix>" -------------------------------------
 inline constexpr std::string_view kContextLength = "context_length";
@@ -38,7 +40,13 @@ inline constexpr std::string_view kHeadCountKv = "attention.head_count_kv";
 inline constexpr std::string_view kRmsNormEps = "attention.layer_norm_rms_epsilon";
 inline constexpr std::string_view kRopeFreqBase = "rope.freq_base";
 inline constexpr std::string_view kRopeDimensionCount = "rope.dimension_count";
+inline constexpr std::string_view kKeyLength = "attention.key_length";
+inline constexpr std::string_view kValueLength = "attention.value_length";
 inline constexpr std::string_view kRopeScalingType = "rope.scaling.type";
+inline constexpr std::string_view kRopeScalingFactor = "rope.scaling.factor";
+inline constexpr std::string_view kRopeScaleLinear = "rope.scale_linear";  // older files
+inline constexpr std::string_view kRopeScalingAttnFactor = "rope.scaling.attn_factor";
+inline constexpr std::string_view kRopeScalingOrigContext = "rope.scaling.original_context_length";
 inline constexpr std::string_view kVocabSize = "vocab_size";
 
 inline std::string arch_key(std::string_view arch, std::string_view suffix) {
@@ -59,7 +67,7 @@ inline constexpr std::string_view kTokenizerModelLlama = "llama";
 inline constexpr std::string_view kTokenEmbd = "token_embd.weight";
 inline constexpr std::string_view kOutputNorm = "output_norm.weight";
 inline constexpr std::string_view kOutput = "output.weight";
-// Llama 3.1 RoPE frequency factors; not applied yet, so its presence is rejected.
+// Llama 3.x RoPE frequency factors (divisors of each pair's frequency; in the tensor table).
 inline constexpr std::string_view kRopeFreqs = "rope_freqs.weight";
 
 // Per-block tensor names are in the architecture's tensor table (model/tensor_table.cpp).

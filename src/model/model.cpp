@@ -14,11 +14,20 @@ void ModelConfig::validate() const {
   PROTOKV_CHECK(hidden_dim > 0 && hidden_dim <= 8 * kMaxDim, "invalid feed-forward length {}",
                 hidden_dim);
   PROTOKV_CHECK(n_layers > 0 && n_layers <= kMaxLayers, "invalid layer count {}", n_layers);
-  PROTOKV_CHECK(n_heads > 0 && n_heads <= dim && dim % n_heads == 0,
-                "invalid head count {} for embedding length {}", n_heads, dim);
+  PROTOKV_CHECK(n_heads > 0 && n_heads <= dim, "invalid head count {} for embedding length {}",
+                n_heads, dim);
+  PROTOKV_CHECK(explicit_head_dim > 0 || dim % n_heads == 0,
+                "head count {} does not divide embedding length {}", n_heads, dim);
+  PROTOKV_CHECK(explicit_head_dim >= 0 && explicit_head_dim <= kMaxDim,
+                "invalid head dimension (key length) {}", explicit_head_dim);
   PROTOKV_CHECK(n_kv_heads > 0 && n_kv_heads <= n_heads && n_heads % n_kv_heads == 0,
                 "invalid KV head count {} for {} heads", n_kv_heads, n_heads);
   PROTOKV_CHECK(head_dim() % 2 == 0, "head dimension {} must be even for RoPE", head_dim());
+  PROTOKV_CHECK(n_rot >= 0 && n_rot <= head_dim() && n_rot % 2 == 0,
+                "invalid RoPE dimension count {}: must be even and at most the head dimension {}",
+                n_rot, head_dim());
+  PROTOKV_CHECK(rope_linear_factor >= 1.0f / 1024 && rope_linear_factor <= 1024.0f,
+                "invalid linear RoPE scaling factor {}", rope_linear_factor);
   PROTOKV_CHECK(vocab_size > 0 && vocab_size <= kMaxVocab, "invalid vocabulary size {}",
                 vocab_size);
   PROTOKV_CHECK(context_length > 0 && context_length <= kMaxContext, "invalid context length {}",

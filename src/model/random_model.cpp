@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numbers>
 #include <unordered_set>
 
 #include "core/rng.h"
@@ -59,6 +60,12 @@ float standard_deviation(const TensorSpec& spec, const ModelConfig& config) {
       return fan_in * residual;
     case TensorInit::kFanIn:
       return fan_in;
+    case TensorInit::kBias:
+      return 0.5f;
+    case TensorInit::kNearOnes:
+      return 0.25f;
+    case TensorInit::kLlama3RopeFreqs:
+      return 0.0f;  // not random (llama3_rope_freq_factors)
   }
   return fan_in;
 }
@@ -106,8 +113,7 @@ const std::string kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
 
 void validate_random_model(const RandomModelOptions& options) {
   const ModelConfig& c = options.config;
-  PROTOKV_CHECK(c.architecture == gguf_names::kArchLlama,
-                "random models are llama models, not '{}'", c.architecture);
+  tensor_table(c.architecture);  // throws for an architecture protokv cannot run
   c.validate();
   PROTOKV_CHECK(c.vocab_size >= kMinSyntheticVocab,
                 "vocabulary size {} is too small: the synthetic tokenizer needs at least {} "
@@ -177,6 +183,32 @@ std::shared_ptr<Tokenizer> synthetic_tokenizer(int vocab_size) {
                                      /*bos_id=*/1, /*eos_id=*/2, /*unk_id=*/0);
 }
 
+std::vector<float> llama3_rope_freq_factors(int rope_dims, float theta,
+                                            const Llama3RopeScaling& s) {
+  // As llama.cpp's converter computes them (conversion/llama.py, generate_extra_tensors): pairs
+  // whose wavelength is below original_context / high_freq_factor keep their frequency, those
+  // above original_context / low_freq_factor are slowed by `factor`, and the band between is
+  // interpolated smoothly.
+  const double low_freq_wavelen = s.original_context / s.low_freq_factor;
+  const double high_freq_wavelen = s.original_context / s.high_freq_factor;
+  std::vector<float> factors;
+  for (int i = 0; i < rope_dims; i += 2) {
+    const float freq =
+        1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(rope_dims));
+    const double wavelen = 2.0 * std::numbers::pi / freq;
+    if (wavelen < high_freq_wavelen) {
+      factors.push_back(1.0f);
+    } else if (wavelen > low_freq_wavelen) {
+      factors.push_back(static_cast<float>(s.factor));
+    } else {
+      const double smooth = (s.original_context / wavelen - s.low_freq_factor) /
+                            (s.high_freq_factor - s.low_freq_factor);
+      factors.push_back(static_cast<float>(1.0 / ((1.0 - smooth) / s.factor + smooth)));
+    }
+  }
+  return factors;
+}
+
 void random_tensor_rows(const TensorSpec& spec, const ModelConfig& config, uint64_t seed,
                         int64_t row_begin, int64_t row_end, float* out) {
   const auto cols = static_cast<size_t>(spec.cols);
@@ -184,6 +216,13 @@ void random_tensor_rows(const TensorSpec& spec, const ModelConfig& config, uint6
     std::fill(out, out + static_cast<size_t>(row_end - row_begin) * cols, 1.0f);
     return;
   }
+  if (spec.entry->init == TensorInit::kLlama3RopeFreqs) {
+    const std::vector<float> factors =
+        llama3_rope_freq_factors(config.rope_dims(), config.rope_theta, kLlama31Rope);
+    std::copy(factors.begin(), factors.end(), out);
+    return;
+  }
+  const float offset = spec.entry->init == TensorInit::kNearOnes ? 1.0f : 0.0f;
   const float sd = standard_deviation(spec, config);
   // One stream per (seed, tensor, row); the tensor key is independent of the layer count.
   const uint64_t tensor_key = static_cast<uint64_t>(spec.layer + 1) * 64 + spec.entry->seed_key;
@@ -191,7 +230,7 @@ void random_tensor_rows(const TensorSpec& spec, const ModelConfig& config, uint6
   for (int64_t r = row_begin; r < row_end; ++r) {
     Xoshiro256 rng(mix64(tensor_seed ^ static_cast<uint64_t>(r)));
     float* row = out + static_cast<size_t>(r - row_begin) * cols;
-    for (size_t j = 0; j < cols; ++j) row[j] = sd * approx_normal(rng.next());
+    for (size_t j = 0; j < cols; ++j) row[j] = offset + sd * approx_normal(rng.next());
   }
 }
 

@@ -16,7 +16,7 @@ namespace protokv {
 class Tokenizer;
 
 struct RandomModelOptions {
-  ModelConfig config;  // architecture "llama"; shared_classifier is honoured
+  ModelConfig config;  // llama, qwen2 or qwen3; shared_classifier and rope_freq_factors honoured
   DType type = DType::F32;
   uint64_t seed = 0;
   std::string name = "protokv-random";
@@ -43,11 +43,27 @@ struct SyntheticVocab {
 SyntheticVocab synthetic_vocab(int vocab_size);
 std::shared_ptr<Tokenizer> synthetic_tokenizer(int vocab_size);
 
+// Llama 3.x "llama3" RoPE scaling parameters (HF rope_scaling). GGUF files carry only the
+// per-pair factors they produce (rope_freqs.weight).
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_context = 8192.0;
+};
+inline constexpr Llama3RopeScaling kLlama31Rope{};  // Llama 3.1's values
+// The rope_dims / 2 divisors of the pair frequencies that llama.cpp's converter writes as
+// rope_freqs.weight.
+std::vector<float> llama3_rope_freq_factors(int rope_dims, float theta,
+                                            const Llama3RopeScaling& scaling);
+
 // Values of rows [row_begin, row_end) of `spec` as F32 into `out` ([rows, spec.cols]).
 // Matrices ~ zero-mean, approximately normal (Irwin-Hall sum of 4 uniforms) with standard
 // deviation 1/sqrt(cols); the residual-branch outputs (attn_output, ffn_down) are further scaled
 // by 1/sqrt(2 n_layers) as in GPT-2 so the residual stream stays O(1); token embeddings have
-// standard deviation 1; norm weights are 1.
+// standard deviation 1; norm weights are 1 (q/k norms 1 + 0.25 normal); biases have standard
+// deviation 0.5; rope_freqs.weight holds Llama 3.1's llama3 factors (make-model's only llama3
+// setting).
 void random_tensor_rows(const TensorSpec& spec, const ModelConfig& config, uint64_t seed,
                         int64_t row_begin, int64_t row_end, float* out);
 

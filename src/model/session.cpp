@@ -14,7 +14,10 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   check_tensors(weights);  // loaders validate files; this catches inconsistent hand-built weights
   PROTOKV_CHECK(options.ubatch >= 0, "ubatch must be >= 0 (0: the whole prompt), got {}",
                 options.ubatch);
-  rope = kernels::make_rope_table(config.head_dim(), config.rope_theta, config.rope_neox);
+  // ggml's freq_scale is the inverse of the linear scaling factor (llama-model.cpp load_hparams).
+  rope = kernels::make_rope_table(config.head_dim(), config.rope_dims(), config.rope_theta,
+                                  config.rope_neox, 1.0f / config.rope_linear_factor,
+                                  weights.rope_freqs);
   cache = KvCache(config.n_layers, config.n_kv_heads, config.head_dim());
   logits.assign(static_cast<size_t>(config.vocab_size), 0.0f);
   step = RowBuffers(1, config);

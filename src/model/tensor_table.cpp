@@ -35,6 +35,12 @@ TensorShape q_vector(const ModelConfig& c) {
 TensorShape kv_vector(const ModelConfig& c) {
   return {1, kv_width(c)};
 }
+TensorShape head_vector(const ModelConfig& c) {
+  return {1, c.head_dim()};
+}
+TensorShape rope_pair_vector(const ModelConfig& c) {
+  return {1, c.rope_dims() / 2};
+}
 TensorShape hidden_by_dim(const ModelConfig& c) {
   return {c.hidden_dim, c.dim};
 }
@@ -47,33 +53,79 @@ using I = TensorInit;
 using MW = ModelWeights;
 using LW = LayerWeights;
 
-// Llama (llama.cpp's LLM_ARCH_LLAMA names). seed_key values are fixed forever: they select the
-// random streams of make-model, so changing one changes every random model.
+// Tensor names and shapes follow llama.cpp (src/llama-arch.cpp,
+// src/models/{llama,qwen2,qwen3}.cpp). seed_key values are fixed forever: they select the random
+// streams of make-model, so changing one changes every random model.
 // clang-format off
+#define PROTOKV_GLOBAL_TENSORS \
+    {"token_embd.weight",       false, false, P::kRequired, vocab_by_dim, I::kEmbedding, false, 0, &MW::token_embd, nullptr, nullptr, nullptr}, \
+    {"output_norm.weight",      false, true,  P::kRequired, dim_vector, I::kOnes, false, 1, nullptr, &MW::output_norm, nullptr, nullptr}, \
+    {"output.weight",           false, false, P::kUnlessSharedClassifier, vocab_by_dim, I::kFanIn, false, 2, &MW::output, nullptr, nullptr, nullptr}
+#define PROTOKV_FFN_TENSORS \
+    {"blk.{}.ffn_norm.weight",    true, true,  P::kRequired, dim_vector, I::kOnes, false, 8, nullptr, nullptr, nullptr, &LW::ffn_norm}, \
+    {"blk.{}.ffn_gate.weight",    true, false, P::kRequired, hidden_by_dim, I::kFanIn, true, 9, nullptr, nullptr, &LW::w_gate, nullptr}, \
+    {"blk.{}.ffn_up.weight",      true, false, P::kRequired, hidden_by_dim, I::kFanIn, true, 10, nullptr, nullptr, &LW::w_up, nullptr}, \
+    {"blk.{}.ffn_down.weight",    true, false, P::kRequired, dim_by_hidden, I::kResidual, true, 11, nullptr, nullptr, &LW::w_down, nullptr}
+
+// Llama (Llama 2/3.x, Mistral, TinyLlama, SmolLM2): Meta-order RoPE; optional q/k/v biases;
+// rope_freqs.weight carries Llama 3.x "llama3" RoPE scaling.
 const TensorEntry kLlama[] = {
-    {"token_embd.weight",       false, false, P::kRequired, vocab_by_dim, I::kEmbedding, false, 0, &MW::token_embd, nullptr, nullptr, nullptr},
-    {"output_norm.weight",      false, true,  P::kRequired, dim_vector, I::kOnes, false, 1, nullptr, &MW::output_norm, nullptr, nullptr},
-    {"output.weight",           false, false, P::kUnlessSharedClassifier, vocab_by_dim, I::kFanIn, false, 2, &MW::output, nullptr, nullptr, nullptr},
+    PROTOKV_GLOBAL_TENSORS,
+    {"rope_freqs.weight",       false, true,  P::kWithRopeFreqFactors, rope_pair_vector, I::kLlama3RopeFreqs, false, 15, nullptr, &MW::rope_freqs, nullptr, nullptr},
     {"blk.{}.attn_norm.weight",   true, true,  P::kRequired, dim_vector, I::kOnes, false, 3, nullptr, nullptr, nullptr, &LW::attn_norm},
     {"blk.{}.attn_q.weight",      true, false, P::kRequired, q_by_dim, I::kFanIn, true, 4, nullptr, nullptr, &LW::wq, nullptr},
-    {"blk.{}.attn_q.bias",        true, true,  P::kOptional, q_vector, I::kFanIn, false, 12, nullptr, nullptr, nullptr, &LW::bq},
+    {"blk.{}.attn_q.bias",        true, true,  P::kOptional, q_vector, I::kBias, false, 12, nullptr, nullptr, nullptr, &LW::bq},
     {"blk.{}.attn_k.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 5, nullptr, nullptr, &LW::wk, nullptr},
-    {"blk.{}.attn_k.bias",        true, true,  P::kOptional, kv_vector, I::kFanIn, false, 13, nullptr, nullptr, nullptr, &LW::bk},
+    {"blk.{}.attn_k.bias",        true, true,  P::kOptional, kv_vector, I::kBias, false, 13, nullptr, nullptr, nullptr, &LW::bk},
     {"blk.{}.attn_v.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 6, nullptr, nullptr, &LW::wv, nullptr},
-    {"blk.{}.attn_v.bias",        true, true,  P::kOptional, kv_vector, I::kFanIn, false, 14, nullptr, nullptr, nullptr, &LW::bv},
+    {"blk.{}.attn_v.bias",        true, true,  P::kOptional, kv_vector, I::kBias, false, 14, nullptr, nullptr, nullptr, &LW::bv},
     {"blk.{}.attn_output.weight", true, false, P::kRequired, dim_by_q, I::kResidual, true, 7, nullptr, nullptr, &LW::wo, nullptr},
-    {"blk.{}.ffn_norm.weight",    true, true,  P::kRequired, dim_vector, I::kOnes, false, 8, nullptr, nullptr, nullptr, &LW::ffn_norm},
-    {"blk.{}.ffn_gate.weight",    true, false, P::kRequired, hidden_by_dim, I::kFanIn, true, 9, nullptr, nullptr, &LW::w_gate, nullptr},
-    {"blk.{}.ffn_up.weight",      true, false, P::kRequired, hidden_by_dim, I::kFanIn, true, 10, nullptr, nullptr, &LW::w_up, nullptr},
-    {"blk.{}.ffn_down.weight",    true, false, P::kRequired, dim_by_hidden, I::kResidual, true, 11, nullptr, nullptr, &LW::w_down, nullptr},
+    PROTOKV_FFN_TENSORS,
 };
+
+// Qwen2 / Qwen2.5: llama's block with q/k/v biases (always present in Qwen2 files) and NeoX RoPE.
+const TensorEntry kQwen2[] = {
+    PROTOKV_GLOBAL_TENSORS,
+    {"blk.{}.attn_norm.weight",   true, true,  P::kRequired, dim_vector, I::kOnes, false, 3, nullptr, nullptr, nullptr, &LW::attn_norm},
+    {"blk.{}.attn_q.weight",      true, false, P::kRequired, q_by_dim, I::kFanIn, true, 4, nullptr, nullptr, &LW::wq, nullptr},
+    {"blk.{}.attn_q.bias",        true, true,  P::kRequired, q_vector, I::kBias, false, 12, nullptr, nullptr, nullptr, &LW::bq},
+    {"blk.{}.attn_k.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 5, nullptr, nullptr, &LW::wk, nullptr},
+    {"blk.{}.attn_k.bias",        true, true,  P::kRequired, kv_vector, I::kBias, false, 13, nullptr, nullptr, nullptr, &LW::bk},
+    {"blk.{}.attn_v.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 6, nullptr, nullptr, &LW::wv, nullptr},
+    {"blk.{}.attn_v.bias",        true, true,  P::kRequired, kv_vector, I::kBias, false, 14, nullptr, nullptr, nullptr, &LW::bv},
+    {"blk.{}.attn_output.weight", true, false, P::kRequired, dim_by_q, I::kResidual, true, 7, nullptr, nullptr, &LW::wo, nullptr},
+    PROTOKV_FFN_TENSORS,
+};
+
+// Qwen3: no biases; per-head RMSNorm of q and k (weights [head_dim]) before NeoX RoPE; heads may
+// be wider than dim / n_heads (attention.key_length).
+const TensorEntry kQwen3[] = {
+    PROTOKV_GLOBAL_TENSORS,
+    {"blk.{}.attn_norm.weight",   true, true,  P::kRequired, dim_vector, I::kOnes, false, 3, nullptr, nullptr, nullptr, &LW::attn_norm},
+    {"blk.{}.attn_q.weight",      true, false, P::kRequired, q_by_dim, I::kFanIn, true, 4, nullptr, nullptr, &LW::wq, nullptr},
+    {"blk.{}.attn_k.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 5, nullptr, nullptr, &LW::wk, nullptr},
+    {"blk.{}.attn_v.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 6, nullptr, nullptr, &LW::wv, nullptr},
+    {"blk.{}.attn_output.weight", true, false, P::kRequired, dim_by_q, I::kResidual, true, 7, nullptr, nullptr, &LW::wo, nullptr},
+    {"blk.{}.attn_k_norm.weight", true, true,  P::kRequired, head_vector, I::kNearOnes, false, 16, nullptr, nullptr, nullptr, &LW::attn_k_norm},
+    {"blk.{}.attn_q_norm.weight", true, true,  P::kRequired, head_vector, I::kNearOnes, false, 17, nullptr, nullptr, nullptr, &LW::attn_q_norm},
+    PROTOKV_FFN_TENSORS,
+};
+#undef PROTOKV_GLOBAL_TENSORS
+#undef PROTOKV_FFN_TENSORS
 // clang-format on
 
 }  // namespace
 
 std::span<const TensorEntry> tensor_table(std::string_view architecture) {
   if (architecture == gguf_names::kArchLlama) return kLlama;
-  fail("unsupported model architecture '{}' (only 'llama' is supported)", architecture);
+  if (architecture == gguf_names::kArchQwen2) return kQwen2;
+  if (architecture == gguf_names::kArchQwen3) return kQwen3;
+  fail("unsupported model architecture '{}' (supported: llama, qwen2, qwen3)", architecture);
+}
+
+bool architecture_rope_neox(std::string_view architecture) {
+  tensor_table(architecture);  // throws for an unsupported architecture
+  return architecture != gguf_names::kArchLlama;
 }
 
 std::vector<TensorSpec> tensor_specs(const ModelConfig& config, bool with_optional) {
@@ -82,6 +134,7 @@ std::vector<TensorSpec> tensor_specs(const ModelConfig& config, bool with_option
   auto add = [&](const TensorEntry& e, int layer) {
     if (e.presence == P::kOptional && !with_optional) return;
     if (e.presence == P::kUnlessSharedClassifier && config.shared_classifier) return;
+    if (e.presence == P::kWithRopeFreqFactors && !config.rope_freq_factors) return;
     const TensorShape shape = e.shape(config);
     std::string name =
         layer >= 0 ? fmt::format(fmt::runtime(e.gguf_name), layer) : std::string(e.gguf_name);

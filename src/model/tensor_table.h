@@ -25,14 +25,18 @@ enum class TensorPresence {
   kRequired,
   kOptional,                // e.g. llama q/k/v biases: used when the model has them
   kUnlessSharedClassifier,  // output.weight: absent when the classifier reuses token_embd
+  kWithRopeFreqFactors,     // rope_freqs.weight: present exactly when config.rope_freq_factors
 };
 
 // How the random-model builder initialises a tensor (random_model.cpp).
 enum class TensorInit {
-  kOnes,       // norm weights
-  kEmbedding,  // standard deviation 1
-  kFanIn,      // standard deviation 1/sqrt(cols)
-  kResidual,   // 1/sqrt(cols) / sqrt(2 n_layers): outputs that add into the residual stream
+  kOnes,             // norm weights
+  kEmbedding,        // standard deviation 1
+  kFanIn,            // standard deviation 1/sqrt(cols)
+  kResidual,         // 1/sqrt(cols) / sqrt(2 n_layers): outputs that add into the residual stream
+  kBias,             // standard deviation 0.5: q/k/v biases, large enough for tests to see them
+  kNearOnes,         // 1 + 0.25 * normal: q/k norm weights, so that swapping them shows in tests
+  kLlama3RopeFreqs,  // Llama 3.1's "llama3" RoPE factors (random_model.cpp), not random
 };
 
 struct TensorEntry {
@@ -54,6 +58,10 @@ struct TensorEntry {
 // The table of `architecture`, in GGUF file order (globals, then each block). Throws Error for an
 // architecture protokv cannot run.
 std::span<const TensorEntry> tensor_table(std::string_view architecture);
+
+// Whether `architecture`'s GGUF tensors expect NeoX RoPE pairs (i, i + n_rot/2) rather than
+// Meta's adjacent pairs (llama.cpp's llama_model_rope_type: NORM for llama, NEOX for qwen2/3).
+bool architecture_rope_neox(std::string_view architecture);
 
 // One tensor of a concrete config.
 struct TensorSpec {
