@@ -1,6 +1,7 @@
 // `protokv info`: what a model file holds (shapes, types, sizes, tokenizer), as text or JSON.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "cli/human_units.h"
+#include "model/tensor_table.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 #include "protokv/model.h"
@@ -33,16 +35,29 @@ std::map<std::string, int> tensor_type_counts(const LoadedModel& model, const Gg
     return counts;
   }
   const ModelWeights& w = model.weights;
-  auto count = [&](const WeightMatrix& m) { ++counts[std::string(dtype_name(m.type))]; };
-  count(w.token_embd);
-  if (!w.config.shared_classifier) count(w.output);
-  counts["f32"] += 1 + 2 * static_cast<int>(w.layers.size());  // norm vectors
-  for (const auto& l : w.layers) {
-    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      count(*m);
-    }
-  }
+  for_each_tensor(w.config, w, [&](const TensorSlot<const ModelWeights>& t) {
+    if (t.present()) ++counts[std::string(dtype_name(t.view().type))];
+  });
   return counts;
+}
+
+// RoPE scaling in words: what the file carries, as llama.cpp applies it.
+std::string rope_scaling_text(const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  std::string text;
+  if (c.rope_linear_factor != 1.0f) text = fmt::format("linear (factor {})", c.rope_linear_factor);
+  if (c.rope_freq_factors && w.rope_freqs != nullptr) {
+    const int pairs = c.rope_dims() / 2;
+    float lo = w.rope_freqs[0], hi = w.rope_freqs[0];
+    for (int i = 1; i < pairs; ++i) {
+      lo = std::min(lo, w.rope_freqs[i]);
+      hi = std::max(hi, w.rope_freqs[i]);
+    }
+    if (!text.empty()) text += " + ";
+    text += fmt::format("llama3 frequency factors (rope_freqs.weight, {} pairs, {} to {})", pairs,
+                        lo, hi);
+  }
+  return text.empty() ? "none" : text;
 }
 
 nlohmann::json describe(const InfoOptions& options) {
@@ -59,6 +74,9 @@ nlohmann::json describe(const InfoOptions& options) {
   j["rope_theta"] = std::stod(fmt::format("{}", c.rope_theta));
   j["norm_eps"] = std::stod(fmt::format("{}", c.norm_eps));
   j["rope_neox"] = c.rope_neox;
+  j["rope_type"] = c.rope_neox ? "neox" : "norm";  // llama.cpp's names
+  j["n_rot"] = c.rope_dims();
+  j["rope_scaling"] = rope_scaling_text(model.weights);
   j["shared_classifier"] = c.shared_classifier;
   j["tensor_types"] = tensor_type_counts(model, gguf ? &*gguf : nullptr);
   if (model.tokenizer) {
@@ -102,7 +120,10 @@ void print_text(const nlohmann::json& j) {
   row("vocab", str(j["vocab_size"]));
   row("context", str(j["context_length"]));
   row("rope theta", str(j["rope_theta"]));
-  row("rope order", j["rope_neox"].get<bool>() ? "neox (i, i + d/2)" : "meta (2i, 2i+1)");
+  row("rope type",
+      j["rope_neox"].get<bool>() ? "neox: pairs (i, i + n_rot/2)" : "norm: pairs (2i, 2i+1)");
+  row("rope dims", fmt::format("{} of {}", j["n_rot"].get<int>(), j["head_dim"].get<int>()));
+  row("rope scaling", str(j["rope_scaling"]));
   row("rms eps", str(j["norm_eps"]));
   row("classifier", j["shared_classifier"].get<bool>() ? "shared with token embedding" : "own");
   std::string types;

@@ -1,4 +1,5 @@
-// `protokv make-model`: a random-weight Llama model of any shape, as a standard GGUF file.
+// `protokv make-model`: a random-weight llama, qwen2 or qwen3 model of any shape, as a standard
+// GGUF file in llama.cpp's conventions.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -6,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/human_units.h"
 #include "model/random_model.h"
+#include "model/tensor_table.h"
 #include "protokv/error.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
@@ -14,6 +16,11 @@ namespace protokv::cli {
 namespace {
 
 struct MakeModelOptions {
+  std::string arch = "llama";
+  std::string rope_scaling = "none";
+  float rope_scaling_factor = 0.0f;  // 0: the scaling's default (linear needs one)
+  bool tied = false;
+  int head_dim = 0;  // 0: dim / heads
   int dim = 0;
   int layers = 0;
   int heads = 0;
@@ -40,7 +47,28 @@ int default_ffn(int dim) {
 void run_make_model(const MakeModelOptions& o) {
   RandomModelOptions options;
   ModelConfig& c = options.config;
-  c.architecture = "llama";
+  c.architecture = o.arch;
+  c.rope_neox = architecture_rope_neox(o.arch);  // also rejects an unknown architecture
+  c.shared_classifier = o.tied;
+  c.explicit_head_dim = o.head_dim;
+  PROTOKV_CHECK(o.head_dim == 0 || o.arch == "qwen3" || o.dim == o.heads * o.head_dim,
+                "--head-dim {} x --heads {} must equal --dim {} for {} (llama.cpp's shapes); "
+                "only qwen3 has wider or narrower heads",
+                o.head_dim, o.heads, o.dim, o.arch);
+  if (o.rope_scaling == "llama3") {
+    PROTOKV_CHECK(o.arch == "llama", "--rope-scaling llama3 is for --arch llama, not {}", o.arch);
+    PROTOKV_CHECK(o.rope_scaling_factor == 0.0f,
+                  "--rope-scaling llama3 writes Llama 3.1's factors (factor 8); "
+                  "--rope-scaling-factor does not apply");
+    c.rope_freq_factors = true;
+  } else if (o.rope_scaling == "linear") {
+    PROTOKV_CHECK(o.rope_scaling_factor > 0.0f,
+                  "--rope-scaling linear needs --rope-scaling-factor (> 0)");
+    c.rope_linear_factor = o.rope_scaling_factor;
+  } else {
+    PROTOKV_CHECK(o.rope_scaling == "none", "unknown --rope-scaling '{}' (none, linear, llama3)",
+                  o.rope_scaling);
+  }
   c.dim = o.dim;
   c.n_layers = o.layers;
   c.n_heads = o.heads;
@@ -60,11 +88,11 @@ void run_make_model(const MakeModelOptions& o) {
   const auto notes = write_random_model(options, o.output);
   for (const auto& note : notes) fmt::print(stderr, "protokv: note: {}\n", note);
   fmt::print(
-      "wrote {}: random llama, dim {}, ffn {}, {} layers, {} heads ({} kv), vocab {}, "
+      "wrote {}: random {}, dim {}, ffn {}, {} layers, {} heads ({} kv), vocab {}, "
       "context {}, {}, seed {}, {} in {:.2f} s\n",
-      o.output, c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size,
-      c.context_length, o.type, o.seed, human_bytes(std::filesystem::file_size(o.output)),
-      timer.ms() / 1000.0);
+      o.output, c.architecture, c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+      c.vocab_size, c.context_length, o.type, o.seed,
+      human_bytes(std::filesystem::file_size(o.output)), timer.ms() / 1000.0);
 }
 
 }  // namespace
@@ -73,11 +101,16 @@ void register_make_model(CLI::App& app) {
   auto o = std::make_shared<MakeModelOptions>();
   auto* cmd = app.add_subcommand(
       "make-model",
-      "Write a random-weight Llama model of any shape as a standard GGUF file (also loadable "
-      "by llama.cpp), with a synthetic byte-fallback vocabulary: <unk> <s> </s>, 256 byte "
+      "Write a random-weight llama, qwen2 or qwen3 model of any shape as a standard GGUF file "
+      "(also loadable by llama.cpp), with a synthetic byte-fallback vocabulary: <unk> <s> </s>, "
+      "256 byte "
       "tokens, then pieces such as \"\u2581the\". Weights are approximately normal with standard "
       "deviation 1/sqrt(fan_in) (deterministic for a seed, whatever the thread count); norms are "
       "1. Synthetic: for tests and benchmarks, its text is meaningless.");
+  cmd->add_option("--arch", o->arch,
+                  "Architecture, in llama.cpp's GGUF conventions: llama (Meta-order RoPE), qwen2 "
+                  "(q/k/v biases, NeoX RoPE) or qwen3 (per-head q/k RMSNorm, NeoX RoPE)")
+      ->capture_default_str();
   cmd->add_option("--dim", o->dim, "Embedding width")->required();
   cmd->add_option("--layers", o->layers, "Transformer blocks")->required();
   cmd->add_option("--heads", o->heads, "Query heads")->required();
@@ -85,7 +118,19 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--ffn", o->ffn, "FFN width (default: 8/3 dim rounded up to 32)");
   cmd->add_option("--vocab", o->vocab, "Vocabulary size (at least 259)")->required();
   cmd->add_option("--ctx", o->ctx, "Context length")->capture_default_str();
+  cmd->add_option("--head-dim", o->head_dim,
+                  "Per-head width written as attention.key_length (default: dim / heads; other "
+                  "values for qwen3 only)");
   cmd->add_option("--rope-theta", o->rope_theta, "RoPE base")->capture_default_str();
+  cmd->add_option("--rope-scaling", o->rope_scaling,
+                  "RoPE scaling: none, linear (needs --rope-scaling-factor) or llama3 (writes "
+                  "rope_freqs.weight with Llama 3.1's factors: factor 8, low/high frequency "
+                  "factors 1/4, original context 8192; use a large --rope-theta such as 500000)")
+      ->capture_default_str();
+  cmd->add_option("--rope-scaling-factor", o->rope_scaling_factor,
+                  "Linear RoPE scaling factor (positions are divided by it)");
+  cmd->add_flag("--tied", o->tied,
+                "Tie the output layer to the token embedding (no output.weight)");
   cmd->add_option("--norm-eps", o->norm_eps, "RMSNorm epsilon")->capture_default_str();
   cmd->add_option("--type", o->type,
                   "Type of the weight matrices: f32, f16, bf16 or q8_0 (rows not a multiple of "

@@ -71,9 +71,9 @@ ModelConfig read_config(const GgufFile& file) {
                   names::arch_key(*arch, names::kValueLength), value_length, key_length_key,
                   *key_length);
   } else {
-    PROTOKV_CHECK(c.dim % c.n_heads == 0, "{} = {} does not divide {} = {} and there is no {}",
-                  names::arch_key(*arch, names::kHeadCount), c.n_heads,
-                  names::arch_key(*arch, names::kEmbeddingLength), c.dim, key_length_key);
+    PROTOKV_CHECK(c.dim % c.n_heads == 0,
+                  "head count {} ({}) does not divide embedding length {} and there is no {}",
+                  c.n_heads, names::arch_key(*arch, names::kHeadCount), c.dim, key_length_key);
   }
   if (*arch == names::kArchQwen2) {  // llama.cpp's qwen2 shapes attn_q/attn_output [dim, dim]
     PROTOKV_CHECK(c.n_heads * c.head_dim() == c.dim, "qwen2 needs {} x head dimension {} = {}",
