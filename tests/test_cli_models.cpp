@@ -70,6 +70,73 @@ TEST(CliMakeModel, InfoShowsTheRequestedShape) {
   EXPECT_NE(text.out.find("kv heads      2"), std::string::npos) << text.out;
 }
 
+TEST(CliMakeModel, ArchitecturesAndRopeScalingShowInInfo) {
+  TempDir dir;
+  const std::string shape = " --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 --vocab 300 ";
+  {
+    const auto model = dir / "q3.gguf";
+    const CommandResult made =
+        run_protokv("make-model --arch qwen3 --head-dim 32 --tied" + shape + "-o " + quoted(model));
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+    const auto j = info_json(model);
+    EXPECT_EQ(j["architecture"], "qwen3");
+    EXPECT_EQ(j["head_dim"], 32);
+    EXPECT_EQ(j["rope_type"], "neox");
+    EXPECT_EQ(j["n_rot"], 32);
+    EXPECT_EQ(j["rope_scaling"], "none");
+    EXPECT_TRUE(j["shared_classifier"].get<bool>());
+    // token_embd + output_norm + 2 x (attn/ffn norms, q/k norms): 1 + 1 + 2 * 4 f32 vectors and 1
+    // + 2 * 7 matrices, all f32 here.
+    EXPECT_EQ(j["tensor_types"]["f32"], 1 + 1 + 2 * 4 + 2 * 7);
+  }
+  {
+    const auto model = dir / "q2.gguf";
+    ASSERT_EQ(
+        run_protokv("make-model --arch qwen2 --type f16" + shape + "-o " + quoted(model)).exit_code,
+        0);
+    const auto j = info_json(model);
+    EXPECT_EQ(j["architecture"], "qwen2");
+    EXPECT_EQ(j["rope_type"], "neox");
+    // Biases are f32 vectors: 2 global + 2 x (2 norms + 3 biases); matrices f16.
+    EXPECT_EQ(j["tensor_types"]["f32"], 1 + 2 * 5);
+    EXPECT_EQ(j["tensor_types"]["f16"], 2 + 2 * 7);
+  }
+  {
+    const auto model = dir / "l3.gguf";
+    ASSERT_EQ(run_protokv("make-model --rope-scaling llama3 --rope-theta 500000" + shape + "-o " +
+                          quoted(model))
+                  .exit_code,
+              0);
+    const auto j = info_json(model);
+    EXPECT_EQ(j["rope_type"], "norm");
+    EXPECT_NE(j["rope_scaling"].get<std::string>().find("llama3"), std::string::npos);
+    const CommandResult text = run_protokv("info -m " + quoted(model));
+    EXPECT_NE(text.out.find("rope scaling  llama3 frequency factors"), std::string::npos)
+        << text.out;
+  }
+  {
+    const auto model = dir / "lin.gguf";
+    ASSERT_EQ(run_protokv("make-model --rope-scaling linear --rope-scaling-factor 4" + shape +
+                          "-o " + quoted(model))
+                  .exit_code,
+              0);
+    EXPECT_EQ(info_json(model)["rope_scaling"], "linear (factor 4)");
+  }
+  const std::string out = " -o " + quoted(dir / "bad.gguf");
+  expect_one_line_error(run_protokv("make-model --arch gpt2" + shape + out),
+                        "unsupported model architecture 'gpt2'");
+  expect_one_line_error(run_protokv("make-model --arch qwen2 --rope-scaling llama3" + shape + out),
+                        "--rope-scaling llama3 is for --arch llama");
+  expect_one_line_error(run_protokv("make-model --rope-scaling yarn" + shape + out),
+                        "unknown --rope-scaling 'yarn'");
+  expect_one_line_error(run_protokv("make-model --rope-scaling linear" + shape + out),
+                        "--rope-scaling-factor");
+  expect_one_line_error(run_protokv("make-model --head-dim 32" + shape + out),
+                        "only qwen3 has wider or narrower heads");
+  expect_one_line_error(run_protokv("make-model --arch qwen3 --head-dim 15" + shape + out),
+                        "head dimension 15 must be even");
+}
+
 TEST(CliMakeModel, Q8FallbackIsReportedOnStderr) {
   TempDir dir;
   const CommandResult r =

@@ -500,9 +500,9 @@ TEST(GgufModel, WrongShapesAndValuesAreRejected) {
   }
   {
     ModelFile f(small_config());
-    f.keys["general.architecture"].data.emplace<std::string>("qwen2");
+    f.keys["general.architecture"].data.emplace<std::string>("gpt2");
     const std::string error = load_error(f.write(dir, "q.gguf"));
-    EXPECT_NE(error.find("unsupported model architecture 'qwen2'"), std::string::npos) << error;
+    EXPECT_NE(error.find("unsupported model architecture 'gpt2'"), std::string::npos) << error;
   }
   {
     ModelFile f(small_config());
@@ -512,8 +512,11 @@ TEST(GgufModel, WrongShapesAndValuesAreRejected) {
   }
   {
     ModelFile f(small_config());
-    f.keys["llama.rope.dimension_count"] = f.keys["llama.block_count"];  // 2 != head dim 16
-    EXPECT_NE(load_error(f.write(dir, "r.gguf")).find("partial RoPE"), std::string::npos);
+    f.keys["llama.rope.dimension_count"] = f.keys["llama.block_count"];
+    f.keys["llama.rope.dimension_count"].data.emplace<uint64_t>(3);  // partial RoPE must be even
+    EXPECT_NE(
+        load_error(f.write(dir, "r.gguf")).find("llama.rope.dimension_count = 3 must be even"),
+        std::string::npos);
   }
   {
     ModelFile f(small_config());
@@ -522,8 +525,9 @@ TEST(GgufModel, WrongShapesAndValuesAreRejected) {
   }
   {
     ModelFile f(small_config());
-    f.extra_f32_tensors.emplace_back("rope_freqs.weight", 8);
-    EXPECT_NE(load_error(f.write(dir, "f.gguf")).find("rope_freqs.weight"), std::string::npos);
+    f.extra_f32_tensors.emplace_back("rope_freqs.weight", 5);  // head dim 16: 8 pairs
+    EXPECT_NE(load_error(f.write(dir, "f.gguf")).find("rope_freqs.weight has shape 5"),
+              std::string::npos);
   }
 }
 
