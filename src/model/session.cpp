@@ -17,7 +17,7 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   // ggml's freq_scale is the inverse of the linear scaling factor (llama-model.cpp load_hparams).
   rope = kernels::make_rope_table(config.head_dim(), config.rope_dims(), config.rope_theta,
                                   config.rope_neox, 1.0f / config.rope_linear_factor,
-                                  weights.rope_freqs);
+                                  config.rope_freq_factors ? weights.rope_freqs : nullptr);
   cache = KvCache(config.n_layers, config.n_kv_heads, config.head_dim());
   logits.assign(static_cast<size_t>(config.vocab_size), 0.0f);
   step = RowBuffers(1, config);
