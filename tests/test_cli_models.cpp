@@ -131,6 +131,8 @@ TEST(CliMakeModel, ArchitecturesAndRopeScalingShowInInfo) {
                         "unknown --rope-scaling 'yarn'");
   expect_one_line_error(run_protokv("make-model --rope-scaling linear" + shape + out),
                         "--rope-scaling-factor");
+  expect_one_line_error(run_protokv("make-model --rope-scaling-factor 2" + shape + out),
+                        "--rope-scaling-factor needs --rope-scaling linear");
   expect_one_line_error(run_protokv("make-model --head-dim 32" + shape + out),
                         "only qwen3 has wider or narrower heads");
   expect_one_line_error(run_protokv("make-model --arch qwen3 --head-dim 15" + shape + out),

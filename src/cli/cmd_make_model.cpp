@@ -68,6 +68,8 @@ void run_make_model(const MakeModelOptions& o) {
   } else {
     PROTOKV_CHECK(o.rope_scaling == "none", "unknown --rope-scaling '{}' (none, linear, llama3)",
                   o.rope_scaling);
+    PROTOKV_CHECK(o.rope_scaling_factor == 0.0f,
+                  "--rope-scaling-factor needs --rope-scaling linear");
   }
   c.dim = o.dim;
   c.n_layers = o.layers;
