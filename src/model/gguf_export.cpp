@@ -84,7 +84,7 @@ uint64_t llama_file_bytes(const ModelConfig& config, DType requested) {
 void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
                         const std::string& name) {
   const std::string& arch = c.architecture;
-  PROTOKV_CHECK(arch == names::kArchLlama, "cannot write architecture '{}' as GGUF", arch);
+  tensor_table(arch);  // throws for an architecture protokv has no tensor table for
   auto u32 = [](int v) { return static_cast<uint32_t>(v); };
   w.set_string(std::string(names::kArchitecture), arch);
   w.set_string(std::string(names::kName), name);

@@ -73,6 +73,9 @@ const TensorEntry kLlama[] = {
 
 std::span<const TensorEntry> tensor_table(std::string_view architecture) {
   if (architecture == gguf_names::kArchLlama) return kLlama;
+  // Qwen2 has Llama's tensors with the q/k/v biases (llama.cpp LLM_ARCH_QWEN2); only the HF
+  // converter writes it so far (the loader does not run it yet).
+  if (architecture == "qwen2") return kLlama;
   fail("unsupported model architecture '{}' (only 'llama' is supported)", architecture);
 }
 
