@@ -257,7 +257,11 @@ HfModel read_config(const fs::path& dir) {
                   "{}: unsupported rope scaling type '{}' (supported: default, llama3)", c.path,
                   rope_type);
   }
-  mc.validate();
+  try {
+    mc.validate();
+  } catch (const Error& e) {
+    fail("{}: {}", c.path, e.what());
+  }
   return m;
 }
 
