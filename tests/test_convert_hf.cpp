@@ -379,7 +379,7 @@ TEST(ConvertHf, WritesVocabularyLikeLlamaCpp) {
   const ModelWeights w = random_model_weights(small_config(), 14);
   const CheckpointOptions o;
   write_checkpoint(w, tmp / "hf", o);
-  convert_hf_checkpoint((tmp / "hf").string(), (tmp / "out.gguf").string(), {});
+  convert_hf_checkpoint((tmp / "hf").string() + "/", (tmp / "out.gguf").string(), {});
   const GgufFile file = GgufFile::open((tmp / "out.gguf").string());
   EXPECT_EQ(file.get_string("general.architecture"), "llama");
   EXPECT_EQ(file.get_string("general.name"), "hf");
@@ -525,6 +525,12 @@ TEST(ConvertHf, Qwen2KeepsNeoxOrderAndBiases) {
   EXPECT_FALSE(file.has("tokenizer.ggml.bos_token_id"));
   EXPECT_EQ(file.get_int("tokenizer.ggml.eos_token_id"), 7);
   EXPECT_EQ(file.get_int("tokenizer.ggml.padding_token_id"), 6);
+
+  // Qwen2 checkpoints always carry the q/k/v biases; llama.cpp needs them.
+  write_checkpoint(qwen_weights("llama", 21), tmp / "no-bias", qwen_options("Qwen2ForCausalLM"));
+  expect_error(
+      [&] { convert_hf_checkpoint((tmp / "no-bias").string(), (tmp / "x.gguf").string(), {}); },
+      "checkpoint lacks tensor model.layers.0.self_attn.q_proj.bias");
 }
 
 // Logits of the converted Qwen2 file equal the in-memory model's, once the loader runs qwen2.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -319,7 +320,7 @@ class CheckpointTensors {
   const std::map<std::string, const SafetensorsTensor*>& all() const { return tensors_; }
 
  private:
-  std::vector<SafetensorsFile> files_;  // never resized after the pointers below are taken
+  std::deque<SafetensorsFile> files_;  // a deque: growing it never moves the tensors pointed to
   std::map<std::string, const SafetensorsTensor*> tensors_;
 };
 
@@ -462,9 +463,9 @@ HfConvertResult convert_hf_checkpoint(const std::string& dir_string, const std::
   config.shared_classifier = !has_lm_head;
 
   GgufWriter writer;
-  const std::string name = options.name.empty()
-                               ? fs::absolute(dir).lexically_normal().filename().string()
-                               : options.name;
+  fs::path folder = fs::absolute(dir).lexically_normal();
+  if (folder.filename().empty()) folder = folder.parent_path();  // "dir/" names "dir"
+  const std::string name = options.name.empty() ? folder.filename().string() : options.name;
   set_llama_metadata(writer, config, options.type, name.empty() ? "model" : name);
   if (model.explicit_head_dim) {
     writer.set_u32(names::arch_key(config.architecture, kKeyLength),
@@ -487,8 +488,12 @@ HfConvertResult convert_hf_checkpoint(const std::string& dir_string, const std::
     }
     const SafetensorsTensor* src = checkpoint.find(*hf_name);
     if (src == nullptr) {
-      PROTOKV_CHECK(!spec.required(), "{}: checkpoint lacks tensor {} (GGUF {})", dir_string,
-                    *hf_name, spec.name);
+      // Qwen2 always has q/k/v biases (llama.cpp requires them for arch qwen2).
+      const bool required =
+          spec.required() || (config.architecture == kArchQwen2 && spec.is_vector() &&
+                              spec.entry->gguf_name.ends_with(".bias"));
+      PROTOKV_CHECK(!required, "{}: checkpoint lacks tensor {} (GGUF {})", dir_string, *hf_name,
+                    spec.name);
       continue;
     }
     used.insert(*hf_name);

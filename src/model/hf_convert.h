@@ -30,7 +30,7 @@ bool is_hf_checkpoint(const std::string& path);
 // Converts the checkpoint in folder `dir` to the GGUF file `output`. Supports LlamaForCausalLM,
 // MistralForCausalLM (GGUF arch llama), Qwen2ForCausalLM (qwen2) and Qwen3ForCausalLM (qwen3)
 // with F32/F16/BF16 weights. Throws Error (one line) on anything missing, malformed or
-// unsupported; no file is left half-written on such an error.
+// unsupported; every check runs before `output` is created.
 HfConvertResult convert_hf_checkpoint(const std::string& dir, const std::string& output,
                                       const HfConvertOptions& options);
 
