@@ -1,5 +1,5 @@
-// `protokv convert`: llama2.c checkpoint + tokenizer.bin -> GGUF, or GGUF -> GGUF of another
-// tensor type.
+// `protokv convert`: llama2.c checkpoint + tokenizer.bin -> GGUF, GGUF -> GGUF of another tensor
+// type, or a Hugging Face checkpoint folder (config.json + safetensors + tokenizer.json) -> GGUF.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/human_units.h"
 #include "model/gguf_export.h"
+#include "model/hf_convert.h"
 #include "protokv/error.h"
 #include "protokv/model.h"
 #include "protokv/threads.h"
@@ -24,10 +25,35 @@ struct ConvertOptions {
   int threads = 0;
 };
 
+void run_convert_hf(const ConvertOptions& o, DType type, const Timer& timer) {
+  if (!o.tokenizer.empty()) {
+    fail("a Hugging Face checkpoint brings its own tokenizer.json; drop the tokenizer argument");
+  }
+  HfConvertOptions options;
+  options.type = type;
+  options.name = o.name;
+  const HfConvertResult r = convert_hf_checkpoint(o.input, o.output, options);
+  for (const auto& note : r.notes) fmt::print(stderr, "protokv: note: {}\n", note);
+  const ModelConfig& c = r.config;
+  fmt::print(
+      "wrote {}: {} ({}) {}, dim {}, {} layers, {} heads ({} kv), vocab {}, {}, {} in "
+      "{:.2f} s\n",
+      o.output, c.architecture, r.hf_architecture, human_count(r.parameters), c.dim, c.n_layers,
+      c.n_heads, c.n_kv_heads, c.vocab_size, dtype_name(type),
+      human_bytes(std::filesystem::file_size(o.output)), timer.ms() / 1000.0);
+}
+
 void run_convert(const ConvertOptions& o) {
   const DType type = dtype_from_name(o.type);
   set_threads(o.threads);
   Timer timer;
+  if (std::filesystem::is_directory(o.input)) {
+    if (!is_hf_checkpoint(o.input)) {
+      fail("{} is a folder without config.json: not a Hugging Face checkpoint", o.input);
+    }
+    run_convert_hf(o, type, timer);
+    return;
+  }
   const LoadedModel model = load_model(o.input, o.tokenizer);
   if (model.format == "llama2c" && !model.tokenizer) {
     fail("converting a llama2.c checkpoint needs its tokenizer.bin as the second argument");
@@ -51,17 +77,22 @@ void register_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
   auto* cmd = app.add_subcommand(
       "convert",
-      "Convert a llama2.c checkpoint (with its tokenizer.bin) or a GGUF model to a GGUF file. "
+      "Convert a llama2.c checkpoint (with its tokenizer.bin), a GGUF model, or a Hugging Face "
+      "checkpoint folder (Llama, Mistral, Qwen2, Qwen3: config.json, model.safetensors or "
+      "model.safetensors.index.json, tokenizer.json) to a GGUF file that llama.cpp also loads. "
       "Norm vectors stay f32; with q8_0, matrices whose rows are not a multiple of 32 are "
       "stored as f16 instead (listed on stderr), as llama.cpp does.");
-  cmd->add_option("input", o->input, "llama2.c checkpoint (.bin) or GGUF model")->required();
+  cmd->add_option("input", o->input,
+                  "llama2.c checkpoint (.bin), GGUF model, or Hugging Face checkpoint folder")
+      ->required();
   cmd->add_option("tokenizer", o->tokenizer,
                   "llama2.c tokenizer.bin (required for llama2.c checkpoints; replaces a GGUF "
                   "model's own tokenizer)");
   cmd->add_option("-o,--output", o->output, "GGUF file to write")->required();
   cmd->add_option("--type", o->type, "Type of the weight matrices: f32, f16, bf16 or q8_0")
       ->capture_default_str();
-  cmd->add_option("--name", o->name, "general.name (default: the input file's stem)");
+  cmd->add_option("--name", o->name,
+                  "general.name (default: the input file's stem or folder's name)");
   cmd->add_option("-t,--threads", o->threads, "Threads (0 = all cores)")->capture_default_str();
   cmd->callback([o] { run_convert(*o); });
 }
