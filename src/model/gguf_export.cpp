@@ -22,6 +22,8 @@ uint32_t file_type_of(DType requested) {
       return names::kFileTypeMostlyBF16;
     case DType::Q8_0:
       return names::kFileTypeMostlyQ8_0;
+    default:  // no quantiser for the other types: set_llama_metadata rejects them
+      break;
   }
   return names::kFileTypeAllF32;
 }
@@ -84,6 +86,10 @@ uint64_t llama_file_bytes(const ModelConfig& config, DType requested) {
 void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
                         const std::string& name) {
   const std::string& arch = c.architecture;
+  PROTOKV_CHECK(dtype_quantizable(requested),
+                "cannot write {} weights: protokv has no {} quantiser (quantise an f16 file "
+                "with llama-quantize)",
+                dtype_name(requested), dtype_name(requested));
   PROTOKV_CHECK(arch == names::kArchLlama, "cannot write architecture '{}' as GGUF", arch);
   auto u32 = [](int v) { return static_cast<uint32_t>(v); };
   w.set_string(std::string(names::kArchitecture), arch);
