@@ -124,8 +124,12 @@ TEST(DType, Q8RowRoundTripIsWithinHalfAStep) {
 TEST(DType, NamesParseAndUnknownNamesFail) {
   EXPECT_EQ(dtype_from_name("bf16"), DType::BF16);
   EXPECT_EQ(dtype_name(DType::Q8_0), "q8_0");
-  EXPECT_THROW(dtype_from_name("q4_k"), Error);
-  EXPECT_FALSE(dtype_supported(2));  // Q4_0
+  EXPECT_EQ(dtype_from_name("q4_k"), DType::Q4_K);
+  EXPECT_EQ(dtype_from_name("q4_K"), DType::Q4_K);
+  EXPECT_EQ(dtype_name(DType::Q6_K), "q6_K");
+  EXPECT_THROW(dtype_from_name("iq2_xxs"), Error);
+  EXPECT_TRUE(dtype_supported(2));    // Q4_0
+  EXPECT_FALSE(dtype_supported(16));  // IQ2_XXS
 }
 
 }  // namespace

@@ -291,14 +291,19 @@ TEST_F(GgufCorrupt, BadDimensions) {
 
 TEST_F(GgufCorrupt, UnsupportedTensorTypesAreNamed) {
   RawFile raw = valid_file();
-  raw.tensors[1].type = 2;
-  expect_error(raw.encode(), "unsupported tensor type q4_0 (ggml type 2) for tensor b");
-  raw.tensors[1].type = 12;
-  expect_error(raw.encode(), "unsupported tensor type q4_k (ggml type 12) for tensor b");
+  raw.tensors[1].type = 16;
+  expect_error(raw.encode(),
+               "tensor b has type iq2_xxs (ggml type 16), which protokv does not support");
+  raw.tensors[1].type = 35;
+  expect_error(raw.encode(), "tensor b has type tq2_0 (ggml type 35), which protokv does not support");
+  raw.tensors[1].type = 15;  // Q8_K exists only as ggml's activation format
+  expect_error(raw.encode(), "tensor b has type q8_K (ggml type 15), which protokv does not support");
   raw.tensors[1].type = 99;
-  expect_error(raw.encode(), "unsupported tensor type 99 (unknown ggml type) for tensor b");
+  expect_error(raw.encode(),
+               "tensor b has type 99 (unknown ggml type), which protokv does not support");
   raw.tensors[1].type = 4;  // retired id
-  expect_error(raw.encode(), "unsupported tensor type 4 (unknown ggml type) for tensor b");
+  expect_error(raw.encode(),
+               "tensor b has type 4 (unknown ggml type), which protokv does not support");
 }
 
 TEST_F(GgufCorrupt, RowsMustBeWholeBlocks) {

@@ -6,7 +6,21 @@
 
 namespace protokv {
 
-enum class DType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 8, BF16 = 30 };
+enum class DType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  BF16 = 30,
+};
 
 inline constexpr int kQ8BlockSize = 32;  // Q8_0: blocks of {f16 scale, 32 x int8}
 struct BlockQ8_0 {
@@ -15,12 +29,79 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34);
 
+// The other GGML block formats, byte for byte as ggml-common.h lays them out (all scales are
+// f16 bits). Legacy formats cover 32 values; the K-quants a super-block of kQkK = 256 values
+// split in sub-blocks of 16 or 32 with their own small integer scales.
+inline constexpr int kQ4BlockSize = 32;  // also Q4_1, Q5_0, Q5_1
+inline constexpr int kQkK = 256;
+
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[16];  // value j in low nibble of qs[j], value j + 16 in the high nibble
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+struct BlockQ4_1 {
+  uint16_t d, m;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_1) == 20);
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];  // fifth bits, bit j of the little-endian uint32 for value j
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+struct BlockQ5_1 {
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_1) == 24);
+struct BlockQ2_K {
+  uint8_t scales[16];  // per 16 values: low nibble scale, high nibble min
+  uint8_t qs[64];      // 2-bit quants
+  uint16_t d, dmin;
+};
+static_assert(sizeof(BlockQ2_K) == 84);
+struct BlockQ3_K {
+  uint8_t hmask[32];   // high bit of each 3-bit quant
+  uint8_t qs[64];      // low 2 bits
+  uint8_t scales[12];  // 16 scales of 6 bits, packed
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+struct BlockQ4_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];  // 8 scales and 8 mins of 6 bits, packed
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+struct BlockQ5_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ5_K) == 176);
+struct BlockQ6_K {
+  uint8_t ql[128];    // low 4 bits
+  uint8_t qh[64];     // high 2 bits
+  int8_t scales[16];  // per 16 values
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
 // True for the GGML type ids protokv can compute with.
 bool dtype_supported(uint32_t ggml_type);
+// llama.cpp's names: "f32", "q4_0", "q4_K", ...
 std::string_view dtype_name(DType type);
-// Parses "f32", "f16", "bf16", "q8_0"; throws Error otherwise.
+// Parses any dtype_name (K-quants also in lower case, "q4_k"); throws Error otherwise.
 DType dtype_from_name(std::string_view name);
-// Elements per block (1 for plain types, 32 for Q8_0).
+// True for the types quantize_row can write (F32, F16, BF16, Q8_0).
+bool dtype_quantizable(DType type);
+// True for the K-quants (super-blocks of 256 values).
+bool dtype_is_k_quant(DType type);
+// Elements per block (1 for plain types, 32 for legacy quants, 256 for K-quants).
 int64_t dtype_block_size(DType type);
 // Bytes of a row of `n` elements; n must be a multiple of the block size.
 size_t dtype_row_bytes(DType type, int64_t n);
@@ -38,7 +119,8 @@ uint16_t f32_to_bf16(float f);
 
 // Converts `n` elements of `type` starting at `src` to f32.
 void dequantize_row(DType type, const void* src, float* dst, int64_t n);
-// Converts `n` f32 values to `type` (n a multiple of the block size).
+// Converts `n` f32 values to `type` (n a multiple of the block size); types that are not
+// dtype_quantizable throw Error.
 void quantize_row(DType type, const float* src, void* dst, int64_t n);
 
 }  // namespace protokv

@@ -1,8 +1,10 @@
 #include "protokv/dtype.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
+#include "kernels/quant_blocks.h"
 #include "protokv/error.h"
 
 namespace protokv {
@@ -13,6 +15,15 @@ bool dtype_supported(uint32_t ggml_type) {
     case DType::F16:
     case DType::Q8_0:
     case DType::BF16:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
       return true;
   }
   return false;
@@ -28,20 +39,71 @@ std::string_view dtype_name(DType type) {
       return "q8_0";
     case DType::BF16:
       return "bf16";
+    case DType::Q4_0:
+      return "q4_0";
+    case DType::Q4_1:
+      return "q4_1";
+    case DType::Q5_0:
+      return "q5_0";
+    case DType::Q5_1:
+      return "q5_1";
+    case DType::Q2_K:
+      return "q2_K";
+    case DType::Q3_K:
+      return "q3_K";
+    case DType::Q4_K:
+      return "q4_K";
+    case DType::Q5_K:
+      return "q5_K";
+    case DType::Q6_K:
+      return "q6_K";
   }
   return "unknown";
 }
 
+namespace {
+constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
+                               DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                               DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
+                               DType::Q6_K};
+}  // namespace
+
 DType dtype_from_name(std::string_view name) {
-  if (name == "f32") return DType::F32;
-  if (name == "f16") return DType::F16;
-  if (name == "bf16") return DType::BF16;
-  if (name == "q8_0") return DType::Q8_0;
-  fail("unknown tensor type '{}' (expected f32, f16, bf16 or q8_0)", name);
+  for (DType type : kAllTypes) {
+    const std::string_view known = dtype_name(type);
+    if (name.size() != known.size()) continue;
+    bool same = true;  // the K-quants' capital K may be typed either way
+    for (size_t i = 0; i < name.size(); ++i)
+      same = same && std::tolower(static_cast<unsigned char>(name[i])) ==
+                         std::tolower(static_cast<unsigned char>(known[i]));
+    if (same) return type;
+  }
+  fail("unknown tensor type '{}' (expected f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, "
+       "q3_K, q4_K, q5_K or q6_K)",
+       name);
+}
+
+bool dtype_quantizable(DType type) {
+  return type == DType::F32 || type == DType::F16 || type == DType::BF16 || type == DType::Q8_0;
+}
+
+bool dtype_is_k_quant(DType type) {
+  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K ||
+         type == DType::Q5_K || type == DType::Q6_K;
 }
 
 int64_t dtype_block_size(DType type) {
-  return type == DType::Q8_0 ? kQ8BlockSize : 1;
+  if (dtype_is_k_quant(type)) return kQkK;
+  switch (type) {
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+      return kQ8BlockSize;
+    default:
+      return 1;
+  }
 }
 
 size_t dtype_row_bytes(DType type, int64_t n) {
@@ -53,6 +115,24 @@ size_t dtype_row_bytes(DType type, int64_t n) {
       return static_cast<size_t>(n) * 2;
     case DType::Q8_0:
       return static_cast<size_t>(n / kQ8BlockSize) * sizeof(BlockQ8_0);
+    case DType::Q4_0:
+      return static_cast<size_t>(n / kQ4BlockSize) * sizeof(BlockQ4_0);
+    case DType::Q4_1:
+      return static_cast<size_t>(n / kQ4BlockSize) * sizeof(BlockQ4_1);
+    case DType::Q5_0:
+      return static_cast<size_t>(n / kQ4BlockSize) * sizeof(BlockQ5_0);
+    case DType::Q5_1:
+      return static_cast<size_t>(n / kQ4BlockSize) * sizeof(BlockQ5_1);
+    case DType::Q2_K:
+      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ2_K);
+    case DType::Q3_K:
+      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ3_K);
+    case DType::Q4_K:
+      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ4_K);
+    case DType::Q5_K:
+      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ5_K);
+    case DType::Q6_K:
+      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ6_K);
   }
   return 0;
 }
@@ -142,6 +222,12 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       }
       return;
     }
+    default:
+      kernels::with_unpacker(type, [&](auto unpack) {
+        using Unpack = decltype(unpack);
+        kernels::dequantize_blocks<Unpack>(src, dst, n / Unpack::kValues);
+      });
+      return;
   }
 }
 
@@ -175,6 +261,10 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    default:
+      fail("quantising to {} is not implemented (protokv reads {} files; quantise with "
+           "llama-quantize)",
+           dtype_name(type), dtype_name(type));
   }
 }
 

@@ -200,8 +200,8 @@ GgufTensorInfo parse_tensor_info(Cursor& in) {
   }
   const uint32_t ggml_type = in.read<uint32_t>("tensor type");
   if (!dtype_supported(ggml_type)) {
-    fail("{}: unsupported tensor type {} for tensor {}", in.path(),
-         gguf_detail::ggml_type_label(ggml_type), name);
+    fail("{}: tensor {} has type {}, which protokv does not support", in.path(), name,
+         gguf_detail::ggml_type_label(ggml_type));
   }
   info.type = static_cast<DType>(ggml_type);
   info.offset = in.read<uint64_t>("tensor data offset");

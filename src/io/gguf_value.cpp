@@ -64,7 +64,7 @@ std::string ggml_type_label(uint32_t ggml_type) {
   // ggml's type ids (ggml.h); gaps are ids ggml has retired.
   static constexpr std::string_view kNames[] = {
       "f32",     "f16",    "q4_0",    "q4_1",  "",       "",      "q5_0",  "q5_1",
-      "q8_0",    "q8_1",   "q2_k",    "q3_k",  "q4_k",   "q5_k",  "q6_k",  "q8_k",
+      "q8_0",    "q8_1",   "q2_K",    "q3_K",  "q4_K",   "q5_K",  "q6_K",  "q8_K",
       "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s", "iq2_s", "iq4_xs",
       "i8",      "i16",    "i32",     "i64",   "f64",    "iq1_m", "bf16",  "",
       "",        "",       "tq1_0",   "tq2_0", "",       "",      "",      "mxfp4"};

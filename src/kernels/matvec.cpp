@@ -1,10 +1,12 @@
-// Mat-vec for decode: y = W x, W in F32 / F16 / BF16 / Q8_0. Memory-bound: each weight byte is
+// Mat-vec for decode: y = W x, W in any supported dtype. Memory-bound: each weight byte is
 // read once, rows are split across threads in contiguous static chunks so that each thread
-// streams its own region.
+// streams its own region. Quantised types (Q8_0 and the formats of quant_blocks.h) multiply
+// int8-quantised activations in integer arithmetic, as ggml does (quant_matvec.h).
 #include <vector>
 
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "kernels/quant_matvec.h"
 
 namespace protokv::kernels {
 namespace {
@@ -18,6 +20,13 @@ void for_each_row(const WeightMatrix& w, float* y, RowDot row_dot) {
   const size_t row_bytes = dtype_row_bytes(w.type, w.cols);
 #pragma omp parallel for schedule(static) if (w.bytes() >= kParallelMinBytes)
   for (int64_t r = 0; r < w.rows; ++r) y[r] = row_dot(base + static_cast<size_t>(r) * row_bytes);
+}
+
+// The calling thread's quantised activation (reused: decode calls matvec hundreds of times per
+// token).
+QuantizedActivation& activation_scratch() {
+  thread_local QuantizedActivation scratch;
+  return scratch;
 }
 
 template <class Ops>
@@ -40,11 +49,25 @@ void matvec_impl(const WeightMatrix& w, const float* x, float* y) {
       return;
     case DType::Q8_0: {
       const int64_t n_blocks = cols / kQ8BlockSize;
+      QuantizedActivation& xq = activation_scratch();
+      quantize_activation(x, cols, kQ8BlockSize, xq);
       for_each_row(w, y, [&](const void* row) {
-        return Ops::dot_q8(static_cast<const BlockQ8_0*>(row), x, n_blocks);
+        return Ops::dot_q8_0_int8(static_cast<const BlockQ8_0*>(row), xq.q.data(),
+                                  xq.scale.data(), n_blocks);
       });
       return;
     }
+    default:
+      with_unpacker(w.type, [&](auto unpack) {
+        using Unpack = decltype(unpack);
+        const int64_t n_blocks = cols / Unpack::kValues;
+        QuantizedActivation& xq = activation_scratch();
+        quantize_activation(x, cols, Unpack::kValues, xq);
+        for_each_row(w, y, [&](const void* row) {
+          return dot_quantized_row<Ops, Unpack>(row, n_blocks, xq);
+        });
+      });
+      return;
   }
 }
 

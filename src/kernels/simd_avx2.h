@@ -108,6 +108,48 @@ struct Avx2Ops {
     return hsum(_mm256_add_ps(acc0, acc1));
   }
 
+  static int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+  }
+
+  // sum_g scale[g] * (q_g . x_g) over the n / 16 groups of 16 (see ScalarOps::dot_q_groups);
+  // q <= 63, so maddubs's int16 pair sums (<= 2 * 63 * 127) cannot saturate.
+  static int32_t dot_q_groups(const uint8_t* q, const int8_t* x, const int16_t* scale, int n) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int i = 0; i < n; i += 32) {
+      const __m256i pairs =
+          _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
+      const __m256i scales =
+          _mm256_set_m128i(_mm_set1_epi16(scale[i / 16 + 1]), _mm_set1_epi16(scale[i / 16]));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales));
+    }
+    return hsum_epi32(acc);
+  }
+
+  // sum over i of q_i x_i for 32 int8 pairs as 8 int32 lanes: the sign of x moves onto |q| so
+  // maddubs (unsigned x signed) applies; |q| <= 128 keeps its pair sums below 2^15.
+  static __m256i dot_i8x32(__m256i q, __m256i x) {
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  }
+
+  // Q8_0 weights against int8 activations in blocks of 32 with scales x_scale.
+  static float dot_q8_0_int8(const BlockQ8_0* w, const int8_t* x, const float* x_scale,
+                             int64_t n_blocks) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].quants));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * b));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8x32(q, xb)),
+                            _mm256_set1_ps(_cvtsh_ss(w[b].scale) * x_scale[b]), acc);
+    }
+    return hsum(acc);
+  }
+
   static void to_f32(DType type, const void* src, float* dst, int64_t n) {
     switch (type) {
       case DType::F32:
@@ -140,6 +182,9 @@ struct Avx2Ops {
         }
         return;
       }
+      default:  // the other quantised types: the portable unpacking
+        dequantize_row(type, src, dst, n);
+        return;
     }
   }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/simd_avx2.h"
 #include "kernels/simd_features.h"
 #include "protokv/dtype.h"
 
@@ -105,6 +106,48 @@ struct Avx512Ops {
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   }
 
+  // sum_g scale[g] * (q_g . x_g) over groups of 16 (see ScalarOps::dot_q_groups). 64 values
+  // per step; blocks of 32 (legacy formats) take the AVX2 step.
+  static int32_t dot_q_groups(const uint8_t* q, const int8_t* x, const int16_t* scale, int n) {
+    if (n % 64 != 0) return Avx2Ops::dot_q_groups(q, x, scale, n);
+    // Lane j of the 32 int16 pair sums belongs to group j / 8 of the step.
+    const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1,
+                                            1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i acc = _mm512_setzero_si512();
+    for (int i = 0; i < n; i += 64) {
+      const __m512i pairs = _mm512_maddubs_epi16(_mm512_loadu_si512(q + i), _mm512_loadu_si512(x + i));
+      const __m512i scales = _mm512_permutexvar_epi16(
+          spread,
+          _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + i / 16))));
+#if defined(__AVX512VNNI__)
+      acc = _mm512_dpwssd_epi32(acc, pairs, scales);
+#else
+      acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, scales));
+#endif
+    }
+    return _mm512_reduce_add_epi32(acc);
+  }
+
+  // Q8_0 weights against int8 activations (see Avx2Ops::dot_q8_0_int8); with VNNI one
+  // vpdpbusd replaces maddubs + madd.
+  static float dot_q8_0_int8(const BlockQ8_0* w, const int8_t* x, const float* x_scale,
+                             int64_t n_blocks) {
+#if defined(__AVX512VNNI__)
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].quants));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * b));
+      const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(q, q),
+                                              _mm256_sign_epi8(xb, q));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                            _mm256_set1_ps(_cvtsh_ss(w[b].scale) * x_scale[b]), acc);
+    }
+    return Avx2Ops::hsum(acc);
+#else
+    return Avx2Ops::dot_q8_0_int8(w, x, x_scale, n_blocks);
+#endif
+  }
+
   static void to_f32(DType type, const void* src, float* dst, int64_t n) {
     switch (type) {
       case DType::F32:
@@ -143,6 +186,9 @@ struct Avx512Ops {
         }
         return;
       }
+      default:  // the other quantised types: the portable unpacking
+        dequantize_row(type, src, dst, n);
+        return;
     }
   }
 

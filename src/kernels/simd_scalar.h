@@ -69,6 +69,33 @@ struct ScalarOps {
     return s;
   }
 
+  // sum over the n / 16 groups g of scale[g] * (q_g . x_g), q_g and x_g the g-th 16 values:
+  // the integer core of every quantised mat-vec (kernels/quant_matvec.h). Exact in int32 for
+  // q <= 63, |x| <= 127, |scale| <= 128 and n <= 256.
+  static int32_t dot_q_groups(const uint8_t* q, const int8_t* x, const int16_t* scale, int n) {
+    int32_t total = 0;
+    for (int g = 0; g < n / 16; ++g) {
+      int32_t group = 0;
+      for (int l = 0; l < 16; ++l) group += q[16 * g + l] * x[16 * g + l];
+      total += scale[g] * group;
+    }
+    return total;
+  }
+
+  // Q8_0 weights against int8 activations in blocks of 32 with scales x_scale (ggml's
+  // vec_dot_q8_0_q8_0): exact in int32 per block.
+  static float dot_q8_0_int8(const BlockQ8_0* w, const int8_t* x, const float* x_scale,
+                             int64_t n_blocks) {
+    const float* f16 = f16_table();
+    float s = 0;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      int32_t block = 0;
+      for (int j = 0; j < kQ8BlockSize; ++j) block += w[b].quants[j] * x[32 * b + j];
+      s += static_cast<float>(block) * (f16[w[b].scale] * x_scale[b]);
+    }
+    return s;
+  }
+
   // Weights of any dtype to F32 (n a multiple of the block size for Q8_0).
   static void to_f32(DType type, const void* src, float* dst, int64_t n) {
     if (type == DType::F16) {

@@ -22,6 +22,8 @@ uint32_t file_type_of(DType requested) {
       return names::kFileTypeMostlyBF16;
     case DType::Q8_0:
       return names::kFileTypeMostlyQ8_0;
+    default:  // no quantiser for the other types: set_llama_metadata rejects them
+      break;
   }
   return names::kFileTypeAllF32;
 }
@@ -88,6 +90,10 @@ void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
                 "cannot write a {} model with {} RoPE: llama.cpp's {} uses {} RoPE", arch,
                 c.rope_neox ? "NeoX" : "Meta-order", arch,
                 architecture_rope_neox(arch) ? "NeoX" : "Meta-order");
+  PROTOKV_CHECK(dtype_quantizable(requested),
+                "cannot write {} weights: protokv has no {} quantiser (quantise an f16 file "
+                "with llama-quantize)",
+                dtype_name(requested), dtype_name(requested));
   auto u32 = [](int v) { return static_cast<uint32_t>(v); };
   w.set_string(std::string(names::kArchitecture), arch);
   w.set_string(std::string(names::kName), name);
