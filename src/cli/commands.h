@@ -16,6 +16,7 @@ void register_eval(CLI::App& app);
 void register_eval_longctx(CLI::App& eval);
 void register_demo(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_perplexity(CLI::App& app);
 
 inline void register_all(CLI::App& app) {
   register_generate(app);
@@ -26,6 +27,7 @@ inline void register_all(CLI::App& app) {
   register_eval(app);
   register_demo(app);
   register_tokenize(app);
+  register_perplexity(app);
 }
 
 }  // namespace protokv::cli

@@ -1,0 +1,227 @@
+// protokv against llama.cpp on committed fixtures (tests/data/llama_cpp, made by
+// tools/llama_cpp/make_fixtures.sh with llama.cpp de3ff81): tiny random-weight models per
+// architecture x weight type, with llama.cpp's logits at every position of a fixed token
+// sequence, teacher-forced in one batch. protokv must match them within a per-type tolerance, both
+// prefilling each prefix and decoding token by token, and pick the same greedy token wherever
+// llama.cpp's top-2 margin exceeds that tolerance. Runs in CI without llama.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "protokv/engine.h"
+#include "protokv/error.h"
+#include "protokv/model.h"
+#include "test_util.h"
+
+namespace protokv {
+namespace {
+
+std::filesystem::path fixture_dir() {
+  return std::filesystem::path(PROTOKV_SOURCE_DIR) / "tests" / "data" / "llama_cpp";
+}
+
+// A .logits file of tools/llama_cpp/dump_logits.cpp.
+struct OracleLogits {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> argmax;
+  std::vector<float> logits;  // [n_tokens][n_vocab]
+  int32_t n_vocab = 0;
+  std::span<const float> row(size_t i) const {
+    return {logits.data() + i * static_cast<size_t>(n_vocab), static_cast<size_t>(n_vocab)};
+  }
+};
+
+OracleLogits read_logits(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  PROTOKV_CHECK(in.good(), "cannot open {}", path.string());
+  char magic[8] = {};
+  uint32_t header[3] = {};
+  in.read(magic, 8);
+  in.read(reinterpret_cast<char*>(header), sizeof(header));
+  PROTOKV_CHECK(in.good() && std::memcmp(magic, "PKVLOGIT", 8) == 0 && header[0] == 1,
+                "{}: not a version-1 logits file", path.string());
+  OracleLogits out;
+  const size_t n = header[1];
+  out.n_vocab = static_cast<int32_t>(header[2]);
+  out.tokens.resize(n);
+  out.argmax.resize(n);
+  out.logits.resize(n * header[2]);
+  in.read(reinterpret_cast<char*>(out.tokens.data()), static_cast<std::streamsize>(n * 4));
+  in.read(reinterpret_cast<char*>(out.argmax.data()), static_cast<std::streamsize>(n * 4));
+  in.read(reinterpret_cast<char*>(out.logits.data()),
+          static_cast<std::streamsize>(out.logits.size() * 4));
+  PROTOKV_CHECK(in.good() && in.peek() == std::char_traits<char>::eof(),
+                "{}: truncated or too long", path.string());
+  return out;
+}
+
+struct OracleCase {
+  const char* arch;
+  const char* type;
+  // Max |protokv logit - llama.cpp logit| over the vocabulary at any position. Logits have a
+  // standard deviation of about 1 on these models. The tolerances are about 3x the largest
+  // difference measured when the case was enabled (printed by each test as "[ oracle   ]"); F32
+  // gets 10x, its difference being float summation order alone.
+  double tolerance;
+};
+
+void PrintTo(const OracleCase& c, std::ostream* os) {
+  *os << c.arch << "_" << c.type;
+}
+
+// Supported by protokv and checked. F32 differs only by summation order. llama.cpp's F16 and BF16
+// mat-muls round the activations to F16 / BF16 (ggml-cpu's vec_dot_type) and its Q8_0 mat-mul
+// quantises them to Q8_0, which protokv's kernels do not do exactly alike: hence the larger bounds.
+constexpr OracleCase kEnabled[] = {
+    {"llama", "F32", 1e-5},     // measured 9.5e-7
+    {"llama", "F16", 4e-3},     // measured 1.2e-3
+    {"llama", "BF16", 2.5e-2},  // measured 8.2e-3
+    {"llama", "Q8_0", 8e-2},    // measured 2.7e-2
+};
+
+// Fixtures generated (or to be generated once `make-model --arch` is merged) whose architecture or
+// weight type protokv does not load yet. Each must fail to load with an Error; once it loads, the
+// test below fails so that the case is moved to kEnabled with a measured tolerance.
+constexpr OracleCase kPending[] = {
+    {"llama", "Q4_0", 0}, {"llama", "Q4_1", 0}, {"llama", "Q5_0", 0}, {"llama", "Q5_1", 0},
+    {"llama", "Q2_K", 0}, {"llama", "Q3_K", 0}, {"llama", "Q4_K", 0}, {"llama", "Q5_K", 0},
+    {"llama", "Q6_K", 0}, {"qwen2", "F32", 0},  {"qwen2", "F16", 0},  {"qwen2", "BF16", 0},
+    {"qwen2", "Q8_0", 0}, {"qwen2", "Q4_0", 0}, {"qwen2", "Q4_1", 0}, {"qwen2", "Q5_0", 0},
+    {"qwen2", "Q5_1", 0}, {"qwen2", "Q2_K", 0}, {"qwen2", "Q3_K", 0}, {"qwen2", "Q4_K", 0},
+    {"qwen2", "Q5_K", 0}, {"qwen2", "Q6_K", 0}, {"qwen3", "F32", 0},  {"qwen3", "F16", 0},
+    {"qwen3", "BF16", 0}, {"qwen3", "Q8_0", 0}, {"qwen3", "Q4_0", 0}, {"qwen3", "Q4_1", 0},
+    {"qwen3", "Q5_0", 0}, {"qwen3", "Q5_1", 0}, {"qwen3", "Q2_K", 0}, {"qwen3", "Q3_K", 0},
+    {"qwen3", "Q4_K", 0}, {"qwen3", "Q5_K", 0}, {"qwen3", "Q6_K", 0},
+};
+
+std::filesystem::path gguf_path(const OracleCase& c) {
+  return fixture_dir() / (std::string(c.arch) + "_" + c.type + ".gguf");
+}
+std::filesystem::path logits_path(const OracleCase& c) {
+  return fixture_dir() / (std::string(c.arch) + "_" + c.type + ".logits");
+}
+
+struct RowComparison {
+  double max_abs_diff = 0.0;
+  int32_t protokv_argmax = 0;
+};
+
+RowComparison compare_row(std::span<const float> protokv, std::span<const float> reference) {
+  RowComparison out;
+  for (size_t v = 0; v < reference.size(); ++v) {
+    out.max_abs_diff = std::max(out.max_abs_diff, std::fabs(static_cast<double>(protokv[v]) -
+                                                            static_cast<double>(reference[v])));
+  }
+  out.protokv_argmax =
+      static_cast<int32_t>(std::max_element(protokv.begin(), protokv.end()) - protokv.begin());
+  return out;
+}
+
+// llama.cpp's top-1 minus top-2 logit.
+double top2_margin(std::span<const float> logits) {
+  float first = -INFINITY, second = -INFINITY;
+  for (const float v : logits) {
+    if (v > first) {
+      second = first;
+      first = v;
+    } else if (v > second) {
+      second = v;
+    }
+  }
+  return static_cast<double>(first) - static_cast<double>(second);
+}
+
+class LlamaCppOracle : public ::testing::TestWithParam<OracleCase> {};
+
+TEST_P(LlamaCppOracle, TeacherForcedLogitsMatch) {
+  const OracleCase c = GetParam();
+  const OracleLogits ref = read_logits(logits_path(c));
+  const LoadedModel model = load_model(gguf_path(c).string());
+  ASSERT_EQ(model.weights.config.vocab_size, ref.n_vocab);
+  const size_t n = ref.tokens.size();
+  ASSERT_GE(n, 16u);
+
+  // Decode: the first token prefilled, every later one decoded on top of the cache, so every
+  // position is checked. Prefill: prefixes from an empty cache, their last logits against
+  // llama.cpp's row, at the first four positions, every fourth after them and the last (all
+  // positions would cost n prefills of up to n tokens).
+  Session prefill_session(model.weights);
+  Session decode_session(model.weights);
+  double worst[2] = {0.0, 0.0};
+  int64_t argmax_checked = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto reference = ref.row(i);
+    const bool check_prefill = i < 4 || i % 4 == 3 || i + 1 == n;
+    const std::vector<float> prefilled = [&] {
+      if (!check_prefill) return std::vector<float>();
+      const auto logits =
+          prefill_session.prefill(std::span<const int32_t>(ref.tokens.data(), i + 1));
+      return std::vector<float>(logits.begin(), logits.end());
+    }();
+    const std::vector<float> decoded = [&] {
+      const auto logits =
+          i == 0 ? decode_session.prefill(std::span<const int32_t>(ref.tokens.data(), 1))
+                 : decode_session.decode(ref.tokens[i]);
+      return std::vector<float>(logits.begin(), logits.end());
+    }();
+    const bool margin_ok = top2_margin(reference) > c.tolerance;
+    argmax_checked += margin_ok ? 1 : 0;
+    const std::vector<float>* runs[2] = {&prefilled, &decoded};
+    for (int r = check_prefill ? 0 : 1; r < 2; ++r) {
+      const RowComparison cmp = compare_row(*runs[r], reference);
+      worst[r] = std::max(worst[r], cmp.max_abs_diff);
+      EXPECT_LE(cmp.max_abs_diff, c.tolerance)
+          << (r == 0 ? "prefill" : "decode") << " position " << i;
+      if (margin_ok) {
+        EXPECT_EQ(cmp.protokv_argmax, ref.argmax[i])
+            << (r == 0 ? "prefill" : "decode") << " position " << i << ", llama.cpp margin "
+            << top2_margin(reference);
+      }
+    }
+  }
+  // Most positions must have a margin above the tolerance, or the argmax check says little.
+  EXPECT_GE(argmax_checked, static_cast<int64_t>(n) / 2);
+  std::printf(
+      "[ oracle   ] %s_%s: max |dlogit| prefill %.3g, decode %.3g (tolerance %.3g); argmax "
+      "checked at %lld of %zu positions\n",
+      c.arch, c.type, worst[0], worst[1], c.tolerance, static_cast<long long>(argmax_checked), n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCppOracle, ::testing::ValuesIn(kEnabled),
+                         [](const ::testing::TestParamInfo<OracleCase>& info) {
+                           return std::string(info.param.arch) + "_" + info.param.type;
+                         });
+
+TEST(LlamaCppOracleFixtures, EnabledFixturesAreSmallAndConsistent) {
+  for (const OracleCase& c : kEnabled) {
+    SCOPED_TRACE(gguf_path(c).string());
+    ASSERT_TRUE(std::filesystem::exists(gguf_path(c)));
+    EXPECT_LE(std::filesystem::file_size(gguf_path(c)), 2u << 20);
+    const OracleLogits ref = read_logits(logits_path(c));
+    for (size_t i = 0; i < ref.tokens.size(); ++i) {
+      const auto row = ref.row(i);
+      EXPECT_EQ(ref.argmax[i], std::max_element(row.begin(), row.end()) - row.begin());
+    }
+  }
+}
+
+// A pending fixture that protokv now loads must be moved to kEnabled (with a measured tolerance).
+TEST(LlamaCppOracleFixtures, PendingFixturesDoNotLoadYet) {
+  for (const OracleCase& c : kPending) {
+    if (!std::filesystem::exists(gguf_path(c))) continue;  // generated after `--arch` is merged
+    SCOPED_TRACE(gguf_path(c).string());
+    EXPECT_THROW(load_model(gguf_path(c).string()), Error)
+        << "protokv now loads " << c.arch << "_" << c.type
+        << ": move it from kPending to kEnabled with a measured tolerance";
+  }
+}
+
+}  // namespace
+}  // namespace protokv

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds llama.cpp (CPU, Release) from the source that the npm package node-llama-cpp ships as a
+# git bundle (package/llama/gitRelease.bundle; llama.cpp upstream de3ff81, MIT), plus
+# protokv-dump-logits (tools/llama_cpp/dump_logits.cpp) linked against it. Not part of CI: it is
+# the oracle for tools/llama_cpp/make_fixtures.sh and bench/vs_llama_cpp.sh.
+#
+#   tools/llama_cpp/build.sh            # prints the build folder; skips what is already built
+#
+# Cache: ${PROTOKV_CACHE:-$HOME/.cache/protokv}/llama.cpp-src (clone) and llama.cpp-build
+# (binaries in bin/). Needs npm, git, cmake, a C++ compiler; about 5-8 minutes on 2 cores.
+set -euo pipefail
+
+NODE_LLAMA_CPP_VERSION=${NODE_LLAMA_CPP_VERSION:-3.22}
+CACHE=${PROTOKV_CACHE:-$HOME/.cache/protokv}
+SRC=$CACHE/llama.cpp-src
+BUILD=$CACHE/llama.cpp-build
+JOBS=${JOBS:-2}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TARGETS=(llama-perplexity llama-quantize llama-bench llama-simple llama-completion llama-tokenize)
+
+log() { echo "llama_cpp/build.sh: $*" >&2; }
+
+mkdir -p "$CACHE"
+if [[ ! -f $SRC/CMakeLists.txt ]]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  log "fetching node-llama-cpp@$NODE_LLAMA_CPP_VERSION with npm pack"
+  (cd "$tmp" && npm pack --silent "node-llama-cpp@$NODE_LLAMA_CPP_VERSION" >/dev/null)
+  tar -xzf "$tmp"/node-llama-cpp-*.tgz -C "$tmp" package/llama/gitRelease.bundle
+  rm -rf "$SRC"
+  git clone --quiet "$tmp/package/llama/gitRelease.bundle" "$SRC"
+  log "llama.cpp source at $SRC ($(git -C "$SRC" log -1 --format=%h))"
+fi
+
+have_all=1
+for t in "${TARGETS[@]}"; do [[ -x $BUILD/bin/$t ]] || have_all=0; done
+if [[ $have_all == 0 ]]; then
+  log "building ${TARGETS[*]} into $BUILD (-j$JOBS)"
+  cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DBUILD_SHARED_LIBS=OFF >/dev/null
+  cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >/dev/null
+fi
+
+DUMP=$BUILD/bin/protokv-dump-logits
+if [[ ! -x $DUMP || $HERE/dump_logits.cpp -nt $DUMP ]]; then
+  log "building $DUMP"
+  # Static libraries in link order: llama, then ggml (backend registry), its CPU backend, its base.
+  ${CXX:-c++} -O2 -std=c++17 "$HERE/dump_logits.cpp" -I"$SRC/include" -I"$SRC/ggml/include" \
+    "$BUILD/src/libllama.a" "$BUILD/ggml/src/libggml.a" "$BUILD/ggml/src/libggml-cpu.a" \
+    "$BUILD/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl -o "$DUMP"
+fi
+echo "$BUILD"

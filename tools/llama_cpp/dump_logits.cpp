@@ -1,0 +1,116 @@
+// protokv-dump-logits: llama.cpp's logits for given token ids, teacher-forced in one batch, for the
+// fixtures of tests/test_llama_cpp_oracle.cpp. Built by tools/llama_cpp/build.sh against the
+// llama.cpp it builds (not part of protokv's build).
+//
+//   protokv-dump-logits MODEL.gguf OUT.logits TOKEN_ID...
+//
+// The context keeps K/V in F32 and runs without flash attention, so the reference carries only
+// the rounding of the weights and of llama.cpp's own kernels (e.g. int8 activations in quantised
+// mat-muls), not of an F16 cache.
+//
+// OUT.logits (little-endian): "PKVLOGIT", uint32 version (1), uint32 n_tokens, uint32 n_vocab,
+// int32 tokens[n_tokens], int32 argmax[n_tokens], float32 logits[n_tokens][n_vocab].
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+
+namespace {
+
+void quiet_log(enum ggml_log_level level, const char* text, void*) {
+  if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+
+int die(const std::string& message) {
+  std::fprintf(stderr, "protokv-dump-logits: error: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s MODEL.gguf OUT.logits TOKEN_ID...\n", argv[0]);
+    return 1;
+  }
+  const std::string model_path = argv[1];
+  const std::string out_path = argv[2];
+  std::vector<llama_token> tokens;
+  for (int i = 3; i < argc; ++i) {
+    char* end = nullptr;
+    const long id = std::strtol(argv[i], &end, 10);
+    if (end == argv[i] || *end != '\0' || id < 0)
+      return die(std::string("bad token id ") + argv[i]);
+    tokens.push_back(static_cast<llama_token>(id));
+  }
+  const auto n_tokens = static_cast<int32_t>(tokens.size());
+
+  llama_log_set(quiet_log, nullptr);
+  llama_backend_init();
+  llama_model_params model_params = llama_model_default_params();
+  model_params.n_gpu_layers = 0;
+  model_params.progress_callback = [](float, void*) { return true; };  // no progress dots
+  llama_model* model = llama_model_load_from_file(model_path.c_str(), model_params);
+  if (model == nullptr) return die("cannot load " + model_path);
+  const llama_vocab* vocab = llama_model_get_vocab(model);
+  const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+  for (const llama_token t : tokens)
+    if (t >= n_vocab) return die("token id " + std::to_string(t) + " out of range");
+
+  llama_context_params ctx_params = llama_context_default_params();
+  ctx_params.n_ctx = static_cast<uint32_t>(n_tokens);
+  ctx_params.n_batch = static_cast<uint32_t>(n_tokens);
+  ctx_params.n_ubatch = static_cast<uint32_t>(n_tokens);
+  ctx_params.n_seq_max = 1;
+  ctx_params.n_threads = 1;
+  ctx_params.n_threads_batch = 1;
+  ctx_params.type_k = GGML_TYPE_F32;
+  ctx_params.type_v = GGML_TYPE_F32;
+  ctx_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  llama_context* ctx = llama_init_from_model(model, ctx_params);
+  if (ctx == nullptr) return die("cannot create a context");
+
+  llama_batch batch = llama_batch_init(n_tokens, 0, 1);
+  for (int32_t i = 0; i < n_tokens; ++i) {
+    batch.token[i] = tokens[static_cast<size_t>(i)];
+    batch.pos[i] = i;
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = 0;
+    batch.logits[i] = 1;  // logits at every position (teacher forcing)
+  }
+  batch.n_tokens = n_tokens;
+  if (llama_decode(ctx, batch) != 0) return die("llama_decode failed");
+
+  std::vector<float> logits(static_cast<size_t>(n_tokens) * static_cast<size_t>(n_vocab));
+  std::vector<int32_t> argmax(static_cast<size_t>(n_tokens));
+  for (int32_t i = 0; i < n_tokens; ++i) {
+    const float* row = llama_get_logits_ith(ctx, i);
+    if (row == nullptr) return die("no logits for position " + std::to_string(i));
+    std::memcpy(logits.data() + static_cast<size_t>(i) * n_vocab, row, sizeof(float) * n_vocab);
+    int32_t best = 0;
+    for (int32_t v = 1; v < n_vocab; ++v)
+      if (row[v] > row[best]) best = v;
+    argmax[static_cast<size_t>(i)] = best;
+  }
+
+  std::FILE* out = std::fopen(out_path.c_str(), "wb");
+  if (out == nullptr) return die("cannot write " + out_path);
+  const uint32_t header[3] = {1, static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(n_vocab)};
+  bool ok = std::fwrite("PKVLOGIT", 1, 8, out) == 8;
+  ok = ok && std::fwrite(header, sizeof(uint32_t), 3, out) == 3;
+  ok = ok && std::fwrite(tokens.data(), sizeof(int32_t), tokens.size(), out) == tokens.size();
+  ok = ok && std::fwrite(argmax.data(), sizeof(int32_t), argmax.size(), out) == argmax.size();
+  ok = ok && std::fwrite(logits.data(), sizeof(float), logits.size(), out) == logits.size();
+  ok = (std::fclose(out) == 0) && ok;
+  if (!ok) return die("short write to " + out_path);
+
+  llama_batch_free(batch);
+  llama_free(ctx);
+  llama_model_free(model);
+  llama_backend_free();
+  return 0;
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Regenerates the llama.cpp oracle fixtures of tests/test_llama_cpp_oracle.cpp:
+# for each architecture x weight type, a tiny random-weight GGUF (protokv make-model, then
+# llama-quantize --pure for every type but F32) and llama.cpp's teacher-forced logits for a fixed
+# token sequence (protokv-dump-logits), in tests/data/llama_cpp/<arch>_<type>.{gguf,logits}, plus
+# manifest.tsv (file sizes, checksums, llama.cpp commit).
+#
+#   tools/llama_cpp/make_fixtures.sh [PROTOKV_BINARY]   # default: build/protokv
+#
+# Needs the llama.cpp of tools/llama_cpp/build.sh (run first; not part of CI). Re-run after merging
+# new architectures or types: rows whose prerequisites are missing print "skipped: ..." and leave
+# their old files alone. Deterministic for a given protokv and llama.cpp.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+PROTOKV=${1:-$ROOT/build/protokv}
+OUT=$ROOT/tests/data/llama_cpp
+CACHE=${PROTOKV_CACHE:-$HOME/.cache/protokv}
+BIN=$CACHE/llama.cpp-build/bin
+[[ -x $PROTOKV ]] || { echo "make_fixtures.sh: no protokv binary at $PROTOKV" >&2; exit 1; }
+for tool in llama-quantize protokv-dump-logits; do
+  [[ -x $BIN/$tool ]] || { echo "make_fixtures.sh: $BIN/$tool missing: run tools/llama_cpp/build.sh" >&2; exit 1; }
+done
+
+ARCHS=(llama qwen2 qwen3)
+TYPES=(F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K)
+
+# Shape: every matrix row is 256 long (dim = ffn = 256), so the K-quants (256-value super-blocks)
+# apply to every tensor and llama-quantize never falls back to another type. 4 query heads share
+# one KV head (GQA, head_dim 64). F32 has one layer so that its file stays under 2 MB; the other
+# types have two. Vocabulary 260: the synthetic byte vocabulary plus one piece.
+DIM=256 FFN=256 HEADS=4 KV_HEADS=1 VOCAB=260 CTX=64 SEED=9
+# The token sequence: BOS, then 31 ids from a fixed linear congruential generator.
+TOKENS=(1)
+state=12345
+while ((${#TOKENS[@]} < 32)); do
+  state=$(((state * 1103515245 + 12345) % 2147483648))
+  TOKENS+=($((3 + state / 65536 % (VOCAB - 3))))
+done
+
+has_arch_flag=0
+"$PROTOKV" make-model --help 2>/dev/null | grep -q -- '--arch' && has_arch_flag=1
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$OUT"
+commit=$(git -C "$CACHE/llama.cpp-src" log -1 --format=%h 2>/dev/null || echo unknown)
+
+for arch in "${ARCHS[@]}"; do
+  arch_flags=()
+  if [[ $arch != llama ]]; then
+    if [[ $has_arch_flag == 0 ]]; then
+      echo "$arch: skipped: make-model has no --arch"
+      continue
+    fi
+  fi
+  [[ $has_arch_flag == 1 ]] && arch_flags=(--arch "$arch")
+  for layers in 1 2; do
+    "$PROTOKV" make-model "${arch_flags[@]}" --dim $DIM --ffn $FFN --layers $layers --heads $HEADS \
+      --kv-heads $KV_HEADS --vocab $VOCAB --ctx $CTX --type f32 --seed $SEED -t 1 \
+      --name "protokv-oracle-$arch" -o "$tmp/${arch}_${layers}.gguf" >/dev/null
+  done
+  for type in "${TYPES[@]}"; do
+    gguf=$OUT/${arch}_${type}.gguf
+    if [[ $type == F32 ]]; then
+      cp "$tmp/${arch}_1.gguf" "$gguf"
+    else
+      "$BIN/llama-quantize" --pure "$tmp/${arch}_2.gguf" "$gguf" "$type" 1 >"$tmp/quantize.log" 2>&1 ||
+        { cat "$tmp/quantize.log" >&2; exit 1; }
+    fi
+    "$BIN/protokv-dump-logits" "$gguf" "$OUT/${arch}_${type}.logits" "${TOKENS[@]}"
+    bytes=$(stat -c %s "$gguf")
+    ((bytes <= 2 * 1024 * 1024)) || { echo "make_fixtures.sh: $gguf is $bytes bytes (> 2 MiB)" >&2; exit 1; }
+    echo "$arch $type: $bytes bytes"
+  done
+done
+
+# The manifest lists what is on disk (rows from earlier runs included).
+{
+  printf 'arch\ttype\tgguf_bytes\tgguf_sha256\tlogits_sha256\tllama_cpp\n'
+  for arch in "${ARCHS[@]}"; do
+    for type in "${TYPES[@]}"; do
+      gguf=$OUT/${arch}_${type}.gguf
+      [[ -f $gguf ]] || continue
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$arch" "$type" "$(stat -c %s "$gguf")" \
+        "$(sha256sum "$gguf" | cut -c1-16)" "$(sha256sum "$OUT/${arch}_${type}.logits" | cut -c1-16)" "$commit"
+    done
+  done
+} >"$OUT/manifest.tsv"
+echo "wrote $OUT/manifest.tsv"
