@@ -1,7 +1,7 @@
 #pragma once
-// Random-weight Llama models of any shape, for tests, demos and benchmarks: written as standard
-// GGUF files (loadable by llama.cpp too) or built in memory. The same (config, seed) gives the
-// same values either way, whatever the thread count.
+// Random-weight llama / qwen2 / qwen3 models of any shape, for tests, demos and benchmarks: written
+// as standard GGUF files (loadable by llama.cpp too) or built in memory. The same (config, seed)
+// gives the same values either way, whatever the thread count.
 #include <cstdint>
 #include <memory>
 #include <string>
