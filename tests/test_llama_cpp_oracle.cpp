@@ -78,7 +78,9 @@ void PrintTo(const OracleCase& c, std::ostream* os) {
 
 // Supported by protokv and checked. F32 differs only by summation order. llama.cpp's F16 and BF16
 // mat-muls round the activations to F16 / BF16 (ggml-cpu's vec_dot_type) and its Q8_0 mat-mul
-// quantises them to Q8_0, which protokv's kernels do not do exactly alike: hence the larger bounds.
+// quantises them to Q8_0, while protokv computes in F32 on the dequantised weights: the measured
+// difference equals manifest.tsv's act_rounding (llama.cpp on the file vs on its F32
+// dequantisation).
 constexpr OracleCase kEnabled[] = {
     {"llama", "F32", 1e-5},     // measured 9.5e-7
     {"llama", "F16", 4e-3},     // measured 1.2e-3
@@ -88,17 +90,26 @@ constexpr OracleCase kEnabled[] = {
 
 // Fixtures generated (or to be generated once `make-model --arch` is merged) whose architecture or
 // weight type protokv does not load yet. Each must fail to load with an Error; once it loads, the
-// test below fails so that the case is moved to kEnabled with a measured tolerance.
+// test below fails so that the case is moved to kEnabled. Their tolerances are provisional: 3x
+// (rounded up) the act_rounding column of manifest.tsv measured on the llama fixtures, i.e. the
+// max |logit difference| between llama.cpp on the file and llama.cpp on the same weights
+// dequantised to F32 (Q4_0 0.031, Q4_1 0.032, Q5_0 0.034, Q5_1 0.030, Q2_K 0.042, Q3_K 0.046,
+// Q4_K 0.041, Q5_K 0.042, Q6_K 0.041): the difference expected from an engine computing in F32 on
+// the dequantised weights, as protokv does for F16/BF16/Q8_0 where the measured difference equals
+// act_rounding to 3 digits. Confirm against the printed measurement when enabling.
 constexpr OracleCase kPending[] = {
-    {"llama", "Q4_0", 0}, {"llama", "Q4_1", 0}, {"llama", "Q5_0", 0}, {"llama", "Q5_1", 0},
-    {"llama", "Q2_K", 0}, {"llama", "Q3_K", 0}, {"llama", "Q4_K", 0}, {"llama", "Q5_K", 0},
-    {"llama", "Q6_K", 0}, {"qwen2", "F32", 0},  {"qwen2", "F16", 0},  {"qwen2", "BF16", 0},
-    {"qwen2", "Q8_0", 0}, {"qwen2", "Q4_0", 0}, {"qwen2", "Q4_1", 0}, {"qwen2", "Q5_0", 0},
-    {"qwen2", "Q5_1", 0}, {"qwen2", "Q2_K", 0}, {"qwen2", "Q3_K", 0}, {"qwen2", "Q4_K", 0},
-    {"qwen2", "Q5_K", 0}, {"qwen2", "Q6_K", 0}, {"qwen3", "F32", 0},  {"qwen3", "F16", 0},
-    {"qwen3", "BF16", 0}, {"qwen3", "Q8_0", 0}, {"qwen3", "Q4_0", 0}, {"qwen3", "Q4_1", 0},
-    {"qwen3", "Q5_0", 0}, {"qwen3", "Q5_1", 0}, {"qwen3", "Q2_K", 0}, {"qwen3", "Q3_K", 0},
-    {"qwen3", "Q4_K", 0}, {"qwen3", "Q5_K", 0}, {"qwen3", "Q6_K", 0},
+    {"llama", "Q4_0", 0.1},    {"llama", "Q4_1", 0.1},  {"llama", "Q5_0", 0.1},
+    {"llama", "Q5_1", 0.1},    {"llama", "Q2_K", 0.15}, {"llama", "Q3_K", 0.15},
+    {"llama", "Q4_K", 0.12},   {"llama", "Q5_K", 0.13}, {"llama", "Q6_K", 0.12},
+    {"qwen2", "F32", 1e-5},    {"qwen2", "F16", 4e-3},  {"qwen2", "BF16", 2.5e-2},
+    {"qwen2", "Q8_0", 8e-2},   {"qwen2", "Q4_0", 0.1},  {"qwen2", "Q4_1", 0.1},
+    {"qwen2", "Q5_0", 0.1},    {"qwen2", "Q5_1", 0.1},  {"qwen2", "Q2_K", 0.15},
+    {"qwen2", "Q3_K", 0.15},   {"qwen2", "Q4_K", 0.12}, {"qwen2", "Q5_K", 0.13},
+    {"qwen2", "Q6_K", 0.12},   {"qwen3", "F32", 1e-5},  {"qwen3", "F16", 4e-3},
+    {"qwen3", "BF16", 2.5e-2}, {"qwen3", "Q8_0", 8e-2}, {"qwen3", "Q4_0", 0.1},
+    {"qwen3", "Q4_1", 0.1},    {"qwen3", "Q5_0", 0.1},  {"qwen3", "Q5_1", 0.1},
+    {"qwen3", "Q2_K", 0.15},   {"qwen3", "Q3_K", 0.15}, {"qwen3", "Q4_K", 0.12},
+    {"qwen3", "Q5_K", 0.13},   {"qwen3", "Q6_K", 0.12},
 };
 
 std::filesystem::path gguf_path(const OracleCase& c) {

@@ -28,7 +28,7 @@ if [[ ! -f $SRC/CMakeLists.txt ]]; then
   (cd "$tmp" && npm pack --silent "node-llama-cpp@$NODE_LLAMA_CPP_VERSION" >/dev/null)
   tar -xzf "$tmp"/node-llama-cpp-*.tgz -C "$tmp" package/llama/gitRelease.bundle
   rm -rf "$SRC"
-  git clone --quiet "$tmp/package/llama/gitRelease.bundle" "$SRC"
+  git -c advice.detachedHead=false clone --quiet "$tmp/package/llama/gitRelease.bundle" "$SRC"
   log "llama.cpp source at $SRC ($(git -C "$SRC" log -1 --format=%h))"
 fi
 

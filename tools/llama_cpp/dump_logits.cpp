@@ -3,6 +3,7 @@
 // llama.cpp it builds (not part of protokv's build).
 //
 //   protokv-dump-logits MODEL.gguf OUT.logits TOKEN_ID...
+//   protokv-dump-logits --max-diff A.logits B.logits    # prints max |logit A - logit B|
 //
 // The context keeps K/V in F32 and runs without flash attention, so the reference carries only
 // the rounding of the weights and of llama.cpp's own kernels (e.g. int8 activations in quantised
@@ -10,6 +11,8 @@
 //
 // OUT.logits (little-endian): "PKVLOGIT", uint32 version (1), uint32 n_tokens, uint32 n_vocab,
 // int32 tokens[n_tokens], int32 argmax[n_tokens], float32 logits[n_tokens][n_vocab].
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,9 +33,37 @@ int die(const std::string& message) {
   return 1;
 }
 
+// The logits of a .logits file (empty on a malformed one).
+std::vector<float> read_logits(const char* path) {
+  std::vector<float> out;
+  std::FILE* in = std::fopen(path, "rb");
+  if (in == nullptr) return out;
+  char magic[8];
+  uint32_t header[3];
+  if (std::fread(magic, 1, 8, in) == 8 && std::memcmp(magic, "PKVLOGIT", 8) == 0 &&
+      std::fread(header, sizeof(uint32_t), 3, in) == 3 && header[0] == 1 &&
+      std::fseek(in, static_cast<long>(header[1]) * 8, SEEK_CUR) == 0) {
+    out.resize(static_cast<size_t>(header[1]) * header[2]);
+    if (std::fread(out.data(), sizeof(float), out.size(), in) != out.size()) out.clear();
+  }
+  std::fclose(in);
+  return out;
+}
+
+int max_diff(const char* a_path, const char* b_path) {
+  const std::vector<float> a = read_logits(a_path), b = read_logits(b_path);
+  if (a.empty() || a.size() != b.size()) return die("unreadable or mismatched logits files");
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  std::printf("%.3g\n", worst);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--max-diff") == 0) return max_diff(argv[2], argv[3]);
   if (argc < 4) {
     std::fprintf(stderr, "usage: %s MODEL.gguf OUT.logits TOKEN_ID...\n", argv[0]);
     return 1;

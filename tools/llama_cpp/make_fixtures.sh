@@ -3,7 +3,11 @@
 # for each architecture x weight type, a tiny random-weight GGUF (protokv make-model, then
 # llama-quantize --pure for every type but F32) and llama.cpp's teacher-forced logits for a fixed
 # token sequence (protokv-dump-logits), in tests/data/llama_cpp/<arch>_<type>.{gguf,logits}, plus
-# manifest.tsv (file sizes, checksums, llama.cpp commit).
+# manifest.tsv (file sizes, checksums, llama.cpp commit, and act_rounding: the max |logit
+# difference| between llama.cpp on the file and llama.cpp on the file dequantised to F32 with
+# llama-quantize --allow-requantize. That is the part of llama.cpp's result due to its rounding of
+# activations (F16/BF16/Q8 in its mat-muls), i.e. what an engine computing in F32 on the same
+# weights should differ by: the starting point of the test's per-type tolerance).
 #
 #   tools/llama_cpp/make_fixtures.sh [PROTOKV_BINARY]   # default: build/protokv
 #
@@ -70,22 +74,33 @@ for arch in "${ARCHS[@]}"; do
         { cat "$tmp/quantize.log" >&2; exit 1; }
     fi
     "$BIN/protokv-dump-logits" "$gguf" "$OUT/${arch}_${type}.logits" "${TOKENS[@]}"
+    act_rounding=0
+    if [[ $type != F32 ]]; then
+      "$BIN/llama-quantize" --allow-requantize "$gguf" "$tmp/dequantised.gguf" F32 1 >"$tmp/quantize.log" 2>&1 ||
+        { cat "$tmp/quantize.log" >&2; exit 1; }
+      "$BIN/protokv-dump-logits" "$tmp/dequantised.gguf" "$tmp/dequantised.logits" "${TOKENS[@]}"
+      act_rounding=$("$BIN/protokv-dump-logits" --max-diff "$OUT/${arch}_${type}.logits" "$tmp/dequantised.logits")
+    fi
+    echo "$act_rounding" >"$tmp/${arch}_${type}.act"
     bytes=$(stat -c %s "$gguf")
     ((bytes <= 2 * 1024 * 1024)) || { echo "make_fixtures.sh: $gguf is $bytes bytes (> 2 MiB)" >&2; exit 1; }
-    echo "$arch $type: $bytes bytes"
+    echo "$arch $type: $bytes bytes, act_rounding $act_rounding"
   done
 done
 
 # The manifest lists what is on disk (rows from earlier runs included).
 {
-  printf 'arch\ttype\tgguf_bytes\tgguf_sha256\tlogits_sha256\tllama_cpp\n'
+  printf 'arch\ttype\tgguf_bytes\tact_rounding\tgguf_sha256\tlogits_sha256\tllama_cpp\n'
   for arch in "${ARCHS[@]}"; do
     for type in "${TYPES[@]}"; do
       gguf=$OUT/${arch}_${type}.gguf
       [[ -f $gguf ]] || continue
-      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$arch" "$type" "$(stat -c %s "$gguf")" \
+      act=$(cat "$tmp/${arch}_${type}.act" 2>/dev/null ||
+        awk -v a="$arch" -v t="$type" '$1 == a && $2 == t { print $4 }' "$OUT/manifest.tsv" 2>/dev/null)
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$arch" "$type" "$(stat -c %s "$gguf")" "${act:-?}" \
         "$(sha256sum "$gguf" | cut -c1-16)" "$(sha256sum "$OUT/${arch}_${type}.logits" | cut -c1-16)" "$commit"
     done
   done
-} >"$OUT/manifest.tsv"
+} >"$tmp/manifest.tsv"
+mv "$tmp/manifest.tsv" "$OUT/manifest.tsv"
 echo "wrote $OUT/manifest.tsv"
