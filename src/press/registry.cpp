@@ -37,7 +37,7 @@ namespace {
 
 void require_uniform(std::string_view name, std::string_view alloc) {
   if (!alloc.empty() && alloc != "uniform")
-    fail("press '{}' keeps the same entries in every head and takes no allocator (got --alloc {})",
+    fail("press '{}' keeps the same entries in every head and takes no allocator (got allocator {})",
          name, alloc);
 }
 
@@ -49,8 +49,8 @@ AllocatorKind resolve_allocator(const PressEntry& entry, std::string_view alloc)
   const AllocatorKind chosen = parse_allocator(alloc);
   if (entry.allocator_role == AllocatorRole::Is && chosen != fixed)
     fail(
-        "press '{}' is snapkv with the {} allocator; --alloc {} contradicts it (use --press "
-        "snapkv --alloc {})",
+        "press '{}' is snapkv with the {} allocator; allocator {} contradicts it (use press "
+        "snapkv with allocator {})",
         entry.name, to_string(fixed), alloc, alloc);
   return chosen;
 }
