@@ -316,19 +316,14 @@ void BytePairEncoder::encode_word(const protokv::Tokenizer::Impl& t, std::string
                 if (it == merges_.end()) return std::nullopt;
                 return MergeChoice{-static_cast<double>(it->second.rank), it->second.merged_id};
               });
-  for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) {
-    const MergeSymbol& s = symbols[i];
-    if (s.id >= 0) {
-      out.push_back(s.id);
-      continue;
-    }
-    // llama.cpp: a symbol that is no token falls back to its single bytes that are tokens.
+  // llama.cpp: a symbol that is no token falls back to its single bytes that are tokens.
+  emit_merged(symbols, out, [&](const MergeSymbol& s) {
     for (uint32_t b = s.start; b < s.start + s.length; ++b) {
       if (const int32_t id = t.index.find(std::string_view(word).substr(b, 1)); id >= 0) {
         out.push_back(id);
       }
     }
-  }
+  });
 }
 
 void BytePairEncoder::encode(const protokv::Tokenizer::Impl& t, std::string_view text,

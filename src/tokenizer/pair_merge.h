@@ -87,4 +87,20 @@ void merge_pairs(std::vector<MergeSymbol>& symbols, std::vector<MergeCandidate>&
   }
 }
 
+// Appends the token ids of the merged list in order; a symbol that is no token goes to
+// `fallback(symbol)`, which appends what the encoder uses instead (byte pieces or <unk> for
+// SentencePiece, the single bytes that are tokens for byte-level BPE).
+template <typename Fallback>
+void emit_merged(const std::vector<MergeSymbol>& symbols, std::vector<int32_t>& out,
+                 Fallback&& fallback) {
+  for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) {
+    const MergeSymbol& s = symbols[i];
+    if (s.id >= 0) {
+      out.push_back(s.id);
+    } else {
+      fallback(s);
+    }
+  }
+}
+
 }  // namespace protokv::tokenizer

@@ -212,13 +212,8 @@ void spm_segment(const Tokenizer::Impl& t, std::string_view segment, SpmScratch&
         return tokenizer::MergeChoice{t.scores[id], id};
       });
 
-  for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) {
-    const MergeSymbol& s = symbols[i];
-    if (s.id >= 0) {
-      out.push_back(s.id);
-      continue;
-    }
-    // Only single characters stay without a piece: byte fallback, <unk> without byte pieces.
+  // Only single characters stay without a piece: byte fallback, <unk> without byte pieces.
+  tokenizer::emit_merged(symbols, out, [&](const MergeSymbol& s) {
     for (uint32_t b = s.start; b < s.start + s.length; ++b) {
       const int32_t byte_id = t.byte_tokens[static_cast<uint8_t>(segment[b])];
       PROTOKV_CHECK(byte_id >= 0 || t.unk_id >= 0,
@@ -226,7 +221,7 @@ void spm_segment(const Tokenizer::Impl& t, std::string_view segment, SpmScratch&
                     static_cast<uint8_t>(segment[b]));
       out.push_back(byte_id >= 0 ? byte_id : t.unk_id);
     }
-  }
+  });
 }
 
 }  // namespace
