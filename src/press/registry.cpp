@@ -37,8 +37,9 @@ namespace {
 
 void require_uniform(std::string_view name, std::string_view alloc) {
   if (!alloc.empty() && alloc != "uniform")
-    fail("press '{}' keeps the same entries in every head and takes no allocator (got allocator {})",
-         name, alloc);
+    fail(
+        "press '{}' keeps the same entries in every head and takes no allocator (got allocator {})",
+        name, alloc);
 }
 
 // The allocator of a scoring press: the method's own unless --alloc names another; a method that
