@@ -45,11 +45,7 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 void expect_one_line_error(const std::string& args, const std::string& needle) {
   SCOPED_TRACE(args);
   const auto r = run_protokv(args);
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err.rfind("protokv: error: ", 0), 0u) << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+  testing::expect_one_line_error(r, needle);
   EXPECT_TRUE(r.out.empty()) << r.out;
 }
 

@@ -12,6 +12,7 @@ namespace protokv {
 namespace {
 
 using testing::CommandResult;
+using testing::expect_one_line_error;
 using testing::run_protokv;
 using testing::TempDir;
 
@@ -20,15 +21,6 @@ std::string quoted(const std::filesystem::path& p) {
 }
 
 // Exit 1 with exactly one line on stderr, starting "protokv: error:".
-void expect_one_line_error(const CommandResult& r, const std::string& contains = "") {
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_EQ(r.err.rfind("protokv: error: ", 0), 0u) << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
-  if (!contains.empty()) {
-    EXPECT_NE(r.err.find(contains), std::string::npos) << r.err;
-  }
-}
 
 nlohmann::json info_json(const std::filesystem::path& model) {
   const CommandResult r = run_protokv("info -m " + quoted(model) + " --json");

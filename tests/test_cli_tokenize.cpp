@@ -14,6 +14,7 @@ namespace protokv {
 namespace {
 
 using testing::CommandResult;
+using testing::expect_one_line_error;
 using testing::run_protokv;
 
 // fmt, not "'" + string: GCC 12 reports a false -Wrestrict on the inlined concatenation.
@@ -26,11 +27,6 @@ std::filesystem::path tokenizers_dir() {
 }
 
 // Exactly one line on stderr, mentioning `text`, and a non-zero exit.
-void expect_one_line_error(const CommandResult& r, const std::string& text) {
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-}
 
 TEST(CliTokenize, TokenizerJsonAndGguf) {
   const auto qwen = tokenizers_dir() / "hf" / "qwen3" / "tokenizer.json";

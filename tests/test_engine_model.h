@@ -1,16 +1,16 @@
 #pragma once
-// Test helpers for the engine: random-weight models built in memory (owned buffers, any dtype),
-// a llama2.c checkpoint writer, and a naive reference forward pass written with plain loops
-// (full recompute, double accumulation) that shares no code with the engine's kernels.
+// Test helpers for the engine: random-weight models from the library's builder, held in memory in
+// any dtype, a llama2.c checkpoint writer, and a naive reference forward pass written with plain
+// loops (full recompute, double accumulation) that shares no code with the engine's kernels.
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <random>
 #include <vector>
 
+#include "model/random_model.h"
 #include "protokv/dtype.h"
 #include "protokv/model.h"
 
@@ -31,8 +31,8 @@ struct RandomModelSpec {
   uint64_t seed = 1234;
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
-  // Token embeddings are Uniform(-scale, scale). A small scale puts the first RMSNorm's mean
-  // square near norm_eps, so that a wrong epsilon shows in the logits.
+  // Token embeddings have the standard deviation of Uniform(-scale, scale), scale/sqrt(3). A small
+  // scale puts the first RMSNorm's mean square near norm_eps, so that a wrong epsilon shows.
   float embedding_scale = 1.0f;
 };
 
@@ -46,14 +46,6 @@ struct RandomModel {
   };
   std::vector<Layer> layers;
 };
-
-inline std::vector<float> random_values(std::mt19937_64& rng, size_t n, float scale,
-                                        float offset = 0.0f) {
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = offset + dist(rng);
-  return v;
-}
 
 // Converts `values` [rows, cols] to `type` in an owned buffer kept alive by `storage`.
 inline WeightMatrix make_matrix(const std::vector<float>& values, int64_t rows, int64_t cols,
@@ -72,8 +64,9 @@ inline WeightMatrix make_matrix(const std::vector<float>& values, int64_t rows, 
   return w;
 }
 
+// The weights come from the library's one random-model builder (random_model_weights, which
+// walks the tensor table); this keeps their F32 values and converts the matrices to `spec.type`.
 inline RandomModel make_random_model(const RandomModelSpec& spec) {
-  std::mt19937_64 rng(spec.seed);
   RandomModel m;
   ModelConfig& c = m.weights.config;
   c.dim = spec.dim;
@@ -87,35 +80,44 @@ inline RandomModel make_random_model(const RandomModelSpec& spec) {
   c.shared_classifier = spec.shared_classifier;
   c.rope_theta = spec.rope_theta;
   c.norm_eps = spec.norm_eps;
+  RandomWeightsOptions options;
+  options.with_optional = spec.biases;
+  options.norm_jitter = 0.2f / std::sqrt(3.0f);  // the spread of Uniform(0.8, 1.2)
+  const ModelWeights f32 = random_model_weights(c, spec.seed, options);
+
+  auto values_of = [](const WeightMatrix& w) {
+    const auto* data = static_cast<const float*>(w.data);
+    return std::vector<float>(data, data + w.rows * w.cols);
+  };
+  auto vector_of = [](const float* data, int64_t n) {
+    return data == nullptr ? std::vector<float>{} : std::vector<float>(data, data + n);
+  };
   const int64_t dim = c.dim, hidden = c.hidden_dim, q_dim = dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim();
-  // Uniform(-a, a) with a = sqrt(3 / cols): unit-variance outputs for unit-variance inputs.
-  auto matrix_scale = [](int64_t cols) { return std::sqrt(3.0f / static_cast<float>(cols)); };
   auto& storage = m.weights.storage;
 
-  m.token_embd = random_values(rng, static_cast<size_t>(c.vocab_size * dim), spec.embedding_scale);
+  m.token_embd = values_of(f32.token_embd);
+  // Standard deviation embedding_scale / sqrt(3), that of Uniform(-scale, scale).
+  for (float& x : m.token_embd) x *= spec.embedding_scale / std::sqrt(3.0f);
   m.weights.token_embd = make_matrix(m.token_embd, c.vocab_size, dim, spec.type, storage);
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (const LayerWeights& f : f32.layers) {
     RandomModel::Layer L;
-    L.attn_norm = random_values(rng, static_cast<size_t>(dim), 0.2f, 1.0f);
-    L.wq = random_values(rng, static_cast<size_t>(q_dim * dim), matrix_scale(dim));
-    L.wk = random_values(rng, static_cast<size_t>(kv_dim * dim), matrix_scale(dim));
-    L.wv = random_values(rng, static_cast<size_t>(kv_dim * dim), matrix_scale(dim));
-    L.wo = random_values(rng, static_cast<size_t>(dim * q_dim), matrix_scale(q_dim));
-    L.ffn_norm = random_values(rng, static_cast<size_t>(dim), 0.2f, 1.0f);
-    L.w_gate = random_values(rng, static_cast<size_t>(hidden * dim), matrix_scale(dim));
-    L.w_up = random_values(rng, static_cast<size_t>(hidden * dim), matrix_scale(dim));
-    L.w_down = random_values(rng, static_cast<size_t>(dim * hidden), matrix_scale(hidden));
-    if (spec.biases) {
-      L.bq = random_values(rng, static_cast<size_t>(q_dim), 0.5f);
-      L.bk = random_values(rng, static_cast<size_t>(kv_dim), 0.5f);
-      L.bv = random_values(rng, static_cast<size_t>(kv_dim), 0.5f);
-    }
+    L.attn_norm = vector_of(f.attn_norm, dim);
+    L.wq = values_of(f.wq);
+    L.wk = values_of(f.wk);
+    L.wv = values_of(f.wv);
+    L.wo = values_of(f.wo);
+    L.ffn_norm = vector_of(f.ffn_norm, dim);
+    L.w_gate = values_of(f.w_gate);
+    L.w_up = values_of(f.w_up);
+    L.w_down = values_of(f.w_down);
+    L.bq = vector_of(f.bq, q_dim);
+    L.bk = vector_of(f.bk, kv_dim);
+    L.bv = vector_of(f.bv, kv_dim);
     m.layers.push_back(std::move(L));
   }
-  m.output_norm = random_values(rng, static_cast<size_t>(dim), 0.2f, 1.0f);
-  if (!spec.shared_classifier)
-    m.output = random_values(rng, static_cast<size_t>(c.vocab_size * dim), matrix_scale(dim));
+  m.output_norm = vector_of(f32.output_norm, dim);
+  if (!spec.shared_classifier) m.output = values_of(f32.output);
 
   // Pointers into the vectors of `m.layers` stay valid: the vector is not resized after this.
   for (auto& L : m.layers) {

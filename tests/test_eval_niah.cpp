@@ -20,16 +20,9 @@ namespace protokv {
 namespace {
 
 using testing::CommandResult;
+using testing::expect_one_line_error;
 using testing::run_protokv;
 using testing::TempDir;
-
-void expect_one_line_error(const CommandResult& r, const std::string& contains) {
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_EQ(r.err.rfind("protokv: error: ", 0), 0u) << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
-  EXPECT_NE(r.err.find(contains), std::string::npos) << r.err;
-}
 
 std::string stories_args() {
   const auto dir = testing::stories_dir();

@@ -102,10 +102,11 @@ TEST_P(EveryMethod, KeepsExactlyTheBudgetWithWindowSortedRowsAndExactBytes) {
   const auto pyramid =
       press::pyramid_layer_budgets(kBudget, method.window, kTokens, kLayers, method.beta);
   for (int l = 0; l < kLayers; ++l) {
-    SyntheticLayer layer(kTokens, kHeads, kKvHeads, kDim);
+    // Realistic layers (sink, clusters, outlier channels) from the one synthetic-layer builder.
+    SyntheticLayer layer =
+        SyntheticLayer::structured(kTokens, kHeads, kKvHeads, kDim, 100 + static_cast<uint64_t>(l));
     layer.layer = l;
     layer.n_layers = kLayers;
-    layer.fill_random(100 + static_cast<uint64_t>(l));
     LayerCache cache = layer.empty_cache();
     press->compress_prefill(layer.view(), cache);
     int64_t total = 0;

@@ -2,6 +2,7 @@
 // get it wrong (unknown press/option, bad value, contradictory options, too small a budget).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "protokv/error.h"

@@ -8,31 +8,45 @@
 #include <set>
 #include <vector>
 
+#include "eval/synthetic.h"
 #include "protokv/kv_cache.h"
 #include "protokv/press.h"
 
 namespace protokv::testing {
 
-struct SyntheticLayer {
+// A press-test layer is eval's SyntheticLayer (the one synthetic-layer type: Q/K/V and positions
+// in the engine's layout, and its LayerView) with the tests' shape names: zeros to fill by hand,
+// i.i.d. Gaussian (fill_random), or eval::make_synthetic_layer's structured tensors (structured).
+struct SyntheticLayer : eval::SyntheticLayer {
   int layer = 0;
   int n_layers = 1;
   int64_t n = 0;
   int d = 0;
   int n_heads = 0;
   int n_kv_heads = 0;
-  std::vector<float> q;  // [n_heads, n, d]
-  std::vector<float> k;  // [n_kv_heads, n, d]
-  std::vector<float> v;  // [n_kv_heads, n, d]
-  std::vector<int32_t> positions;
 
   SyntheticLayer(int64_t tokens, int heads, int kv_heads, int head_dim)
       : n(tokens), d(head_dim), n_heads(heads), n_kv_heads(kv_heads) {
+    spec.n_tokens = tokens;
+    spec.n_kv_heads = kv_heads;
+    spec.group_size = heads / kv_heads;
+    spec.head_dim = head_dim;
     q.assign(static_cast<size_t>(heads * tokens * head_dim), 0.0f);
     k.assign(static_cast<size_t>(kv_heads * tokens * head_dim), 0.0f);
     v.assign(k.size(), 0.0f);
     positions.resize(static_cast<size_t>(tokens));
     for (int64_t i = 0; i < tokens; ++i)
       positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  }
+
+  // eval::make_synthetic_layer's tensors (drifting keys, outlier channels, a sink, planted
+  // clusters the last queries look for) in this shape.
+  static SyntheticLayer structured(int64_t tokens, int heads, int kv_heads, int head_dim,
+                                   uint64_t seed) {
+    SyntheticLayer layer(tokens, heads, kv_heads, head_dim);
+    layer.spec.seed = seed;
+    static_cast<eval::SyntheticLayer&>(layer) = eval::make_synthetic_layer(layer.spec);
+    return layer;
   }
 
   void fill_random(uint64_t seed, float q_scale = 1.0f) {
@@ -46,20 +60,7 @@ struct SyntheticLayer {
   float* key(int h, int64_t t) { return k.data() + (static_cast<int64_t>(h) * n + t) * d; }
   float* query(int h, int64_t t) { return q.data() + (static_cast<int64_t>(h) * n + t) * d; }
 
-  LayerView view() const {
-    LayerView view;
-    view.layer = layer;
-    view.n_layers = n_layers;
-    view.n_tokens = n;
-    view.head_dim = d;
-    view.n_heads = n_heads;
-    view.n_kv_heads = n_kv_heads;
-    view.q = q.data();
-    view.k = k.data();
-    view.v = v.data();
-    view.positions = positions.data();
-    return view;
-  }
+  LayerView view() const { return eval::SyntheticLayer::view(layer, n_layers); }
 
   SequenceInfo info() const {
     SequenceInfo info;

@@ -67,6 +67,16 @@ struct CommandResult {
 // Runs the protokv binary with `args` (a shell-quoted string).
 CommandResult run_protokv(const std::string& args);
 
+// The run failed as bad input must: exit code 1 and exactly one line on stderr,
+// "protokv: error: ...", containing `contains`.
+inline void expect_one_line_error(const CommandResult& r, const std::string& contains = "") {
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("protokv: error: ", 0), 0u) << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  EXPECT_NE(r.err.find(contains), std::string::npos) << r.err;
+}
+
 // `n` token ids drawn uniformly from [0, vocab) by std::mt19937_64(seed).
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed);
 

@@ -7,7 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>  // metadata_json()'s users include the full header
 #include <optional>
 #include <string>
 #include <string_view>

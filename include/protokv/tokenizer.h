@@ -112,7 +112,8 @@ class Utf8StreamBuffer {
   std::string pending_;
 };
 
-// Chat templates: the common families as llama.cpp implements them (llama-chat.cpp), selected
+// Chat templates: the common families rendered as their official templates do (llama.cpp's
+// llama-chat.cpp formatter where the two agree; docs/tokenizers.md lists where not), selected
 // from a model's Jinja template text like llm_chat_detect_template, or forced by name. The
 // rendered text has no BOS: encode it with add_bos (and parse_special) to get the prompt.
 struct ChatMessage {
@@ -131,6 +132,7 @@ enum class ChatTemplate {
   kLlama2Sys,
   kLlama2SysBos,
   kLlama2SysStrip,
+  kLlama2Chat,  // Meta's Llama-2-chat template exactly (llama.cpp: llama2-sys-strip)
   kPhi3,
   kGemma,
   kDeepseek,  // DeepSeek Coder ("### Instruction:")

@@ -89,6 +89,8 @@ PressSetup make_press_setup(const PressOptions& options) {
   setup.alloc = options.alloc;
   PROTOKV_CHECK(options.budget >= 0, "--budget must be a positive number of entries, got {}",
                 options.budget);
+  PROTOKV_CHECK(options.budget == 0 || options.ratio == 0.0,
+                "give either --budget or --ratio, not both");
   setup.budget.entries = options.budget;
   setup.budget.ratio = options.ratio;
   const bool budget_given = options.budget != 0 || options.ratio != 0.0;

@@ -1,6 +1,7 @@
 // `protokv eval fidelity`: every (press, budget) against the full cache on the same prompts.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -59,6 +60,11 @@ void run_fidelity_command(const FidelityArgs& args) {
 
   eval::FidelityOptions options;
   options.presses = eval::split_press_specs(args.presses);
+  PROTOKV_CHECK(args.reference.empty() || args.reference == "full" ||
+                    std::find(options.presses.begin(), options.presses.end(), args.reference) !=
+                        options.presses.end(),
+                "--reference {} is not one of the presses given with --press (or full)",
+                args.reference);
   options.budgets = eval::parse_positive_list(args.budgets, "--budget");
   options.alloc = args.alloc;
   options.reference = args.reference;

@@ -86,8 +86,12 @@ Prepared prepare(const LongctxArgs& args, const std::string& benchmark) {
                                            ? std::vector<int64_t>{}
                                            : eval::parse_positive_list(args.budgets, "--budget");
   const std::vector<double> ratios =
-      args.ratios.empty() ? std::vector<double>{} : eval::parse_ratio_list(args.ratios);
-  p.options.runs = eval::make_run_specs(eval::split_press_specs(args.presses), budgets, ratios);
+      args.ratios.empty() ? std::vector<double>{} : eval::parse_ratio_list(args.ratios, "--ratio");
+  const std::vector<std::string> presses = eval::split_press_specs(args.presses);
+  for (const auto& press : presses)
+    PROTOKV_CHECK(press == "full" || !budgets.empty() || !ratios.empty(),
+                  "press {} needs --budget N[,N...] or --ratio R[,R...]", press);
+  p.options.runs = eval::make_run_specs(presses, budgets, ratios);
   p.options.alloc = args.alloc;
   p.options.query_agnostic = args.mode == "query-agnostic";
   p.options.reference = args.reference;
@@ -234,6 +238,8 @@ void run_niah(NiahArgs& args) {
   o.seed = args.common.seed;
   PROTOKV_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be at least 1");
   PROTOKV_CHECK(o.samples_per_cell >= 1, "--samples must be at least 1");
+  PROTOKV_CHECK(o.needle.find("{value}") != std::string::npos,
+                "--needle must contain {{value}} (the answer), got '{}'", o.needle);
   const int64_t ctx = p.model.weights.config.context_length;
   o.lengths = args.lengths.empty() ? eval::default_niah_lengths(ctx, o.max_new_tokens)
                                    : eval::parse_positive_list(args.lengths, "--lengths");
@@ -394,6 +400,7 @@ void run_ruler(RulerArgs& args) {
                                    : eval::parse_positive_list(args.lengths, "--lengths");
   for (int64_t L : o.lengths)
     PROTOKV_CHECK(L <= ctx, "--lengths: {} exceeds the model's context of {} tokens", L, ctx);
+  PROTOKV_CHECK(args.samples >= 1, "--samples must be at least 1");
   o.samples = args.samples;
   o.seed = args.common.seed;
   o.squad_path = args.squad;
@@ -401,6 +408,12 @@ void run_ruler(RulerArgs& args) {
   // qa_1 / qa_2 join the default task list when their data is given.
   if (args.tasks.empty() && !args.squad.empty()) o.tasks.push_back("qa_1");
   if (args.tasks.empty() && !args.hotpotqa.empty()) o.tasks.push_back("qa_2");
+  for (const auto& task : o.tasks) {
+    PROTOKV_CHECK(task != "qa_1" || !args.squad.empty(),
+                  "RULER qa_1 needs a SQuAD file: give --squad FILE");
+    PROTOKV_CHECK(task != "qa_2" || !args.hotpotqa.empty(),
+                  "RULER qa_2 needs a HotpotQA file: give --hotpotqa FILE");
+  }
   std::string essay_desc =
       "RULER repeated noise (no --haystack given; RULER uses Paul Graham essays)";
   if (!args.essay_file.empty()) {
@@ -485,8 +498,13 @@ void run_longbench(LongbenchArgs& args) {
   for (const auto* d : datasets) {
     names.push_back(d->name);
     const std::string file = (fs::path(args.data_dir) / (d->name + suffix)).string();
-    for (const auto& ex : eval::read_longbench_jsonl(file))
-      samples.push_back(eval::make_longbench_sample(tok, *d, ex, args.max_length, ctx));
+    for (const auto& ex : eval::read_longbench_jsonl(file)) {
+      try {
+        samples.push_back(eval::make_longbench_sample(tok, *d, ex, args.max_length, ctx));
+      } catch (const Error& e) {  // its one error: a prompt beyond the context; name the flag
+        fail("{}: give --max-length N", e.what());
+      }
+    }
   }
   // --limit: the first N samples of each dataset.
   if (args.common.limit > 0) {

@@ -70,9 +70,15 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     std::vector<ChatMessage> messages;
     if (!o.system.empty()) messages.push_back({"system", o.system});
     messages.push_back({"user", context});
-    context = render_chat(o.chat_template.empty() ? detect_chat_template(tokenizer.chat_template())
-                                                  : chat_template_from_name(o.chat_template),
-                          messages, /*add_generation_prompt=*/true);
+    const ChatTemplate family = [&] {
+      if (!o.chat_template.empty()) return chat_template_from_name(o.chat_template);
+      try {
+        return detect_chat_template(tokenizer.chat_template());
+      } catch (const Error& e) {  // the library says "force one by name": name the flag
+        fail("{} (--chat-template NAME)", e.what());
+      }
+    }();
+    context = render_chat(family, messages, /*add_generation_prompt=*/true);
   }
 
   const PromptTokens input = build_prompt(tokenizer, context, o.question, setup.query_agnostic);

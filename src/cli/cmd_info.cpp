@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -14,6 +15,7 @@
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 #include "protokv/model.h"
+#include "protokv/press_registry.h"
 #include "protokv/tokenizer.h"
 
 namespace protokv::cli {
@@ -170,6 +172,14 @@ void register_info(CLI::App& app) {
       print_text(j);
     }
   });
+
+  // Hidden (no group): regenerates the press table of docs/methods.md, e.g.
+  // protokv help-presses --markdown (tools/update_press_docs.sh splices it in).
+  auto markdown = std::make_shared<bool>(false);
+  auto* presses = app.add_subcommand("help-presses", "Print the press help")->group("");
+  presses->add_flag("--markdown", *markdown, "as the Markdown table of docs/methods.md");
+  presses->callback(
+      [markdown] { fmt::print("{}", *markdown ? press_markdown_table() : press_help()); });
 }
 
 }  // namespace protokv::cli

@@ -28,12 +28,14 @@ double median(std::vector<double> values) {
 }
 
 CompressBenchReport run_compress_bench(const CompressBenchOptions& options) {
-  PROTOKV_CHECK(options.n_layers >= 1 && options.n_layers <= 256, "--layers must be in [1, 256]");
-  PROTOKV_CHECK(options.reps >= 1 && options.reps <= 1000, "--reps must be in [1, 1000]");
-  PROTOKV_CHECK(!options.lengths.empty(), "give at least one prompt length (-n)");
+  PROTOKV_CHECK(options.n_layers >= 1 && options.n_layers <= 256,
+                "layer count must be in [1, 256]");
+  PROTOKV_CHECK(options.reps >= 1 && options.reps <= 1000, "repetitions must be in [1, 1000]");
+  PROTOKV_CHECK(!options.lengths.empty(), "give at least one prompt length");
   options.budget.validate();
   for (int64_t n : options.lengths) {
-    PROTOKV_CHECK(n >= 16 && n <= (int64_t{1} << 22), "-n {}: length must be in [16, 4194304]", n);
+    PROTOKV_CHECK(n >= 16 && n <= (int64_t{1} << 22), "prompt length {} must be in [16, 4194304]",
+                  n);
     PROTOKV_CHECK(options.budget.resolve(n) < n,
                   "budget {} keeps every entry of a {}-token prompt: nothing to compress",
                   options.budget.to_string(), n);

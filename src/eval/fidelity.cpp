@@ -273,9 +273,9 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                             const FidelityOptions& options) {
   const ModelConfig& config = weights.config;
   PROTOKV_CHECK(!samples.empty(), "no samples to evaluate");
-  PROTOKV_CHECK(!options.presses.empty(), "give at least one press (--press)");
-  PROTOKV_CHECK(!options.budgets.empty(), "give at least one budget (--budget)");
-  PROTOKV_CHECK(options.continuation >= 1, "--continuation must be at least 1, got {}",
+  PROTOKV_CHECK(!options.presses.empty(), "give at least one press");
+  PROTOKV_CHECK(!options.budgets.empty(), "give at least one budget");
+  PROTOKV_CHECK(options.continuation >= 1, "continuation must be at least 1 token, got {}",
                 options.continuation);
   for (int64_t b : options.budgets) {
     PROTOKV_CHECK(b >= 1, "budget must be a positive number of entries, got {}", b);
@@ -320,7 +320,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
   PROTOKV_CHECK(report.paired_reference == "full" ||
                     std::find(options.presses.begin(), options.presses.end(),
                               report.paired_reference) != options.presses.end(),
-                "--reference {} is not one of the presses given with --press (or full)",
+                "reference press {} is not one of the presses compared (or full)",
                 report.paired_reference);
   for (size_t p = 0; p < presses.size(); ++p) {
     for (int64_t b : options.budgets) {

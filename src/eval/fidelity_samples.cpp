@@ -15,8 +15,8 @@ namespace protokv::eval {
 
 std::vector<FidelitySample> samples_from_text(const Tokenizer& tokenizer, const std::string& text,
                                               int64_t prompt_len, int64_t continuation, int count) {
-  PROTOKV_CHECK(prompt_len >= 2, "--prompt-len must be at least 2, got {}", prompt_len);
-  PROTOKV_CHECK(count >= 1, "--samples must be at least 1, got {}", count);
+  PROTOKV_CHECK(prompt_len >= 2, "prompt length must be at least 2, got {}", prompt_len);
+  PROTOKV_CHECK(count >= 1, "sample count must be at least 1, got {}", count);
   const std::vector<int32_t> tokens = tokenizer.encode(text, false);
   const int64_t need = prompt_len - 1 + continuation;  // BOS is added to every prompt
   const int64_t have = static_cast<int64_t>(tokens.size());
@@ -41,8 +41,8 @@ std::vector<FidelitySample> samples_from_text(const Tokenizer& tokenizer, const 
 std::vector<FidelitySample> samples_from_model(const ModelWeights& weights, int32_t bos,
                                                int32_t eos, int64_t prompt_len,
                                                int64_t continuation, int count, uint64_t seed) {
-  PROTOKV_CHECK(prompt_len >= 2, "--prompt-len must be at least 2, got {}", prompt_len);
-  PROTOKV_CHECK(count >= 1, "--samples must be at least 1, got {}", count);
+  PROTOKV_CHECK(prompt_len >= 2, "prompt length must be at least 2, got {}", prompt_len);
+  PROTOKV_CHECK(count >= 1, "sample count must be at least 1, got {}", count);
   const int64_t need = prompt_len + continuation;
   const int64_t context = weights.config.context_length;
   std::vector<FidelitySample> samples;
@@ -84,7 +84,7 @@ std::vector<FidelitySample> samples_from_model(const ModelWeights& weights, int3
 
 std::vector<FidelitySample> samples_synthetic(int vocab_size, int64_t prompt_len, int count,
                                               uint64_t seed) {
-  PROTOKV_CHECK(count >= 1, "--samples must be at least 1, got {}", count);
+  PROTOKV_CHECK(count >= 1, "sample count must be at least 1, got {}", count);
   std::vector<FidelitySample> samples;
   for (int s = 0; s < count; ++s) {
     FidelitySample sample;

@@ -266,7 +266,7 @@ LongctxSample make_longbench_sample(const Tokenizer& tokenizer, const LongbenchD
   } else {
     PROTOKV_CHECK(total + dataset.max_new_tokens <= context_length,
                   "{} sample {} (line {}): the prompt is {} tokens + {} new tokens, beyond the "
-                  "model's context of {}; give --max-length N (LongBench truncates the middle)",
+                  "model's context of {}; set a maximum length (LongBench truncates the middle)",
                   dataset.name, example.id, example.line, total, dataset.max_new_tokens,
                   context_length);
   }

@@ -30,7 +30,7 @@ std::string LongctxRunSpec::label() const {
   return fmt::format("{}@r{:g}", press, budget.ratio);
 }
 
-std::vector<double> parse_ratio_list(const std::string& text) {
+std::vector<double> parse_ratio_list(const std::string& text, std::string_view what) {
   std::vector<double> ratios;
   std::stringstream ss(text);
   std::string piece;
@@ -38,17 +38,17 @@ std::vector<double> parse_ratio_list(const std::string& text) {
     double r = 0.0;
     const auto [end, ec] = std::from_chars(piece.data(), piece.data() + piece.size(), r);
     PROTOKV_CHECK(ec == std::errc() && end == piece.data() + piece.size() && r > 0.0 && r <= 1.0,
-                  "--ratio: '{}' is not a number in (0, 1] (in '{}')", piece, text);
+                  "{}: '{}' is not a number in (0, 1] (in '{}')", what, piece, text);
     ratios.push_back(r);
   }
-  PROTOKV_CHECK(!ratios.empty(), "--ratio: empty list");
+  PROTOKV_CHECK(!ratios.empty(), "{}: empty list", what);
   return ratios;
 }
 
 std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& presses,
                                            const std::vector<int64_t>& budgets,
                                            const std::vector<double>& ratios) {
-  PROTOKV_CHECK(!presses.empty(), "give at least one press (--press full,snapkv,...)");
+  PROTOKV_CHECK(!presses.empty(), "give at least one press");
   std::vector<LongctxRunSpec> runs;
   bool full_added = false;
   for (const auto& press : presses) {
@@ -59,7 +59,7 @@ std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& press
       continue;
     }
     PROTOKV_CHECK(!budgets.empty() || !ratios.empty(),
-                  "press {} needs --budget N[,N...] or --ratio R[,R...]", press);
+                  "press {} needs at least one budget or ratio", press);
     for (int64_t b : budgets) {
       LongctxRunSpec spec;
       spec.press = press;
@@ -261,8 +261,8 @@ std::vector<LongctxRecord> read_resume_file(const std::string& path, const nlohm
     if (line_no == 1) {
       PROTOKV_CHECK(j.contains("header"), "{}: not a protokv results file (no header line)", path);
       PROTOKV_CHECK(j["header"] == header,
-                    "{} was written with another configuration ({}); use another --out or drop "
-                    "--resume (now: {})",
+                    "{} was written with another configuration ({}); write elsewhere or start "
+                    "afresh instead of resuming (now: {})",
                     path, j["header"].dump(), header.dump());
     } else {
       try {
@@ -293,7 +293,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
                           const std::vector<LongctxSample>& samples, const LongctxScorer& scorer,
                           const LongctxOptions& options) {
   PROTOKV_CHECK(!options.runs.empty(), "nothing to run: no press");
-  PROTOKV_CHECK(!(options.resume && options.jsonl_path.empty()), "--resume needs --out DIR");
+  PROTOKV_CHECK(!(options.resume && options.jsonl_path.empty()), "resuming needs a results file");
   const int64_t context_length = weights.config.context_length;
   const std::string mode = options.query_agnostic ? "query-agnostic" : "query-aware";
 

@@ -131,7 +131,7 @@ std::vector<LongctxSample> make_niah_samples(const Tokenizer& tokenizer,
   PROTOKV_CHECK(!options.lengths.empty() && !options.depths.empty(),
                 "NIAH needs at least one length and one depth");
   PROTOKV_CHECK(options.needle.find("{value}") != std::string::npos,
-                "--needle must contain {{value}} (the answer), got '{}'", options.needle);
+                "the needle must contain {{value}} (the answer), got '{}'", options.needle);
   for (double d : options.depths)
     PROTOKV_CHECK(d >= 0.0 && d <= 100.0, "depth {} is outside [0, 100]", d);
   const auto& keys = adjective_noun_keys();

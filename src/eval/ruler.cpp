@@ -540,17 +540,15 @@ std::vector<LongctxSample> make_ruler_samples(const Tokenizer& tokenizer,
   for (const auto& t : tasks) {
     ruler_tokens_to_generate(t);  // throws for an unknown task
     if (t == "qa_1") {
-      PROTOKV_CHECK(!options.squad_path.empty(),
-                    "RULER qa_1 needs a SQuAD file: give --squad FILE");
+      PROTOKV_CHECK(!options.squad_path.empty(), "RULER qa_1 needs a SQuAD file");
       squad = read_squad(options.squad_path);
     }
     if (t == "qa_2") {
-      PROTOKV_CHECK(!options.hotpotqa_path.empty(),
-                    "RULER qa_2 needs a HotpotQA file: give --hotpotqa FILE");
+      PROTOKV_CHECK(!options.hotpotqa_path.empty(), "RULER qa_2 needs a HotpotQA file");
       hotpotqa = read_hotpotqa(options.hotpotqa_path);
     }
   }
-  PROTOKV_CHECK(options.samples >= 1, "--samples must be at least 1");
+  PROTOKV_CHECK(options.samples >= 1, "RULER needs at least 1 sample per task");
   std::vector<std::string> essay_words = whitespace_words(options.essay_text);
   if (essay_words.empty()) essay_words = whitespace_words(kRulerNoise);
   std::vector<LongctxSample> samples;

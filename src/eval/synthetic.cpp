@@ -9,33 +9,22 @@
 
 #include "core/rng.h"
 #include "kernels/kernels.h"
+#include "model/random_model.h"
 #include "protokv/error.h"
 
 namespace protokv::eval {
 namespace {
 
-void fill_normal(std::mt19937_64& rng, float* out, size_t n, float stddev) {
-  std::normal_distribution<float> normal(0.0f, stddev);
-  for (size_t i = 0; i < n; ++i) out[i] = normal(rng);
+// The F32 values behind a matrix of a model we built ourselves (random_model_weights owns
+// mutable buffers; ModelWeights only hands out const views).
+float* owned_values(const WeightMatrix& w) {
+  return static_cast<float*>(const_cast<void*>(w.data));
 }
 
-// Owned F32 buffers whose lifetime ModelWeights::storage keeps.
-class BufferArena {
- public:
-  explicit BufferArena(ModelWeights& weights) : weights_(weights) {}
-  float* allocate(size_t n, float fill = 0.0f) {
-    auto buffer = std::make_shared<std::vector<float>>(n, fill);
-    weights_.storage.push_back(buffer);
-    return buffer->data();
-  }
-  WeightMatrix matrix(int64_t rows, int64_t cols, float** data) {
-    *data = allocate(static_cast<size_t>(rows * cols));
-    return WeightMatrix{DType::F32, *data, rows, cols};
-  }
-
- private:
-  ModelWeights& weights_;
-};
+void scale(const WeightMatrix& w, float factor) {
+  float* data = owned_values(w);
+  for (int64_t i = 0; i < w.rows * w.cols; ++i) data[i] *= factor;
+}
 
 }  // namespace
 
@@ -60,8 +49,7 @@ std::string SyntheticModelSpec::describe() const {
 }
 
 ModelWeights make_synthetic_model(const SyntheticModelSpec& spec) {
-  ModelWeights w;
-  ModelConfig& c = w.config;
+  ModelConfig c;
   c.architecture = "llama";
   c.dim = spec.dim;
   c.hidden_dim = spec.hidden_dim;
@@ -79,28 +67,18 @@ ModelWeights make_synthetic_model(const SyntheticModelSpec& spec) {
                 "synthetic model needs a vocabulary above {} tokens",
                 SyntheticTokens::kFirstFiller + 16);
 
-  BufferArena arena(w);
-  std::mt19937_64 rng(spec.seed);
-  const int64_t dim = c.dim, hd = c.head_dim(), hidden = c.hidden_dim;
-  const float inv_sqrt_dim = 1.0f / std::sqrt(static_cast<float>(dim));
-
-  float* data = nullptr;
-  w.token_embd = arena.matrix(c.vocab_size, dim, &data);
-  fill_normal(rng, data, static_cast<size_t>(c.vocab_size * dim), 1.0f);
-
-  w.layers.resize(static_cast<size_t>(c.n_layers));
+  // The library's random weights (random_model_weights: token embeddings of standard deviation
+  // 1, matrices 1/sqrt(cols), residual outputs a further 1/sqrt(2 n_layers), norms 1), then the
+  // synthetic model's structure on top.
+  ModelWeights w = random_model_weights(c, spec.seed);
+  const int64_t hd = c.head_dim();
+  const int64_t dim = c.dim;
+  const float residual = std::sqrt(2.0f * static_cast<float>(c.n_layers));
   for (auto& layer : w.layers) {
-    layer.attn_norm = arena.allocate(static_cast<size_t>(dim), 1.0f);
-    layer.ffn_norm = arena.allocate(static_cast<size_t>(dim), 1.0f);
-
     // W_k = gain·A_j for KV head j; W_q = gain·(√(1−ε²)·A_j + ε·B_h) for its query heads, so
     // q·k is large exactly when the query and key tokens carry the same content.
-    float* wk = nullptr;
-    layer.wk = arena.matrix(c.n_kv_heads * hd, dim, &wk);
-    fill_normal(rng, wk, static_cast<size_t>(c.n_kv_heads * hd * dim), inv_sqrt_dim);
-    float* wq = nullptr;
-    layer.wq = arena.matrix(c.n_heads * hd, dim, &wq);
-    fill_normal(rng, wq, static_cast<size_t>(c.n_heads * hd * dim), inv_sqrt_dim);
+    const float* wk = owned_values(layer.wk);
+    float* wq = owned_values(layer.wq);
     const float shared = std::sqrt(1.0f - spec.qk_noise * spec.qk_noise);
     for (int h = 0; h < c.n_heads; ++h) {
       const float* a = wk + static_cast<int64_t>(h / c.group_size()) * hd * dim;
@@ -109,25 +87,12 @@ ModelWeights make_synthetic_model(const SyntheticModelSpec& spec) {
         q[i] = spec.qk_gain * (shared * a[i] + spec.qk_noise * q[i]);
       }
     }
-    for (int64_t i = 0; i < c.n_kv_heads * hd * dim; ++i) wk[i] *= spec.qk_gain;
-
-    layer.wv = arena.matrix(c.n_kv_heads * hd, dim, &data);
-    fill_normal(rng, data, static_cast<size_t>(c.n_kv_heads * hd * dim), inv_sqrt_dim);
+    scale(layer.wk, spec.qk_gain);
     // Attention output about as large as the residual stream: the cache matters to the logits.
-    layer.wo = arena.matrix(dim, c.n_heads * hd, &data);
-    fill_normal(rng, data, static_cast<size_t>(dim * c.n_heads * hd),
-                1.0f / std::sqrt(static_cast<float>(c.n_heads * hd)));
-    layer.w_gate = arena.matrix(hidden, dim, &data);
-    fill_normal(rng, data, static_cast<size_t>(hidden * dim), inv_sqrt_dim);
-    layer.w_up = arena.matrix(hidden, dim, &data);
-    fill_normal(rng, data, static_cast<size_t>(hidden * dim), inv_sqrt_dim);
-    layer.w_down = arena.matrix(dim, hidden, &data);
-    fill_normal(rng, data, static_cast<size_t>(dim * hidden),
-                0.5f / std::sqrt(static_cast<float>(hidden)));
+    scale(layer.wo, residual);             // standard deviation 1/sqrt(n_heads·head_dim)
+    scale(layer.w_down, 0.5f * residual);  // 0.5/sqrt(hidden_dim)
   }
-  w.output_norm = arena.allocate(static_cast<size_t>(dim), 1.0f);
-  w.output = arena.matrix(c.vocab_size, dim, &data);
-  fill_normal(rng, data, static_cast<size_t>(c.vocab_size * dim), spec.logit_gain * inv_sqrt_dim);
+  scale(w.output, spec.logit_gain);  // logits of standard deviation about logit_gain
   return w;
 }
 

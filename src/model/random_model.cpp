@@ -254,19 +254,25 @@ std::vector<std::string> write_random_model(const RandomModelOptions& options,
   return storage_notes(c, options.type);
 }
 
-ModelWeights random_model_weights(const ModelConfig& config, uint64_t seed) {
-  RandomModelOptions options;
-  options.config = config;
-  options.seed = seed;
-  validate_random_model(options);
+ModelWeights random_model_weights(const ModelConfig& config, uint64_t seed,
+                                  const RandomWeightsOptions& options) {
+  config.validate();
+  PROTOKV_CHECK(llama_file_bytes(config, DType::F32) <= kMaxRandomModelBytes,
+                "model would take more than {} GiB", kMaxRandomModelBytes >> 30);
   ModelWeights w;
   w.config = config;
   w.layers.resize(static_cast<size_t>(config.n_layers));
   for_each_tensor(config, w, [&](const TensorSlot<ModelWeights>& t) {
     const TensorSpec& spec = t.spec;
-    if (!spec.required()) return;  // random models have no optional tensors (biases)
+    if (!spec.required() && !options.with_optional) return;
     auto buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(spec.rows * spec.cols));
     fill_tensor(spec, config, seed, DType::F32, buffer->data());
+    if (spec.entry->init == TensorInit::kOnes && options.norm_jitter != 0.0f) {
+      // Its own stream (the ones of the GGUF writer stay ones): the tensor's key, negated.
+      Xoshiro256 rng(mix64(
+          ~(mix64(seed) ^ (static_cast<uint64_t>(spec.layer + 1) * 64 + spec.entry->seed_key))));
+      for (float& x : *buffer) x += options.norm_jitter * approx_normal(rng.next());
+    }
     t.bind(buffer->data());
     w.storage.push_back(std::move(buffer));
   });

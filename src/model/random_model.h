@@ -72,7 +72,16 @@ void random_tensor_rows(const TensorSpec& spec, const ModelConfig& config, uint6
 std::vector<std::string> write_random_model(const RandomModelOptions& options,
                                             const std::string& path);
 
-// The same model in memory, every tensor F32 (owned by ModelWeights::storage).
-ModelWeights random_model_weights(const ModelConfig& config, uint64_t seed);
+// The same model in memory, every tensor F32 (owned by ModelWeights::storage): the one builder of
+// random and synthetic models (tests and eval::make_synthetic_model start from it). Needs no
+// tokenizer, so any vocabulary size the config allows.
+struct RandomWeightsOptions {
+  bool with_optional = false;  // also the optional tensors (q/k/v biases), as TensorInit says
+  // Norm weights 1 + norm_jitter * N(0, 1) instead of ones, so that a norm weight applied to the
+  // wrong place changes the output (tests).
+  float norm_jitter = 0.0f;
+};
+ModelWeights random_model_weights(const ModelConfig& config, uint64_t seed,
+                                  const RandomWeightsOptions& options = {});
 
 }  // namespace protokv

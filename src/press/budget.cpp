@@ -20,7 +20,8 @@ std::string Budget::to_string() const {
 }
 
 void Budget::validate() const {
-  if (entries > 0 && ratio > 0.0) fail("give either --budget or --ratio, not both");
+  if (entries > 0 && ratio > 0.0)
+    fail("budget and ratio are mutually exclusive: give one, not both");
   if (entries < 0) fail("budget must be a positive number of entries, got {}", entries);
   if (entries == 0 && !(ratio > 0.0 && ratio <= 1.0))
     fail("ratio must be in (0, 1], got {}", ratio);

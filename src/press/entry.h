@@ -5,6 +5,7 @@
 // (registry.cpp); make_press(), press_names(), press_help() and the invariants test's list of
 // methods are generated from that table.
 #include <memory>
+#include <nlohmann/json.hpp>  // every press builds its config(); protokv/press.h declares it only
 #include <span>
 #include <string>
 #include <string_view>

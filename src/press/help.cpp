@@ -55,12 +55,49 @@ std::string list_names(const std::vector<std::string>& names) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
+// A help paragraph as one Markdown table cell: lines joined by spaces, '|' escaped.
+std::string markdown_cell(const std::string& paragraph) {
+  std::string cell;
+  for (char c : paragraph) {
+    if (c == '\n') {
+      if (!cell.empty() && cell.back() != ' ') cell += ' ';
+    } else if (c == '|') {
+      cell += "\\|";
+    } else {
+      cell += c;
+    }
+  }
+  while (!cell.empty() && cell.back() == ' ') cell.pop_back();
+  return cell;
+}
+
+std::string allocator_cell(const press::PressEntry& entry) {
+  switch (entry.allocator_role) {
+    case press::AllocatorRole::None:
+      return "none";
+    case press::AllocatorRole::Composes:
+      return "any (default uniform)";
+    case press::AllocatorRole::Is:
+      break;
+  }
+  return press::to_string(entry.fixed_allocator);
+}
+
 }  // namespace
+
+std::string press_markdown_table() {
+  std::string table =
+      "| method | allocator | what it keeps, options (defaults) |\n| --- | --- | --- |\n";
+  for (const press::PressEntry* entry : press::press_table())
+    table += fmt::format("| `{}` | {} | {} |\n", entry->name, allocator_cell(*entry),
+                         markdown_cell(entry->help()));
+  return table;
+}
 
 std::string press_help() {
   std::string text =
-      "Presses (--press NAME[:key=value,...]; --budget B = entries kept per KV head per layer,\n"
-      "window and sinks included; --ratio r = floor(n*r)). A budget >= the prompt length\n"
+      "Presses (NAME[:key=value,...]; a budget B = entries kept per KV head per layer,\n"
+      "window and sinks included; a ratio r keeps floor(n*r)). A budget >= the prompt length\n"
       "compresses nothing. Selection is per KV head (GQA: the group's query-head scores are\n"
       "reduced, gqa=mean|max|sum), so memory really shrinks; the reference code (KVCache-Factory)\n"
       "repeats K/V per query head instead and stores group-times more.\n\n";
@@ -81,9 +118,9 @@ std::string press_help() {
     }
   }
   text += wrap(fmt::format(
-      "Allocators (--alloc): uniform (every head keeps B), pyramid (the pyramidkv rule, option "
+      "Allocators: uniform (every head keeps B), pyramid (the pyramidkv rule, option "
       "beta=), adakv (options floor=, normalise=). Any of {} composes with any allocator; {} are "
-      "snapkv with their allocator, so another --alloc is an error. {} take none.",
+      "snapkv with their allocator, so another allocator is an error. {} take none.",
       list_names(composes), list_names(is_allocator), list_names(takes_none)));
   return text;
 }

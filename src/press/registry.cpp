@@ -37,8 +37,9 @@ namespace {
 
 void require_uniform(std::string_view name, std::string_view alloc) {
   if (!alloc.empty() && alloc != "uniform")
-    fail("press '{}' keeps the same entries in every head and takes no allocator (got --alloc {})",
-         name, alloc);
+    fail(
+        "press '{}' keeps the same entries in every head and takes no allocator (got allocator {})",
+        name, alloc);
 }
 
 // The allocator of a scoring press: the method's own unless --alloc names another; a method that
@@ -49,8 +50,8 @@ AllocatorKind resolve_allocator(const PressEntry& entry, std::string_view alloc)
   const AllocatorKind chosen = parse_allocator(alloc);
   if (entry.allocator_role == AllocatorRole::Is && chosen != fixed)
     fail(
-        "press '{}' is snapkv with the {} allocator; --alloc {} contradicts it (use --press "
-        "snapkv --alloc {})",
+        "press '{}' is snapkv with the {} allocator; allocator {} contradicts it (use press "
+        "snapkv with allocator {})",
         entry.name, to_string(fixed), alloc, alloc);
   return chosen;
 }

@@ -16,6 +16,7 @@
 #include <map>
 
 #include "protokv/error.h"
+#include "tokenizer/pair_merge.h"
 #include "tokenizer/pieces.h"
 
 namespace protokv::tokenizer {
@@ -285,27 +286,6 @@ void BytePairEncoder::split(std::string_view text,
   }
 }
 
-namespace {
-
-struct BpeSymbol {
-  uint32_t start, length;  // span of the byte-level word; length 0 once merged away
-  int32_t prev, next, id;
-};
-
-struct BpeCandidate {
-  int32_t rank, left, right, merged_id;
-  uint32_t merged_length;
-};
-
-struct BpeCandidateLess {  // max-heap on "lowest rank, then leftmost"
-  bool operator()(const BpeCandidate& a, const BpeCandidate& b) const {
-    if (a.rank != b.rank) return a.rank > b.rank;
-    return a.left > b.left;
-  }
-};
-
-}  // namespace
-
 void BytePairEncoder::encode_word(const protokv::Tokenizer::Impl& t, std::string_view raw_word,
                                   std::vector<int32_t>& out) const {
   const std::string word = byte_level_encode(raw_word);
@@ -315,7 +295,7 @@ void BytePairEncoder::encode_word(const protokv::Tokenizer::Impl& t, std::string
       return;
     }
   }
-  std::vector<BpeSymbol> symbols;
+  std::vector<MergeSymbol> symbols;
   symbols.reserve(word.size() / 2 + 1);
   for (size_t pos = 0; pos < word.size();) {
     const size_t length = utf8_char_length(word, pos);
@@ -325,51 +305,25 @@ void BytePairEncoder::encode_word(const protokv::Tokenizer::Impl& t, std::string
                        t.index.find(std::string_view(word).substr(pos, length))});
     pos += length;
   }
-  std::vector<BpeCandidate> heap;
-  auto consider_pair = [&](int32_t left) {
-    if (left < 0) return;
-    const int32_t right = symbols[left].next;
-    if (right < 0 || symbols[left].id < 0 || symbols[right].id < 0) return;
-    const uint64_t key =
-        (static_cast<uint64_t>(symbols[left].id) << 32) | static_cast<uint32_t>(symbols[right].id);
-    const auto it = merges_.find(key);
-    if (it == merges_.end()) return;
-    heap.push_back({it->second.rank, left, right, it->second.merged_id,
-                    symbols[left].length + symbols[right].length});
-    std::push_heap(heap.begin(), heap.end(), BpeCandidateLess{});
-  };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider_pair(i);
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), BpeCandidateLess{});
-    const BpeCandidate best = heap.back();
-    heap.pop_back();
-    BpeSymbol& left = symbols[best.left];
-    BpeSymbol& right = symbols[best.right];
-    if (left.length == 0 || right.length == 0 || left.next != best.right ||
-        left.length + right.length != best.merged_length) {
-      continue;  // stale
-    }
-    left.length = best.merged_length;
-    left.id = best.merged_id;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = best.left;
-    right.length = 0;
-    consider_pair(left.prev);
-    consider_pair(best.left);
-  }
-  for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) {
-    const BpeSymbol& s = symbols[i];
-    if (s.id >= 0) {
-      out.push_back(s.id);
-      continue;
-    }
-    // llama.cpp: a symbol that is no token falls back to its single bytes that are tokens.
+  std::vector<MergeCandidate> heap;
+  // The lowest-ranked merge of two adjacent tokens first.
+  merge_pairs(symbols, heap,
+              [&](const MergeSymbol& left, const MergeSymbol& right) -> std::optional<MergeChoice> {
+                if (left.id < 0 || right.id < 0) return std::nullopt;
+                const uint64_t key =
+                    (static_cast<uint64_t>(left.id) << 32) | static_cast<uint32_t>(right.id);
+                const auto it = merges_.find(key);
+                if (it == merges_.end()) return std::nullopt;
+                return MergeChoice{-static_cast<double>(it->second.rank), it->second.merged_id};
+              });
+  // llama.cpp: a symbol that is no token falls back to its single bytes that are tokens.
+  emit_merged(symbols, out, [&](const MergeSymbol& s) {
     for (uint32_t b = s.start; b < s.start + s.length; ++b) {
       if (const int32_t id = t.index.find(std::string_view(word).substr(b, 1)); id >= 0) {
         out.push_back(id);
       }
     }
-  }
+  });
 }
 
 void BytePairEncoder::encode(const protokv::Tokenizer::Impl& t, std::string_view text,

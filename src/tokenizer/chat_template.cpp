@@ -1,7 +1,8 @@
-// Chat templates of the common model families, rendered as llama.cpp's llm_chat_apply_template
-// does (src/llama-chat.cpp) and detected from the Jinja source as llm_chat_detect_template does.
-// Hand-written formatters rather than a Jinja interpreter: every family's output is checked in
-// tests against the reference templates rendered by hand.
+// Chat templates of the common model families, detected from the Jinja source as llama.cpp's
+// llm_chat_detect_template does (src/llama-chat.cpp) and rendered as the families' official
+// templates do: llama.cpp's llm_chat_apply_template where the two agree, the template where not
+// (docs/tokenizers.md lists where). Hand-written formatters rather than a Jinja interpreter: every
+// family is tested against a cited reference rendering (tests/test_chat_template_reference.cpp).
 #include <array>
 #include <string>
 
@@ -30,6 +31,7 @@ constexpr std::array kNames{
     NamedTemplate{"llama2-sys", ChatTemplate::kLlama2Sys},
     NamedTemplate{"llama2-sys-bos", ChatTemplate::kLlama2SysBos},
     NamedTemplate{"llama2-sys-strip", ChatTemplate::kLlama2SysStrip},
+    NamedTemplate{"llama2-chat", ChatTemplate::kLlama2Chat},
     NamedTemplate{"phi3", ChatTemplate::kPhi3},
     NamedTemplate{"gemma", ChatTemplate::kGemma},
     NamedTemplate{"deepseek", ChatTemplate::kDeepseek},
@@ -58,7 +60,9 @@ std::string trim(std::string_view text) {
 
 ChatTemplate detect_chat_template(std::string_view jinja) {
   auto has = [&](std::string_view needle) { return jinja.find(needle) != std::string_view::npos; };
-  if (has("<|im_start|>")) return ChatTemplate::kChatml;
+  // Phi-4 (<|im_sep|>) and SmolVLM (<end_of_utterance>) use <|im_start|> but are not ChatML.
+  if (has("<|im_start|>") && !has("<|im_sep|>") && !has("<end_of_utterance>"))
+    return ChatTemplate::kChatml;
   if (has("[INST]")) {
     if (has("[SYSTEM_PROMPT]")) return ChatTemplate::kMistralV7;
     if (has("' [INST] ' + system_message") || has("[AVAILABLE_TOOLS]")) {
@@ -66,6 +70,10 @@ ChatTemplate detect_chat_template(std::string_view jinja) {
       if (has("\"[INST]\"")) return ChatTemplate::kMistralV3Tekken;
       return ChatTemplate::kMistralV3;
     }
+    // Meta's Llama-2-chat template strips and puts BOS before every [INST]; llama.cpp files it
+    // under llama2-sys-strip but renders it with different spacing (see render_chat).
+    if (has("content.strip()") && has("bos_token + '[INST] ' + content.strip()"))
+      return ChatTemplate::kLlama2Chat;
     if (has("content.strip()")) return ChatTemplate::kLlama2SysStrip;
     if (has("bos_token + '[INST]")) return ChatTemplate::kLlama2SysBos;
     if (has("<<SYS>>")) return ChatTemplate::kLlama2Sys;
@@ -78,15 +86,14 @@ ChatTemplate detect_chat_template(std::string_view jinja) {
   if (has("<\xEF\xBD\x9C"
           "Assistant\xEF\xBD\x9C>") &&
       has("<\xEF\xBD\x9C"
-          "User\xEF\xBD\x9C>")) {
+          "User\xEF\xBD\x9C>") &&
+      has("<\xEF\xBD\x9C"
+          "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>")) {
     return ChatTemplate::kDeepseek3;
   }
-  PROTOKV_CHECK(!jinja.empty(),
-                "the model has no chat template; force one with --chat-template "
-                "NAME ({})",
+  PROTOKV_CHECK(!jinja.empty(), "the model has no chat template; force one by name ({})",
                 known_names());
-  fail("unknown chat template family (known: {}); force one with --chat-template NAME",
-       known_names());
+  fail("unknown chat template family; force one by name ({})", known_names());
 }
 
 ChatTemplate chat_template_from_name(std::string_view name) {
@@ -135,25 +142,47 @@ std::string render_chat(ChatTemplate family, std::span<const ChatMessage> messag
         }
       }
       break;
-    case ChatTemplate::kMistralV1:
-    case ChatTemplate::kMistralV3:
-    case ChatTemplate::kMistralV3Tekken: {
-      const std::string leading = family == ChatTemplate::kMistralV1 ? " " : "";
-      const std::string trailing = family == ChatTemplate::kMistralV3Tekken ? "" : " ";
+    case ChatTemplate::kMistralV1: {
       bool inside_turn = false;
       for (const ChatMessage& m : messages) {
         if (!inside_turn) {
-          out += leading + "[INST]" + trailing;
+          out += " [INST] ";
           inside_turn = true;
         }
         if (m.role == "system") {
           out += m.content + "\n\n";
         } else if (m.role == "user") {
-          out += m.content + leading + "[/INST]";
+          out += m.content + " [/INST]";
         } else {
-          out += trailing + (family == ChatTemplate::kMistralV3 ? trim(m.content) : m.content) +
-                 "</s>";
+          out += " " + m.content + "</s>";
           inside_turn = false;
+        }
+      }
+      break;
+    }
+    case ChatTemplate::kMistralV3:
+    case ChatTemplate::kMistralV3Tekken: {
+      // As the official templates (Mistral-7B-Instruct-v0.3 / Mistral-Large-2407; tekken:
+      // Mistral-Nemo-2407): a leading system message goes in front of the user turn only when
+      // that turn is the conversation's last message (llama.cpp puts it in the first turn).
+      const bool tekken = family == ChatTemplate::kMistralV3Tekken;
+      const std::string inst = tekken ? "[INST]" : "[INST] ";
+      const bool has_system = !messages.empty() && messages[0].role == "system";
+      for (size_t i = has_system ? 1 : 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        PROTOKV_CHECK(m.role != "system",
+                      "the {} chat template takes one system message, at the start",
+                      chat_template_name(family));
+        if (m.role == "user") {
+          const bool last = i + 1 == messages.size();
+          out += inst;
+          if (has_system && last) out += messages[0].content + "\n\n";
+          out += m.content;
+          out += "[/INST]";
+        } else {
+          if (!tekken) out += ' ';
+          out += tekken ? m.content : trim(m.content);
+          out += "</s>";
         }
       }
       break;
@@ -184,6 +213,31 @@ std::string render_chat(ChatTemplate family, std::span<const ChatMessage> messag
       }
       break;
     }
+    case ChatTemplate::kLlama2Chat: {
+      // Meta's Llama-2-chat template: a leading system message is wrapped in <<SYS>> in front of
+      // the first user turn, the turn's whole content is strip()ped, every [INST] but the first
+      // (whose BOS the tokenizer adds) gets its own BOS, and answers are ' ' + strip + ' </s>'.
+      const bool has_system = !messages.empty() && messages[0].role == "system";
+      for (size_t i = has_system ? 1 : 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        PROTOKV_CHECK(m.role != "system",
+                      "the llama2-chat template takes one system message, at the start");
+        const bool first = i == (has_system ? 1u : 0u);
+        std::string content = m.content;
+        if (first && has_system)
+          content = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + content;
+        if (m.role == "user") {
+          out += first ? "[INST] " : "<s>[INST] ";
+          out += trim(content);
+          out += " [/INST]";
+        } else {
+          out += ' ';
+          out += trim(content);
+          out += " </s>";
+        }
+      }
+      break;
+    }
     case ChatTemplate::kPhi3:
       for (const ChatMessage& m : messages) {
         out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
@@ -191,11 +245,12 @@ std::string render_chat(ChatTemplate family, std::span<const ChatMessage> messag
       if (add_generation_prompt) out += "<|assistant|>\n";
       break;
     case ChatTemplate::kGemma: {
-      // Gemma has no system role: the system text opens the next user turn.
+      // Gemma has no system role: as Gemma 3's template, the system text (untrimmed) + "\n\n"
+      // opens the next user turn (llama.cpp trims it; gemma-7b-it's template rejects it).
       std::string system;
       for (const ChatMessage& m : messages) {
         if (m.role == "system") {
-          system += trim(m.content);
+          system += m.content;
           continue;
         }
         const std::string role = m.role == "assistant" ? "model" : m.role;
@@ -221,10 +276,17 @@ std::string render_chat(ChatTemplate family, std::span<const ChatMessage> messag
       }
       if (add_generation_prompt) out += "### Response:\n";
       break;
-    case ChatTemplate::kDeepseek3:
+    case ChatTemplate::kDeepseek3: {
+      // As DeepSeek-V3's template: every system message first, joined by "\n\n", right before
+      // the first turn (llama.cpp appends "\n\n" after each one in place).
+      std::string system;
+      for (const ChatMessage& m : messages) {
+        if (m.role == "system") system += (system.empty() ? "" : "\n\n") + m.content;
+      }
+      out += system;
       for (const ChatMessage& m : messages) {
         if (m.role == "system") {
-          out += m.content + "\n\n";
+          continue;
         } else if (m.role == "user") {
           out += "<\xEF\xBD\x9CUser\xEF\xBD\x9C>" + m.content;
         } else {
@@ -241,6 +303,7 @@ std::string render_chat(ChatTemplate family, std::span<const ChatMessage> messag
             "<\xEF\xBD\x9C"
             "Assistant\xEF\xBD\x9C>";
       break;
+    }
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include "protokv/error.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/impl.h"
+#include "tokenizer/pair_merge.h"
 #include "tokenizer/pieces.h"
 
 namespace protokv {
@@ -154,48 +155,20 @@ void Tokenizer::Impl::finish() {
 
 namespace {
 
-// One entry of the encoder's doubly linked list of symbols: a span of the normalised text.
-struct Symbol {
-  uint32_t start = 0;
-  uint32_t length = 0;  // 0 once merged into its left neighbour
-  int32_t prev = -1;
-  int32_t next = -1;
-  int32_t id = -1;        // -1: the span is no piece (byte fallback at the end)
-  bool mergeable = true;  // llama2.c byte-fallback symbols never merge
-};
-
-// A candidate merge of symbol `left` with its right neighbour. Entries go stale when either side
-// changes; they are discarded when popped (lazy deletion).
-struct Candidate {
-  float score;
-  int32_t left;
-  int32_t right;
-  uint32_t merged_length;
-  int32_t merged_id;
-};
-
-// Max-heap order: higher score first, then the leftmost pair (llama.cpp / SentencePiece tie rule).
-struct CandidateLess {
-  bool operator()(const Candidate& a, const Candidate& b) const {
-    if (a.score != b.score) return a.score < b.score;
-    return a.left > b.left;
-  }
-};
+using tokenizer::MergeSymbol;
 
 struct SpmScratch {
-  std::vector<Symbol> symbols;
-  std::vector<Candidate> heap;
+  std::vector<MergeSymbol> symbols;
+  std::vector<tokenizer::MergeCandidate> heap;
 };
 
 void spm_segment(const Tokenizer::Impl& t, std::string_view segment, SpmScratch& scratch,
                  std::vector<int32_t>& out) {
-  std::vector<Symbol>& symbols = scratch.symbols;
-  std::vector<Candidate>& heap = scratch.heap;
+  std::vector<MergeSymbol>& symbols = scratch.symbols;
   symbols.clear();
-  heap.clear();
 
   auto push_symbol = [&](size_t start, size_t length, int32_t id, bool mergeable) {
-    Symbol s;
+    MergeSymbol s;
     s.start = static_cast<uint32_t>(start);
     s.length = static_cast<uint32_t>(length);
     s.prev = static_cast<int32_t>(symbols.size()) - 1;
@@ -228,50 +201,19 @@ void spm_segment(const Tokenizer::Impl& t, std::string_view segment, SpmScratch&
     pos += length;
   }
 
-  // BPE: repeatedly merge the best-scoring adjacent pair; a heap over the linked list makes
-  // this O(n log n).
-  auto consider_pair = [&](int32_t left) {
-    if (left < 0) return;
-    const int32_t right = symbols[left].next;
-    if (right < 0) return;
-    const Symbol& a = symbols[left];
-    const Symbol& b = symbols[right];
-    if (!a.mergeable || !b.mergeable) return;
-    const size_t merged_length = size_t{a.length} + b.length;
-    if (merged_length > t.max_piece_bytes) return;
-    const int32_t id = t.index.find(segment.substr(a.start, merged_length));
-    if (id < 0) return;
-    heap.push_back(Candidate{t.scores[id], left, right, static_cast<uint32_t>(merged_length), id});
-    std::push_heap(heap.begin(), heap.end(), CandidateLess{});
-  };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider_pair(i);
+  // BPE: repeatedly merge the adjacent pair whose merged piece scores best.
+  tokenizer::merge_pairs(
+      symbols, scratch.heap,
+      [&](const MergeSymbol& a, const MergeSymbol& b) -> std::optional<tokenizer::MergeChoice> {
+        const size_t merged_length = size_t{a.length} + b.length;
+        if (merged_length > t.max_piece_bytes) return std::nullopt;
+        const int32_t id = t.index.find(segment.substr(a.start, merged_length));
+        if (id < 0) return std::nullopt;
+        return tokenizer::MergeChoice{t.scores[id], id};
+      });
 
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), CandidateLess{});
-    const Candidate best = heap.back();
-    heap.pop_back();
-    Symbol& left = symbols[best.left];
-    Symbol& right = symbols[best.right];
-    if (left.length == 0 || right.length == 0 || left.next != best.right ||
-        left.length + right.length != best.merged_length) {
-      continue;
-    }
-    left.length = best.merged_length;
-    left.id = best.merged_id;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = best.left;
-    right.length = 0;
-    consider_pair(left.prev);
-    consider_pair(best.left);
-  }
-
-  for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) {
-    const Symbol& s = symbols[i];
-    if (s.id >= 0) {
-      out.push_back(s.id);
-      continue;
-    }
-    // Only single characters stay without a piece: byte fallback, <unk> without byte pieces.
+  // Only single characters stay without a piece: byte fallback, <unk> without byte pieces.
+  tokenizer::emit_merged(symbols, out, [&](const MergeSymbol& s) {
     for (uint32_t b = s.start; b < s.start + s.length; ++b) {
       const int32_t byte_id = t.byte_tokens[static_cast<uint8_t>(segment[b])];
       PROTOKV_CHECK(byte_id >= 0 || t.unk_id >= 0,
@@ -279,7 +221,7 @@ void spm_segment(const Tokenizer::Impl& t, std::string_view segment, SpmScratch&
                     static_cast<uint8_t>(segment[b]));
       out.push_back(byte_id >= 0 ? byte_id : t.unk_id);
     }
-  }
+  });
 }
 
 }  // namespace
