@@ -1,6 +1,7 @@
 // Session forward pass: prefill vs decode equivalence, agreement with the naive reference,
 // ragged (per-head) caches with log-weights, press hooks, observers, and input errors.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <map>

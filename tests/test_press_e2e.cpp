@@ -3,15 +3,17 @@
 // bytes after prefill are exactly what the budget promises, and a budget covering the prompt gives
 // output bit-identical to no press.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "press/allocator.h"
 #include "protokv/engine.h"
 #include "protokv/model.h"
+#include "protokv/press/allocator.h"
 #include "protokv/press_registry.h"
 #include "protokv/tokenizer.h"
 #include "test_util.h"

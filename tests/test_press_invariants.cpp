@@ -3,14 +3,15 @@
 // (and sinks) are kept, positions are unique and ascending, rows are the input rows, and the KV
 // bytes are exactly what the budget promises.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <ostream>
 #include <string>
 
-#include "press/allocator.h"
 #include "press/entry.h"
-#include "press/scores.h"
+#include "protokv/press/allocator.h"
+#include "protokv/press/scores.h"
 #include "protokv/press_registry.h"
 #include "protokv/threads.h"
 #include "test_press_util.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "press/scoring_press.h"
+#include "protokv/press/scoring_press.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 

@@ -7,9 +7,9 @@
 #include <numeric>
 #include <string>
 
-#include "press/scores.h"
-#include "press/window_scores.h"
 #include "protokv/error.h"
+#include "protokv/press/scores.h"
+#include "protokv/press/window_scores.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 

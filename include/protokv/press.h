@@ -5,7 +5,7 @@
 // names a concrete press (they are created by name through the registry, press/registry.h).
 #include <cstdint>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>

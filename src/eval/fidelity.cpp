@@ -12,7 +12,7 @@
 #include "eval/report/table.h"
 #include "eval/svg_plot.h"
 #include "eval/synthetic.h"
-#include "press/scoring_press.h"
+#include "protokv/press/scoring_press.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/press_registry.h"

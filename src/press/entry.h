@@ -9,9 +9,9 @@
 #include <string>
 #include <string_view>
 
-#include "press/allocator.h"
-#include "press/options.h"
 #include "protokv/press.h"
+#include "protokv/press/allocator.h"
+#include "protokv/press/options.h"
 
 namespace protokv::press {
 

@@ -1,5 +1,7 @@
 #include "press/h2o.h"
 
+#include <nlohmann/json.hpp>
+
 #include <fmt/format.h>
 
 #include <cblas.h>

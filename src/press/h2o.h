@@ -8,11 +8,12 @@
 // tokens (default B/2) are always kept, in prefill and in decode, and the other B - recent
 // entries are heavy hitters.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "press/entry.h"
-#include "press/scoring_press.h"
-#include "press/window_scores.h"
+#include "protokv/press/scoring_press.h"
+#include "protokv/press/window_scores.h"
 
 namespace protokv::press {
 

@@ -5,15 +5,15 @@
 
 #include <array>
 
-#include "press/allocator.h"
 #include "press/entry.h"
 #include "press/full.h"
 #include "press/h2o.h"
-#include "press/options.h"
 #include "press/protokv.h"
 #include "press/snapkv.h"
 #include "press/streaming_llm.h"
 #include "protokv/error.h"
+#include "protokv/press/allocator.h"
+#include "protokv/press/options.h"
 
 namespace protokv {
 namespace press {
