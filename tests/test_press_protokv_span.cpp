@@ -3,6 +3,7 @@
 // cluster mean (Eq. 18), while SnapKV's max-pooled scores spend the same budget on the
 // neighbourhoods of its strongest isolated peaks.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,7 @@
 // SnapKV (and the shared observation-window scores) against a naive implementation of DESIGN §5's
 // formulas, written independently here in double precision.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -5,6 +5,7 @@
 
 #include <array>
 
+#include "press/clusterkv.h"
 #include "press/entry.h"
 #include "press/full.h"
 #include "press/h2o.h"
@@ -22,7 +23,7 @@ std::span<const PressEntry* const> press_table() {
   // Display order. A new press adds its entry here (and nowhere else).
   static constexpr std::array kTable = {
       &kFullEntry,      &kStreamingLlmEntry, &kH2oEntry,     &kSnapKvEntry,
-      &kPyramidKvEntry, &kAdaKvEntry,        &kProtoKvEntry,
+      &kPyramidKvEntry, &kAdaKvEntry,        &kProtoKvEntry, &kClusterKvEntry,
   };
   return kTable;
 }
