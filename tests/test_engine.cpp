@@ -1,6 +1,7 @@
 // Session forward pass: prefill vs decode equivalence, agreement with the naive reference,
 // ragged (per-head) caches with log-weights, press hooks, observers, and input errors.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <map>
@@ -232,10 +233,10 @@ class RaggedPress final : public Press {
                                    layer.layer, h, head.positions()[static_cast<size_t>(e)])));
     }
   }
-  void on_decode(int layer, const float* q, int32_t position, LayerCache& cache) override {
-    EXPECT_NE(q, nullptr);
-    decode_calls.push_back({layer, position});
-    EXPECT_EQ(cache.heads[0].positions().back(), position);  // appended before the hook
+  void on_decode(const DecodeStep& step) override {
+    EXPECT_NE(step.q, nullptr);
+    decode_calls.push_back({step.layer, step.position});
+    EXPECT_EQ(step.cache->heads[0].positions().back(), step.position);  // appended before the hook
   }
 
   // Layer 0 keeps everything; elsewhere head 0 keeps even positions (the last one always), head
@@ -396,16 +397,19 @@ TEST(Session, FailedPrefillLeavesAnEmptySession) {
 
 class RecordingObserver final : public DecodeObserver {
  public:
-  void on_attention_output(int layer, const float* out, int n_heads, int head_dim) override {
-    layers.push_back(layer);
-    outputs.emplace_back(out, out + n_heads * head_dim);
-  }
   bool wants_probabilities() const override { return true; }
-  void on_attention_probs(int layer, int q_head, std::span<const float> probs,
-                          std::span<const int32_t> positions) override {
-    EXPECT_EQ(probs.size(), positions.size());
-    this->probs[{layer, q_head}].assign(probs.begin(), probs.end());
-    last_positions.assign(positions.begin(), positions.end());
+  void on_decode(const DecodeStep& step) override {
+    layers.push_back(step.layer);
+    outputs.emplace_back(step.attention_output,
+                         step.attention_output + step.n_heads * step.head_dim);
+    std::vector<int32_t> scratch;
+    for (int q_head = 0; q_head < step.n_heads; ++q_head) {
+      const auto probs = step.probs(q_head);
+      const auto positions = step.attended_positions(q_head, scratch);
+      EXPECT_EQ(probs.size(), positions.size());
+      this->probs[{step.layer, q_head}].assign(probs.begin(), probs.end());
+      last_positions.assign(positions.begin(), positions.end());
+    }
   }
   std::vector<int> layers;
   std::vector<std::vector<float>> outputs;  // per layer: [n_heads * head_dim]

@@ -56,22 +56,26 @@ struct Recorder final : DecodeObserver {
   std::vector<std::vector<std::vector<std::pair<std::vector<float>, std::vector<int32_t>>>>> probs;
   int n_layers = 0, n_heads = 0;
 
-  void on_attention_output(int layer, const float* out, int heads, int head_dim) override {
+  bool wants_probabilities() const override { return true; }
+  void on_decode(const DecodeStep& decode) override {
+    const int layer = decode.layer;
     if (attn_out.size() <= static_cast<size_t>(step * n_layers + layer))
       attn_out.resize(static_cast<size_t>((step + 1) * n_layers));
-    attn_out[static_cast<size_t>(step * n_layers + layer)].assign(out, out + heads * head_dim);
-  }
-  bool wants_probabilities() const override { return true; }
-  void on_attention_probs(int layer, int q_head, std::span<const float> p,
-                          std::span<const int32_t> positions) override {
+    attn_out[static_cast<size_t>(step * n_layers + layer)].assign(
+        decode.attention_output, decode.attention_output + decode.n_heads * decode.head_dim);
     if (probs.size() <= static_cast<size_t>(step))
       probs.resize(static_cast<size_t>(step + 1),
                    std::vector<std::vector<std::pair<std::vector<float>, std::vector<int32_t>>>>(
                        static_cast<size_t>(n_layers),
                        std::vector<std::pair<std::vector<float>, std::vector<int32_t>>>(
                            static_cast<size_t>(n_heads))));
-    probs[static_cast<size_t>(step)][static_cast<size_t>(layer)][static_cast<size_t>(q_head)] = {
-        {p.begin(), p.end()}, {positions.begin(), positions.end()}};
+    std::vector<int32_t> scratch;
+    for (int q_head = 0; q_head < decode.n_heads; ++q_head) {
+      const auto p = decode.probs(q_head);
+      const auto positions = decode.attended_positions(q_head, scratch);
+      probs[static_cast<size_t>(step)][static_cast<size_t>(layer)][static_cast<size_t>(q_head)] = {
+          {p.begin(), p.end()}, {positions.begin(), positions.end()}};
+    }
   }
 };
 

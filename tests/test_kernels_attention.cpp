@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <utility>
 #include <vector>
@@ -192,6 +194,46 @@ TEST(KernelsAttention, DecodeGroupEqualsPerHeadDecode) {
             ASSERT_NEAR(probs[h * n + j], expected_probs[j], 1e-6) << "head " << h;
         }
       }
+    }
+  }
+}
+
+TEST(KernelsAttention, GatheredDecodeEqualsDenseDecodeOnTheSubset) {
+  // The gathered kernel reads rows `indices` in place; the dense kernel gets the same rows copied
+  // into a contiguous block. Both must agree (and with the double-precision reference).
+  std::mt19937 rng(31);
+  for (Isa isa : compiled_isas()) {
+    for (auto [n, d] : {std::pair<int64_t, int>{1, 64}, {40, 8}, {300, 72}, {513, 130}, {9, 2}}) {
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " n=" << n << " d=" << d);
+      const auto q = random_vector(rng, d, 2.0f);
+      const auto keys = random_vector(rng, n * d, 2.0f);
+      const auto values = random_vector(rng, n * d);
+      const auto log_weights = random_vector(rng, n, 0.5f);
+      // A shuffled subset of about a third of the rows (at least one).
+      std::vector<int32_t> indices(static_cast<size_t>(n));
+      std::iota(indices.begin(), indices.end(), 0);
+      std::shuffle(indices.begin(), indices.end(), rng);
+      indices.resize(static_cast<size_t>(std::max<int64_t>(1, n / 3)));
+      const auto m = static_cast<int64_t>(indices.size());
+      std::vector<float> sub_k, sub_v, sub_lw;
+      for (int32_t i : indices) {
+        sub_k.insert(sub_k.end(), keys.begin() + i * d, keys.begin() + (i + 1) * d);
+        sub_v.insert(sub_v.end(), values.begin() + i * d, values.begin() + (i + 1) * d);
+        sub_lw.push_back(log_weights[static_cast<size_t>(i)]);
+      }
+      std::vector<float> dense(d, NAN), dense_probs(m, NAN), gathered(d, NAN), probs(m, NAN);
+      attention_decode_group(isa, q.data(), 1, sub_k.data(), sub_v.data(), sub_lw.data(), m, d,
+                             dense.data(), dense_probs.data());
+      attention_decode_gathered(isa, q.data(), keys.data(), values.data(), log_weights.data(),
+                                indices, d, gathered.data(), probs.data());
+      std::vector<double> expected_probs;
+      const auto expected = ref_decode_attention(q.data(), sub_k.data(), sub_v.data(),
+                                                 sub_lw.data(), m, d, &expected_probs);
+      for (int i = 0; i < d; ++i) {
+        ASSERT_NEAR(gathered[i], dense[i], 1e-5);
+        ASSERT_NEAR(gathered[i], expected[i], kAttentionTolerance);
+      }
+      for (int64_t j = 0; j < m; ++j) ASSERT_NEAR(probs[j], dense_probs[j], 1e-6);
     }
   }
 }

@@ -4,7 +4,7 @@
 
 #include <numeric>
 
-#include "press/allocator.h"
+#include "protokv/press/allocator.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 

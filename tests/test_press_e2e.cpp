@@ -3,15 +3,17 @@
 // bytes after prefill are exactly what the budget promises, and a budget covering the prompt gives
 // output bit-identical to no press.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "press/allocator.h"
 #include "protokv/engine.h"
 #include "protokv/model.h"
+#include "protokv/press/allocator.h"
 #include "protokv/press_registry.h"
 #include "protokv/tokenizer.h"
 #include "test_util.h"
@@ -76,6 +78,7 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
       {"protokv:prototypes=lsh", ""},
       {"protokv", "adakv"},
       {"protokv", "pyramid"},
+      {"clusterkv:sinks=4", ""},
   };
   // Under sanitizers (slow), the smallest and largest budgets and fewer decode steps.
   const bool sanitized = std::getenv("PROTOKV_SANITIZED") != nullptr;
@@ -94,7 +97,8 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
 
       // Entries per layer (every KV head together) that the budget promises.
       int64_t expected_entries = 0;
-      if (c.spec == "full") {
+      const bool recalls = c.spec.starts_with("clusterkv");
+      if (c.spec == "full" || recalls) {  // clusterkv stores everything, attends to the budget
         expected_entries = config.n_layers * config.n_kv_heads * kPromptTokens;
       } else if (c.spec == "pyramidkv" || c.alloc == "pyramid") {
         for (const int64_t keep :
@@ -118,6 +122,18 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
       const int64_t growth =
           c.spec == "h2o:decode=1" ? 0 : kSteps * config.n_layers * config.n_kv_heads;
       EXPECT_EQ(session.cache().total_entries(), expected_entries + growth);
+      // Attended bytes of the last step: dense attention reads the whole cache (before H2O's
+      // eviction, which follows attention); clusterkv's layers >= 2 read B per query head plus
+      // the tokens decoded since prefill, its first two layers everything.
+      const size_t attended = session.prefill_stats().decode_attended_kv_bytes;
+      if (recalls) {
+        const int64_t entries = config.n_kv_heads * (2 * (kPromptTokens + kSteps) +
+                                                     (config.n_layers - 2) * (budget + kSteps));
+        EXPECT_EQ(attended, static_cast<size_t>(entries) * entry_bytes);
+        EXPECT_LT(attended, session.cache().kv_bytes());
+      } else if (c.spec != "h2o:decode=1") {
+        EXPECT_EQ(attended, session.cache().kv_bytes());
+      }
     }
   }
 }
@@ -135,7 +151,8 @@ TEST(PressEndToEnd, BudgetCoveringThePromptIsBitIdenticalToNoPress) {
     expected_steps.emplace_back(logits.begin(), logits.end());
     token = argmax(logits);
   }
-  for (const std::string spec : {"snapkv", "protokv", "h2o:decode=1", "streaming_llm", "adakv"}) {
+  for (const std::string spec :
+       {"snapkv", "protokv", "h2o:decode=1", "streaming_llm", "adakv", "clusterkv"}) {
     SCOPED_TRACE(spec);
     auto press = make_press(spec);
     SessionOptions options;

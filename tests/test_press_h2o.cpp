@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "kernels/kernels.h"
 #include "press/h2o.h"
 #include "protokv/error.h"
 #include "protokv/press_registry.h"
@@ -146,7 +147,17 @@ TEST(H2o, DecodeEvictsTheLowestAccumulatedScoreOutsideTheRecentWindow) {
     positions_after.erase(positions_after.begin() + victim);
     expected.erase(expected.begin() + victim);
 
-    press->on_decode(0, q.data(), position, cache);
+    // Even steps: the attention weights come with the step, as the engine's decode kernel wrote
+    // them ([group, size] rows); odd steps: none (an append() row), H2O computes them.
+    DecodeStep decode = testing::decode_step(layer, q.data(), position, cache);
+    std::vector<float> kernel_probs(static_cast<size_t>(2 * head.size())), out(2 * 8);
+    if (step % 2 == 0) {
+      kernels::attention_decode_group(q.data(), 2, head.keys(), head.values(), nullptr, head.size(),
+                                      8, out.data(), kernel_probs.data());
+      decode.probs_data = kernel_probs.data();
+      decode.probs_stride = head.size();
+    }
+    press->on_decode(decode);
     ASSERT_EQ(head.size(), kBudget) << "step " << step;
     EXPECT_EQ(testing::kept_positions(head), positions_after) << "step " << step;
     for (int64_t e = 0; e < kBudget; ++e)
@@ -191,7 +202,7 @@ TEST(H2o, DecodeSplitsTheBudgetHalfHeavyHittersHalfRecentByDefault) {
     for (float& x : key) x = normal(rng);
     for (float& x : q) x = normal(rng);
     head.append(key.data(), key.data(), position);
-    press->on_decode(0, q.data(), position, cache);
+    press->on_decode(testing::decode_step(layer, q.data(), position, cache));
     ASSERT_EQ(head.size(), kBudget);
     for (int64_t r = 0; r < kRecent; ++r)
       EXPECT_EQ(head.positions()[static_cast<size_t>(kBudget - 1 - r)], position - r)
@@ -221,7 +232,8 @@ TEST(H2o, DecodeWithoutCompressedPrefillNeverEvicts) {
   std::vector<float> q(16, 0.5f);
   for (int step = 0; step < 10; ++step) {
     cache.heads[0].append(q.data(), q.data(), static_cast<int32_t>(layer.n + step));
-    press->on_decode(0, q.data(), static_cast<int32_t>(layer.n + step), cache);
+    press->on_decode(
+        testing::decode_step(layer, q.data(), static_cast<int32_t>(layer.n + step), cache));
   }
   EXPECT_EQ(cache.heads[0].size(), 20);
 }

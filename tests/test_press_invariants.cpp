@@ -3,14 +3,17 @@
 // (and sinks) are kept, positions are unique and ascending, rows are the input rows, and the KV
 // bytes are exactly what the budget promises.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <ostream>
+#include <set>
 #include <string>
 
-#include "press/allocator.h"
 #include "press/entry.h"
-#include "press/scores.h"
+#include "protokv/press/allocator.h"
+#include "protokv/press/options.h"
+#include "protokv/press/scores.h"
 #include "protokv/press_registry.h"
 #include "protokv/threads.h"
 #include "test_press_util.h"
@@ -27,6 +30,7 @@ struct MethodCase {
   int64_t window;
   int64_t sinks = 0;
   int beta = 20;
+  bool recalls = false;  // stores everything, attends to the budget (clusterkv)
 };
 
 void PrintTo(const MethodCase& c, std::ostream* os) {
@@ -43,7 +47,8 @@ std::vector<MethodCase> all_methods() {
     if (!entry->compresses) continue;
     const auto config = make_press(entry->name)->config();
     cases.push_back({std::string(entry->name), "", entry->fixed_allocator,
-                     config.value("window", int64_t{0}), config.value("sinks", int64_t{0})});
+                     config.value("window", int64_t{0}), config.value("sinks", int64_t{0}), 20,
+                     entry->recalls});
   }
   const std::vector<MethodCase> variants = {
       {"streaming_llm:sinks=2", "", AllocatorKind::Uniform, 0, 2},
@@ -109,6 +114,26 @@ TEST_P(EveryMethod, KeepsExactlyTheBudgetWithWindowSortedRowsAndExactBytes) {
     layer.n_layers = kLayers;
     LayerCache cache = layer.empty_cache();
     press->compress_prefill(layer.view(), cache);
+    if (method.recalls) {
+      // Every entry stored; each query head of a selecting layer attends exactly the budget,
+      // distinct entries, the sinks among them.
+      EXPECT_EQ(cache.kv_bytes(), static_cast<size_t>(kTokens * kKvHeads * kDim * 2 * 4));
+      for (int h = 0; h < kKvHeads; ++h)
+        testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 0);
+      if (!press->selects(l)) continue;
+      std::vector<int32_t> chosen;
+      for (int qh = 0; qh < kHeads; ++qh) {
+        press->select(l, qh, layer.query(qh, kTokens - 1),
+                      cache.heads[static_cast<size_t>(qh / (kHeads / kKvHeads))], chosen);
+        EXPECT_EQ(static_cast<int64_t>(chosen.size()), kBudget) << method.spec;
+        const std::set<int32_t> unique(chosen.begin(), chosen.end());
+        EXPECT_EQ(unique.size(), chosen.size());
+        EXPECT_GE(*unique.begin(), 0);
+        EXPECT_LT(*unique.rbegin(), kTokens);
+        for (int32_t e = 0; e < method.sinks; ++e) EXPECT_TRUE(unique.count(e));
+      }
+      continue;
+    }
     int64_t total = 0;
     for (int h = 0; h < kKvHeads; ++h) {
       SCOPED_TRACE(method.spec + " --alloc '" + method.alloc + "' layer " + std::to_string(l) +
@@ -191,6 +216,10 @@ TEST(StreamingLlm, KeepsSinksAndTheMostRecentTokensExactly) {
 // serial branch. Here a layer at the threshold runs the OpenMP branch with 1 and with 2 threads
 // (also under ASan/UBSan in CI): the kept entries must be identical, as each head's work is
 // independent of the others.
+std::string split_press_spec_name(const std::string& spec) {
+  return press::split_press_spec(spec).first;
+}
+
 TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoThreads) {
   constexpr int64_t kTokens = 1024;
   constexpr int kHeads = 8, kKvHeads = 2, kDim = 32;
@@ -201,8 +230,12 @@ TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoT
   ASSERT_TRUE(press::worth_parallel(layer.view()));
   std::vector<std::string> specs = {"h2o:decode=1"};
   for (const press::PressEntry* entry : press::press_table())
-    if (entry->compresses) specs.emplace_back(entry->name);
+    // A recall press keeps everything; its per-head work is the clustering, which this layer
+    // (layer 1) gets with full_layers=1. Compared below through each query head's selection.
+    if (entry->compresses)
+      specs.emplace_back(std::string(entry->name) + (entry->recalls ? ":full_layers=1" : ""));
   for (const std::string& spec : specs) {
+    const bool recalls = press::find_press_entry(split_press_spec_name(spec))->recalls;
     std::vector<std::vector<int32_t>> kept[2];
     for (const int threads : {1, 2}) {
       set_threads(threads);
@@ -214,9 +247,20 @@ TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoT
         testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 1);
         kept[threads - 1].push_back(testing::kept_positions(cache.heads[static_cast<size_t>(h)]));
       }
+      if (!recalls) continue;
+      ASSERT_TRUE(press->selects(1)) << spec;
+      std::vector<int32_t> chosen;
+      for (int qh = 0; qh < kHeads; ++qh) {
+        press->select(1, qh, layer.q.data() + (int64_t{qh} * kTokens + kTokens - 1) * kDim,
+                      cache.heads[static_cast<size_t>(qh / (kHeads / kKvHeads))], chosen);
+        EXPECT_EQ(chosen.size(), 96u) << spec;
+        kept[threads - 1].push_back(chosen);
+      }
     }
     EXPECT_EQ(kept[0], kept[1]) << spec;
-    EXPECT_LT(kept[0][0].size(), static_cast<size_t>(kTokens)) << spec;
+    if (!recalls) {
+      EXPECT_LT(kept[0][0].size(), static_cast<size_t>(kTokens)) << spec;
+    }
   }
   set_threads(0);  // back to the default: all hardware threads
 }
@@ -234,7 +278,7 @@ TEST(StreamingLlm, KeepsOriginalPositionsAndNeverEvictsDuringDecode) {
   std::vector<float> q(8, 0.25f), kv(4, 0.5f);
   for (int step = 0; step < 5; ++step) {
     cache.heads[0].append(kv.data(), kv.data(), 30 + step);
-    press->on_decode(0, q.data(), 30 + step, cache);
+    press->on_decode(testing::decode_step(layer, q.data(), 30 + step, cache));
     EXPECT_EQ(cache.heads[0].size(), 7 + step);
   }
   EXPECT_EQ(cache.heads[0].positions().front(), 0);

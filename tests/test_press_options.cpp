@@ -1,6 +1,7 @@
 // Press creation by name: option parsing, defaults recorded in config(), and every way a user can
 // get it wrong (unknown press/option, bad value, contradictory options, too small a budget).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <nlohmann/json.hpp>
 #include <string>

@@ -10,10 +10,10 @@
 #include <random>
 #include <set>
 
-#include "press/options.h"
 #include "press/protokv.h"
 #include "press/protokv_clustering.h"
-#include "press/window_scores.h"
+#include "protokv/press/options.h"
+#include "protokv/press/window_scores.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 

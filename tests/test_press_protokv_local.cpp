@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "eval/synthetic.h"
-#include "press/allocator.h"
 #include "press/protokv.h"
 #include "press/protokv_clustering.h"
-#include "press/scoring_press.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/model.h"
+#include "protokv/press/allocator.h"
+#include "protokv/press/scoring_press.h"
 #include "protokv/press_registry.h"
 #include "protokv/tokenizer.h"
 #include "test_util.h"

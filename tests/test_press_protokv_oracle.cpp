@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "press/options.h"
 #include "press/protokv.h"
 #include "press/protokv_clustering.h"
+#include "protokv/press/options.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 

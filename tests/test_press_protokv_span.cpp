@@ -3,6 +3,7 @@
 // cluster mean (Eq. 18), while SnapKV's max-pooled scores spend the same budget on the
 // neighbourhoods of its strongest isolated peaks.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "press/scoring_press.h"
+#include "protokv/press/scoring_press.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 

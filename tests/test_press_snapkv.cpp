@@ -1,15 +1,16 @@
 // SnapKV (and the shared observation-window scores) against a naive implementation of DESIGN §5's
 // formulas, written independently here in double precision.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <string>
 
-#include "press/scores.h"
-#include "press/window_scores.h"
 #include "protokv/error.h"
+#include "protokv/press/scores.h"
+#include "protokv/press/window_scores.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 

@@ -79,6 +79,19 @@ struct SyntheticLayer : eval::SyntheticLayer {
   }
 };
 
+// A decode step as append() hands it to a press: no attention weights, no output.
+inline DecodeStep decode_step(const SyntheticLayer& layer, const float* q, int32_t position,
+                              LayerCache& cache) {
+  DecodeStep step;
+  step.layer = layer.layer;
+  step.n_heads = layer.n_heads;
+  step.head_dim = layer.d;
+  step.position = position;
+  step.q = q;
+  step.cache = &cache;
+  return step;
+}
+
 inline Budget entries(int64_t b) {
   Budget budget;
   budget.entries = b;

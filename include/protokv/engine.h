@@ -27,20 +27,21 @@ struct PrefillStats {
   double prefill_ms = 0.0;   // whole prefill, compression included
   double compress_ms = 0.0;  // time inside the press
   size_t peak_kv_bytes = 0;  // max over layers of (compressed layers so far + one full layer)
-  size_t kv_bytes = 0;       // after prefill
+  size_t kv_bytes = 0;       // stored after prefill
+  // Keys and values the last decode step's attention read, summed over query heads and divided by
+  // the group size: kv_bytes of the cache for dense attention, less with a recall press
+  // (clusterkv stores everything but attends to B entries). 0 before the first decode step.
+  size_t decode_attended_kv_bytes = 0;
 };
 
-// Observes decode attention (fidelity metrics). Called from the engine's decode step.
+// Observes decode attention (fidelity metrics): the same per-layer step a press's on_decode gets,
+// after the press's selection and before its on_decode. Called from the engine's decode step.
 class DecodeObserver {
  public:
   virtual ~DecodeObserver() = default;
-  // Attention output of `layer` before the output projection: [n_heads, head_dim].
-  virtual void on_attention_output(int /*layer*/, const float* /*out*/, int /*n_heads*/,
-                                   int /*head_dim*/) {}
-  // Softmax weights of query head `q_head` over the entries of its KV head (cache order).
+  // Whether step.probs must be filled.
   virtual bool wants_probabilities() const { return false; }
-  virtual void on_attention_probs(int /*layer*/, int /*q_head*/, std::span<const float> /*probs*/,
-                                  std::span<const int32_t> /*positions*/) {}
+  virtual void on_decode(const DecodeStep& step) = 0;
 };
 
 class Session {

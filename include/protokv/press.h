@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>  // the full header where config() is built or read
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,60 @@ struct SequenceInfo {
   int64_t n_tokens = 0;  // tokens being prefilled (and compressed)
 };
 
+// One layer of one decode step, as the engine hands it to a press's on_decode and to observers,
+// after that layer's attention.
+struct DecodeStep {
+  int layer = 0;
+  int n_heads = 0;
+  int head_dim = 0;
+  int32_t position = 0;                     // the new token's position
+  const float* q = nullptr;                 // [n_heads, head_dim] post-RoPE queries
+  const float* attention_output = nullptr;  // [n_heads, head_dim] before wo; null in append()
+  LayerCache* cache = nullptr;              // the layer's cache, new token appended
+
+  // Softmax weights, when a press or an observer asked for them (else probs(h) is empty): query
+  // head h attended the entries attended(h) of its KV head (all of them in cache order when
+  // attended(h) is empty) with weights probs(h). Merged entries (log-weight > 0) count once here:
+  // their weight already includes the + log(count) bias.
+  std::span<const float> probs(int q_head) const {
+    if (probs_data == nullptr) return {};
+    if (selections != nullptr)
+      return {probs_data + q_head * probs_stride, selections[q_head].size()};
+    const int group = n_heads / static_cast<int>(cache->heads.size());
+    const int kv = q_head / group;
+    const auto size = static_cast<size_t>(cache->heads[static_cast<size_t>(kv)].size());
+    // The group kernel writes [group, size] rows from the group's first slot.
+    return {probs_data + static_cast<int64_t>(kv) * group * probs_stride +
+                static_cast<int64_t>(q_head - kv * group) * static_cast<int64_t>(size),
+            size};
+  }
+  std::span<const int32_t> attended(int q_head) const {
+    return selections == nullptr ? std::span<const int32_t>() : selections[q_head];
+  }
+  // Positions of the entries query head h attended, aligned with probs(h); gathered into
+  // `scratch` when the press selected.
+  std::span<const int32_t> attended_positions(int q_head, std::vector<int32_t>& scratch) const {
+    const int group = n_heads / static_cast<int>(cache->heads.size());
+    const HeadCache& head = cache->heads[static_cast<size_t>(q_head / group)];
+    if (selections == nullptr) return head.positions();
+    scratch.clear();
+    for (int32_t e : selections[q_head])
+      scratch.push_back(head.positions()[static_cast<size_t>(e)]);
+    return scratch;
+  }
+  // All query heads of KV head `kv` attended every entry: their weights as [group, size] rows.
+  const float* group_probs(int kv, int group) const {
+    return probs_data == nullptr || selections != nullptr
+               ? nullptr
+               : probs_data + static_cast<int64_t>(kv) * group * probs_stride;
+  }
+
+  // Set by the engine.
+  const float* probs_data = nullptr;
+  int64_t probs_stride = 0;
+  const std::vector<int32_t>* selections = nullptr;  // [n_heads], when the press selected
+};
+
 class Press {
  public:
   virtual ~Press() = default;
@@ -68,10 +123,20 @@ class Press {
   // Only called when the resolved budget is smaller than the prompt.
   virtual void compress_prefill(const LayerView& layer, LayerCache& out) = 0;
 
-  // After a decode step appended the new token's K/V to every head of `cache`.
-  // q: [n_heads, head_dim] post-RoPE query of the new token.
-  virtual void on_decode(int /*layer*/, const float* /*q*/, int32_t /*position*/,
-                         LayerCache& /*cache*/) {}
+  // Once per layer of every decode step, after that layer's attention (and for each row that
+  // append() feeds after a compressed prefill). The one decode hook: observers get the same step.
+  virtual void on_decode(const DecodeStep& /*step*/) {}
+  // Whether on_decode needs step.probs (the attention kernel then writes them; no recomputation).
+  virtual bool wants_decode_probabilities() const { return false; }
+
+  // Recall (DESIGN §4): whether decode attention at `layer` attends a selection of the cached
+  // entries (select()) instead of all of them. False by default: dense attention.
+  virtual bool selects(int /*layer*/) const { return false; }
+  // The entries of `head` (cache indices) that query head `q_head` attends at this decode step,
+  // written to `out` (any order, no repeats). q: that head's post-RoPE query [head_dim]. Called
+  // before the layer's attention, concurrently for query heads of different KV heads.
+  virtual void select(int /*layer*/, int /*q_head*/, const float* /*q*/, const HeadCache& /*head*/,
+                      std::vector<int32_t>& /*out*/) {}
 };
 
 }  // namespace protokv

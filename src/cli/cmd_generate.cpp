@@ -139,6 +139,10 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     out["kv_bytes_after_prefill"] = prefill.kv_bytes;
     out["kv_bytes_peak_prefill"] = prefill.peak_kv_bytes;
     out["kv_bytes_end"] = kv_end;
+    // What the last decode step's attention read (less than stored with a recall press).
+    out["kv_bytes_attended_last_step"] =
+        decode_steps > 0 ? nlohmann::json(session.prefill_stats().decode_attended_kv_bytes)
+                         : nlohmann::json(nullptr);
     // Byte-fallback tokens can split a UTF-8 sequence: replace invalid bytes instead of failing.
     std::string dumped = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     write_stdout(dumped + "\n");
@@ -159,6 +163,9 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   summary += fmt::format(" | KV {} after prefill (peak {}), {} at end | {} threads",
                          format_bytes(prefill.kv_bytes), format_bytes(prefill.peak_kv_bytes),
                          format_bytes(kv_end), num_threads());
+  if (decode_steps > 0 && session.prefill_stats().decode_attended_kv_bytes < kv_end)
+    summary += fmt::format(" | attended {} per step (recall)",
+                           format_bytes(session.prefill_stats().decode_attended_kv_bytes));
   if (context_full) summary += " | stopped: context full";
   std::fprintf(stderr, "%s\n", summary.c_str());
 }

@@ -12,9 +12,9 @@
 #include "eval/report/table.h"
 #include "eval/svg_plot.h"
 #include "eval/synthetic.h"
-#include "press/scoring_press.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
+#include "protokv/press/scoring_press.h"
 #include "protokv/press_registry.h"
 #include "protokv/sampler.h"
 #include "protokv/threads.h"
@@ -47,37 +47,64 @@ class RecordingObserver final : public DecodeObserver {
       : ref_(ref), config_(config), prompt_len_(prompt_len) {}
   int64_t step = 0;
 
-  void on_attention_output(int layer, const float* out, int n_heads, int head_dim) override {
-    const int64_t width = int64_t{n_heads} * head_dim;
-    std::copy(out, out + width, ref_.attn_out.begin() + (step * config_.n_layers + layer) * width);
-  }
   bool wants_probabilities() const override { return true; }
-  void on_attention_probs(int layer, int q_head, std::span<const float> probs,
-                          std::span<const int32_t> positions) override {
+  void on_decode(const DecodeStep& decode) override {
+    const int layer = decode.layer;
+    const int64_t width = int64_t{decode.n_heads} * decode.head_dim;
+    std::copy(decode.attention_output, decode.attention_output + width,
+              ref_.attn_out.begin() + (step * config_.n_layers + layer) * width);
     if (ref_.top_count == 0) return;
-    const auto top =
-        top_positions(probs, positions, static_cast<int32_t>(prompt_len_), ref_.top_count);
-    const int64_t slot = ((step * config_.n_layers + layer) * config_.n_heads + q_head);
-    auto dst = ref_.top.begin() + slot * ref_.top_count;
-    std::fill(dst, dst + ref_.top_count, -1);
-    std::copy(top.begin(), top.end(), dst);
+    for (int q_head = 0; q_head < decode.n_heads; ++q_head) {
+      const auto top =
+          top_positions(decode.probs(q_head), decode.attended_positions(q_head, positions_scratch_),
+                        static_cast<int32_t>(prompt_len_), ref_.top_count);
+      const int64_t slot = ((step * config_.n_layers + layer) * config_.n_heads + q_head);
+      auto dst = ref_.top.begin() + slot * ref_.top_count;
+      std::fill(dst, dst + ref_.top_count, -1);
+      std::copy(top.begin(), top.end(), dst);
+    }
   }
 
  private:
   Reference& ref_;
   const ModelConfig& config_;
   int64_t prompt_len_;
+  std::vector<int32_t> positions_scratch_;
 };
 
 // Compares a press run's attention outputs with the reference, per head (ProtoKV Eq. 2).
 // Asks for probabilities too, only so that both runs take the same engine code path.
 class ComparingObserver final : public DecodeObserver {
  public:
-  ComparingObserver(const Reference& ref, const ModelConfig& config, int64_t steps)
-      : ref_(ref), config_(config), errors_(static_cast<size_t>(steps * config.n_layers), kNaN) {}
+  ComparingObserver(const Reference& ref, const ModelConfig& config, int64_t steps, int64_t budget)
+      : ref_(ref),
+        config_(config),
+        budget_(budget),
+        errors_(static_cast<size_t>(steps * config.n_layers), kNaN) {}
   int64_t step = 0;
 
-  void on_attention_output(int layer, const float* out, int n_heads, int head_dim) override {
+  // A recall press (clusterkv) keeps every entry, so the recall of the most-attended positions
+  // is measured against what each step attended, layer by layer (selected_steps() > 0).
+  double attended_recall() const { return recall_sum_ / static_cast<double>(recall_count_); }
+  int64_t selected_steps() const { return selected_steps_; }
+
+  void on_decode(const DecodeStep& decode) override {
+    const int layer = decode.layer, n_heads = decode.n_heads, head_dim = decode.head_dim;
+    if (decode.selections != nullptr) ++selected_steps_;
+    if (ref_.top_count > 0 && decode.probs_data != nullptr) {
+      const int64_t b = std::min(budget_, ref_.top_count);
+      for (int qh = 0; qh < n_heads; ++qh) {
+        const auto positions = decode.attended_positions(qh, positions_scratch_);
+        attended_sorted_.assign(positions.begin(), positions.end());
+        std::sort(attended_sorted_.begin(), attended_sorted_.end());
+        const int64_t slot = (step * config_.n_layers + layer) * config_.n_heads + qh;
+        const int32_t* top = ref_.top.data() + slot * ref_.top_count;
+        const int64_t valid = std::find(top, top + b, -1) - top;
+        recall_sum_ += recall({top, static_cast<size_t>(valid)}, attended_sorted_);
+        ++recall_count_;
+      }
+    }
+    const float* out = decode.attention_output;
     const int64_t width = int64_t{n_heads} * head_dim;
     const float* ref = ref_.attn_out.data() + (step * config_.n_layers + layer) * width;
     double sum = 0.0;
@@ -100,7 +127,11 @@ class ComparingObserver final : public DecodeObserver {
  private:
   const Reference& ref_;
   const ModelConfig& config_;
+  int64_t budget_;
   std::vector<double> errors_;  // [steps, n_layers]
+  double recall_sum_ = 0.0;
+  int64_t recall_count_ = 0, selected_steps_ = 0;
+  std::vector<int32_t> positions_scratch_, attended_sorted_;
 };
 
 void check_tokens(const ModelConfig& config, const std::vector<int32_t>& tokens, const char* what) {
@@ -161,6 +192,7 @@ struct RunMetrics {
   double kl_mean = 0.0, kl_max = 0.0, top1 = 0.0, ppl = 0.0, recall = kNaN;
   std::vector<double> attn_err;  // [n_layers]
   size_t kv_bytes = 0;
+  double kv_bytes_attended = 0.0;  // mean over decode steps (less than stored when recalling)
   double compress_ms = 0.0, prefill_ms = 0.0, decode_ms_per_token = 0.0;
 };
 
@@ -190,7 +222,7 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   session_options.press = &press;
   session_options.budget.entries = budget;
   Session session(weights, session_options);
-  ComparingObserver observer(ref, config, steps);
+  ComparingObserver observer(ref, config, steps, budget);
   if (options.attention_metrics) session.set_observer(&observer);
 
   RunMetrics m;
@@ -238,7 +270,7 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
     }
   }
 
-  double kl_sum = 0.0, nll = 0.0, decode_ms = 0.0;
+  double kl_sum = 0.0, nll = 0.0, decode_ms = 0.0, attended_sum = 0.0;
   int64_t agree = 0, decodes = 0;
   for (int64_t t = 0; t < steps; ++t) {
     const std::span<const float> full_logits(ref.logits.data() + t * vocab,
@@ -254,6 +286,7 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
       Timer timer;
       logits = session.decode(token);
       decode_ms += timer.ms();
+      attended_sum += static_cast<double>(session.prefill_stats().decode_attended_kv_bytes);
       ++decodes;
     }
   }
@@ -261,8 +294,10 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   m.top1 = static_cast<double>(agree) / static_cast<double>(steps);
   m.ppl = std::exp(nll / static_cast<double>(steps));
   m.decode_ms_per_token = decodes > 0 ? decode_ms / static_cast<double>(decodes) : 0.0;
+  m.kv_bytes_attended = decodes > 0 ? attended_sum / static_cast<double>(decodes) : 0.0;
   if (options.attention_metrics) {
     for (int l = 0; l < config.n_layers; ++l) m.attn_err.push_back(observer.layer_error(l));
+    if (observer.selected_steps() > 0) m.recall = observer.attended_recall();
   }
   return m;
 }
@@ -374,6 +409,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
             }
             if (!m.attn_err.empty()) row.attn_err_mean.add(err_sum / m.attn_err.size());
             row.kv_bytes.add(static_cast<double>(m.kv_bytes));
+            row.kv_bytes_attended.add(m.kv_bytes_attended);
             row.compress_ms.add(m.compress_ms);
             row.prefill_ms.add(m.prefill_ms);
             row.decode_ms_per_token.add(m.decode_ms_per_token);

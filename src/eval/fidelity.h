@@ -60,6 +60,7 @@ struct FidelityRow {
   std::string error;  // non-empty: the press refused this budget (nothing measured)
   RunningStats kl_mean, top1, ppl, ppl_full, recall, attn_err_mean;
   RunningStats kv_bytes, compress_ms, prefill_ms, decode_ms_per_token;
+  RunningStats kv_bytes_attended;            // per decode step; below kv_bytes for a recall press
   double kl_max = 0.0;                       // over every step of every sample
   std::vector<RunningStats> attn_err_layer;  // [n_layers]
   // Per sample, in sample order (for paired comparisons).

@@ -117,6 +117,7 @@ nlohmann::json to_json(const FidelityReport& report) {
     r["recall"] = stat(row.recall);
     r["recall_std"] = spread(row.recall);
     r["kv_bytes"] = stat(row.kv_bytes);
+    r["kv_bytes_attended"] = stat(row.kv_bytes_attended);
     r["compress_ms"] = stat(row.compress_ms);
     r["prefill_ms"] = stat(row.prefill_ms);
     r["decode_ms_per_token"] = stat(row.decode_ms_per_token);

@@ -63,5 +63,8 @@ void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, Mut
 void attention_decode_group(Isa isa, const float* q, int group, const float* keys,
                             const float* values, const float* log_weights, int64_t n, int d,
                             float* out, float* probs);
+void attention_decode_gathered(Isa isa, const float* q, const float* keys, const float* values,
+                               const float* log_weights, std::span<const int32_t> indices, int d,
+                               float* out, float* probs);
 
 }  // namespace protokv::kernels

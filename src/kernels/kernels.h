@@ -131,4 +131,11 @@ void attention_decode(const float* q, const float* keys, const float* values,
 void attention_decode_group(const float* q, int group, const float* keys, const float* values,
                             const float* log_weights, int64_t n, int d, float* out, float* probs);
 
+// One query q [d] over the cached entries `indices` of keys/values [*, d] (a recall press's
+// selection, DESIGN §4): what attention_decode computes on those rows gathered, without copying
+// them. probs [indices.size()] (nullable) in the order of `indices`. Single-threaded.
+void attention_decode_gathered(const float* q, const float* keys, const float* values,
+                               const float* log_weights, std::span<const int32_t> indices, int d,
+                               float* out, float* probs);
+
 }  // namespace protokv::kernels

@@ -22,7 +22,11 @@ std::span<const float> Session::Impl::decode(int32_t token) {
   const int group = config.group_size();
   RowBuffers& s = step;
   Press* press = press_begun ? options.press : nullptr;
-  const bool want_probs = observer != nullptr && observer->wants_probabilities();
+  const bool want_probs = (observer != nullptr && observer->wants_probabilities()) ||
+                          (press != nullptr && press->wants_decode_probabilities());
+  if (selections.size() != static_cast<size_t>(n_heads))
+    selections.resize(static_cast<size_t>(n_heads));
+  size_t attended_bytes = 0;
 
   embed(std::span<const int32_t>(&token, 1), s);
 
@@ -40,6 +44,8 @@ std::span<const float> Session::Impl::decode(int32_t token) {
     }
     if (want_probs) ensure_probs_capacity(longest);
 
+    // A recall press picks each query head's entries before attention (DESIGN §4).
+    const bool selecting = press != nullptr && press->selects(l);
     // One pass over each KV head's entries for its whole group of query heads. Short caches stay
     // serial: waking the thread pool would cost more than the attention itself.
     constexpr int64_t kParallelMinWork = int64_t{1} << 15;
@@ -47,34 +53,49 @@ std::span<const float> Session::Impl::decode(int32_t token) {
     for (int kv = 0; kv < n_kv; ++kv) {
       const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
       const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
-      kernels::attention_decode_group(s.q.data() + first * hd, group, head.keys(), head.values(),
-                                      head.has_log_weights() ? head.log_weights().data() : nullptr,
-                                      head.size(), hd, s.att.data() + first * hd,
-                                      want_probs ? probs.data() + first * probs_stride : nullptr);
-    }
-    if (observer != nullptr) {
-      observer->on_attention_output(l, s.att.data(), n_heads, hd);
-      if (want_probs) {
-        for (int h = 0; h < n_heads; ++h) {
-          const int kv = h / group;
-          const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
-          // The group kernel writes [group, size] rows from the group's first slot.
-          const float* head_probs = probs.data() + static_cast<int64_t>(kv) * group * probs_stride +
-                                    static_cast<int64_t>(h - kv * group) * head.size();
-          observer->on_attention_probs(
-              l, h, std::span<const float>(head_probs, static_cast<size_t>(head.size())),
-              head.positions());
-        }
+      const float* log_weights = head.has_log_weights() ? head.log_weights().data() : nullptr;
+      if (!selecting) {
+        kernels::attention_decode_group(s.q.data() + first * hd, group, head.keys(), head.values(),
+                                        log_weights, head.size(), hd, s.att.data() + first * hd,
+                                        want_probs ? probs.data() + first * probs_stride : nullptr);
+        continue;
+      }
+      for (int64_t h = first; h < first + group; ++h) {
+        std::vector<int32_t>& chosen = selections[static_cast<size_t>(h)];
+        press->select(l, static_cast<int>(h), s.q.data() + h * hd, head, chosen);
+        kernels::attention_decode_gathered(s.q.data() + h * hd, head.keys(), head.values(),
+                                           log_weights, chosen, hd, s.att.data() + h * hd,
+                                           want_probs ? probs.data() + h * probs_stride : nullptr);
       }
     }
+    // Bytes of keys and values this layer's attention read, per KV head's worth of query heads.
+    for (int h = 0; h < n_heads; ++h) {
+      const int64_t entries = selecting
+                                  ? static_cast<int64_t>(selections[static_cast<size_t>(h)].size())
+                                  : layer_cache.heads[static_cast<size_t>(h / group)].size();
+      attended_bytes += static_cast<size_t>(entries) * static_cast<size_t>(hd) * 2 * sizeof(float);
+    }
+
+    DecodeStep decode_step{.layer = l,
+                           .n_heads = n_heads,
+                           .head_dim = hd,
+                           .position = pos,
+                           .q = s.q.data(),
+                           .attention_output = s.att.data(),
+                           .cache = &layer_cache,
+                           .probs_data = want_probs ? probs.data() : nullptr,
+                           .probs_stride = probs_stride,
+                           .selections = selecting ? selections.data() : nullptr};
+    if (observer != nullptr) observer->on_decode(decode_step);
     // The press sees the step after this layer's attention, so what it evicts affects later
     // steps only.
-    if (press != nullptr) press->on_decode(l, s.q.data(), pos, layer_cache);
+    if (press != nullptr) press->on_decode(decode_step);
 
     attention_output_and_ffn(lw, 1, s);
   }
 
   output_logits(s.x.data(), s.xb.data());
+  stats.decode_attended_kv_bytes = attended_bytes / static_cast<size_t>(group);
   ++n_past;
   return logits;
 }

@@ -127,9 +127,12 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       }
       // After compression, appended rows reach the press like decoded tokens do.
       if (kind == ChunkKind::kAppend && press_begun && press != nullptr) {
-        for (int64_t i = 0; i < n; ++i)
-          press->on_decode(l, b.q.data() + i * q_dim, positions[static_cast<size_t>(i)],
-                           layer_cache);
+        DecodeStep step{.layer = l, .n_heads = n_heads, .head_dim = hd, .cache = &layer_cache};
+        for (int64_t i = 0; i < n; ++i) {
+          step.position = positions[static_cast<size_t>(i)];
+          step.q = b.q.data() + i * q_dim;
+          press->on_decode(step);
+        }
       }
     }
 

@@ -90,6 +90,8 @@ struct Session::Impl {
   // probs_stride floats each, filled as [group, entries] rows by the group attention kernel.
   std::vector<float> probs;  // [n_heads * probs_stride]
   int64_t probs_stride = 0;
+  // Entries each query head attends when a recall press selects (decode scratch, reused).
+  std::vector<std::vector<int32_t>> selections;  // [n_heads]
 };
 
 // x[i] += bias[i] when a bias is present (Qwen2 q/k/v biases).

@@ -1,12 +1,14 @@
-#include "press/allocator.h"
+#include "protokv/press/allocator.h"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <numeric>
 
-#include "press/options.h"
 #include "protokv/error.h"
+#include "protokv/press/options.h"
 
 namespace protokv::press {
 

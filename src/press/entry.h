@@ -10,9 +10,9 @@
 #include <string>
 #include <string_view>
 
-#include "press/allocator.h"
-#include "press/options.h"
 #include "protokv/press.h"
+#include "protokv/press/allocator.h"
+#include "protokv/press/options.h"
 
 namespace protokv::press {
 
@@ -38,6 +38,9 @@ struct PressEntry {
   // AllocatorRole::None) and builds the press. OptionReader::finish() is make_press()'s job.
   std::unique_ptr<Press> (*make)(const PressEntry& entry, OptionReader& options,
                                  const AllocatorConfig& allocator);
+  // A recall method (clusterkv): stores every entry and attends to a budget-sized selection at
+  // each decode step (Press::selects), so the budget bounds the attended, not the stored, bytes.
+  bool recalls = false;
 };
 
 // Every registered method, in display order.

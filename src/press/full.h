@@ -1,4 +1,5 @@
 #pragma once
+#include <nlohmann/json.hpp>
 #include "press/entry.h"
 #include "protokv/press.h"
 

@@ -1,5 +1,7 @@
 #include "press/h2o.h"
 
+#include <nlohmann/json.hpp>
+
 #include <fmt/format.h>
 
 #include <cblas.h>
@@ -117,10 +119,12 @@ void H2oPress::on_kept(int layer, int h, const std::vector<int32_t>& kept) {
   s.active = true;
 }
 
-void H2oPress::on_decode(int layer, const float* q, int32_t /*position*/, LayerCache& cache) {
+void H2oPress::on_decode(const DecodeStep& step) {
+  const int layer = step.layer;
   if (!decode_eviction_ || layer < 0 ||
       static_cast<size_t>((layer + 1) * n_kv_heads_) > states_.size())
     return;
+  LayerCache& cache = *step.cache;
   const int n_heads = info().n_heads;
   const int group = n_heads / std::max(1, n_kv_heads_);
   const int d = info().head_dim;
@@ -131,47 +135,51 @@ void H2oPress::on_decode(int layer, const float* q, int32_t /*position*/, LayerC
     HeadCache& head = cache.heads[static_cast<size_t>(h)];
     const int64_t size = head.size();
     s.scores.resize(static_cast<size_t>(size), 0.0f);  // new entries start at zero
-    // Attention of the new token's group queries over this head's entries: [group, size].
-    std::vector<float> probs(static_cast<size_t>(group * size));
-    for (int g = 0; g < group; ++g) {
-      const float* qg = q + static_cast<int64_t>(h * group + g) * d;
-      float* row = probs.data() + static_cast<int64_t>(g) * size;
-      for (int64_t e = 0; e < size; ++e)
-        row[e] =
-            kernels::dot(qg, head.key(e), d) * scale + head.log_weights()[static_cast<size_t>(e)];
-      kernels::softmax(row, size);
+    // Attention of the new token's group queries over this head's entries: [group, size], as the
+    // decode kernel computed it.
+    const float* probs = step.group_probs(h, group);
+    if (probs == nullptr) {  // a row of append(): no attention weights come with it
+      probs_scratch_.resize(static_cast<size_t>(group * size));
+      for (int g = 0; g < group; ++g) {
+        const float* qg = step.q + static_cast<int64_t>(h * group + g) * d;
+        float* row = probs_scratch_.data() + static_cast<int64_t>(g) * size;
+        for (int64_t e = 0; e < size; ++e)
+          row[e] =
+              kernels::dot(qg, head.key(e), d) * scale + head.log_weights()[static_cast<size_t>(e)];
+        kernels::softmax(row, size);
+      }
+      probs = probs_scratch_.data();
     }
-    std::vector<float> reduced(static_cast<size_t>(size));
-    reduce_group(probs.data(), group, size, gqa_, reduced.data());
+    reduced_scratch_.resize(static_cast<size_t>(size));
+    reduce_group(probs, group, size, gqa_, reduced_scratch_.data());
     for (int64_t e = 0; e < size; ++e)
-      s.scores[static_cast<size_t>(e)] += reduced[static_cast<size_t>(e)];
+      s.scores[static_cast<size_t>(e)] += reduced_scratch_[static_cast<size_t>(e)];
 
     // Evict the lowest-scored entries outside the recent window until the head fits its budget.
     int64_t current = size;
-    std::vector<bool> evicted(static_cast<size_t>(size), false);
+    evicted_scratch_.assign(static_cast<size_t>(size), 0);
     while (current > s.capacity) {
       const int64_t candidates = size - window();
       int64_t victim = -1;
       for (int64_t e = 0; e < candidates; ++e) {
-        if (evicted[static_cast<size_t>(e)]) continue;
+        if (evicted_scratch_[static_cast<size_t>(e)] != 0) continue;
         if (victim < 0 || s.scores[static_cast<size_t>(e)] < s.scores[static_cast<size_t>(victim)])
           victim = e;
       }
       if (victim < 0) break;
-      evicted[static_cast<size_t>(victim)] = true;
+      evicted_scratch_[static_cast<size_t>(victim)] = 1;
       --current;
     }
     if (current == size) continue;
-    std::vector<int32_t> keep;
-    std::vector<float> kept_scores;
-    keep.reserve(static_cast<size_t>(current));
+    keep_scratch_.clear();
+    kept_scores_scratch_.clear();
     for (int64_t e = 0; e < size; ++e) {
-      if (evicted[static_cast<size_t>(e)]) continue;
-      keep.push_back(static_cast<int32_t>(e));
-      kept_scores.push_back(s.scores[static_cast<size_t>(e)]);
+      if (evicted_scratch_[static_cast<size_t>(e)] != 0) continue;
+      keep_scratch_.push_back(static_cast<int32_t>(e));
+      kept_scores_scratch_.push_back(s.scores[static_cast<size_t>(e)]);
     }
-    head.keep(keep);
-    s.scores = std::move(kept_scores);
+    head.keep(keep_scratch_);
+    s.scores.assign(kept_scores_scratch_.begin(), kept_scores_scratch_.end());
   }
 }
 

@@ -8,11 +8,12 @@
 // tokens (default B/2) are always kept, in prefill and in decode, and the other B - recent
 // entries are heavy hitters.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "press/entry.h"
-#include "press/scoring_press.h"
-#include "press/window_scores.h"
+#include "protokv/press/scoring_press.h"
+#include "protokv/press/window_scores.h"
 
 namespace protokv::press {
 
@@ -53,7 +54,10 @@ class H2oPress final : public ScoringPress {
            bool decode_eviction, GqaReduce gqa, int64_t recent = kRecentHalfBudget);
   nlohmann::json config() const override;
   void begin(const SequenceInfo& info, const Budget& budget) override;
-  void on_decode(int layer, const float* q, int32_t position, LayerCache& cache) override;
+  // Uses the engine's attention weights (step.probs); recomputes them only for rows that
+  // append() feeds, which come without. Allocates nothing once its scratch has grown.
+  void on_decode(const DecodeStep& step) override;
+  bool wants_decode_probabilities() const override { return decode_eviction_; }
 
   // Accumulated scores of `layer`, head `h`, aligned with its cache entries (tests).
   const std::vector<float>& decode_scores(int layer, int h) const;
@@ -75,6 +79,12 @@ class H2oPress final : public ScoringPress {
   int64_t recent_;
   int n_kv_heads_ = 0;
   std::vector<HeadState> states_;  // [n_layers, n_kv_heads]
+  // Per-step scratch, reused.
+  std::vector<float> probs_scratch_;    // [group, entries]
+  std::vector<float> reduced_scratch_;  // [entries]
+  std::vector<char> evicted_scratch_;   // [entries]
+  std::vector<int32_t> keep_scratch_;
+  std::vector<float> kept_scores_scratch_;
 };
 
 extern const PressEntry kH2oEntry;

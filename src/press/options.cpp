@@ -1,4 +1,4 @@
-#include "press/options.h"
+#include "protokv/press/options.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

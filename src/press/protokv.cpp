@@ -1,5 +1,7 @@
 #include "press/protokv.h"
 
+#include <nlohmann/json.hpp>
+
 #include <fmt/format.h>
 
 #include <cblas.h>
@@ -8,8 +10,8 @@
 #include <cmath>
 #include <vector>
 
-#include "press/options.h"
 #include "protokv/error.h"
+#include "protokv/press/options.h"
 
 namespace protokv::press {
 namespace {

@@ -5,13 +5,14 @@
 // observation-window scores averaged over each cluster (Eq. 18), then the top B - w tokens by
 // that score (ties by the token's own score) plus the window.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "press/entry.h"
 #include "press/protokv_clustering.h"
-#include "press/scoring_press.h"
-#include "press/window_scores.h"
+#include "protokv/press/scoring_press.h"
+#include "protokv/press/window_scores.h"
 
 namespace protokv::press {
 

@@ -5,15 +5,16 @@
 
 #include <array>
 
-#include "press/allocator.h"
+#include "press/clusterkv.h"
 #include "press/entry.h"
 #include "press/full.h"
 #include "press/h2o.h"
-#include "press/options.h"
 #include "press/protokv.h"
 #include "press/snapkv.h"
 #include "press/streaming_llm.h"
 #include "protokv/error.h"
+#include "protokv/press/allocator.h"
+#include "protokv/press/options.h"
 
 namespace protokv {
 namespace press {
@@ -22,7 +23,7 @@ std::span<const PressEntry* const> press_table() {
   // Display order. A new press adds its entry here (and nowhere else).
   static constexpr std::array kTable = {
       &kFullEntry,      &kStreamingLlmEntry, &kH2oEntry,     &kSnapKvEntry,
-      &kPyramidKvEntry, &kAdaKvEntry,        &kProtoKvEntry,
+      &kPyramidKvEntry, &kAdaKvEntry,        &kProtoKvEntry, &kClusterKvEntry,
   };
   return kTable;
 }

@@ -1,4 +1,4 @@
-#include "press/scores.h"
+#include "protokv/press/scores.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,10 +1,16 @@
-#include "press/scoring_press.h"
+#include "protokv/press/scoring_press.h"
+
+#include <nlohmann/json.hpp>
 
 #include <numeric>
 
 #include "protokv/error.h"
 
 namespace protokv::press {
+
+nlohmann::json Scorer::diagnostics() const {
+  return nullptr;
+}
 
 void keep_all(const LayerView& layer, LayerCache& out) {
   std::vector<int32_t> all(static_cast<size_t>(layer.n_tokens));

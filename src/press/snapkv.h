@@ -1,9 +1,10 @@
 #pragma once
 // SnapKV (ProtoKV paper Eqs. 4-5): score = observation-window attention, pooled, reduced over the
 // GQA group. Also the scorer of pyramidkv and adakv, which differ only in their allocator.
+#include <nlohmann/json.hpp>
 #include "press/entry.h"
-#include "press/scoring_press.h"
-#include "press/window_scores.h"
+#include "protokv/press/scoring_press.h"
+#include "protokv/press/window_scores.h"
 
 namespace protokv::press {
 

@@ -1,9 +1,11 @@
 #include "press/streaming_llm.h"
 
+#include <nlohmann/json.hpp>
+
 #include <fmt/format.h>
 
-#include "press/scoring_press.h"
 #include "protokv/error.h"
+#include "protokv/press/scoring_press.h"
 
 namespace protokv::press {
 

@@ -1,6 +1,7 @@
 #pragma once
 // StreamingLLM (Xiao et al.): keep the first `sinks` tokens (attention sinks) and the most recent
 // B - sinks tokens of the prompt. Position-only: no scores, no allocator.
+#include <nlohmann/json.hpp>
 #include "press/entry.h"
 #include "protokv/press.h"
 

@@ -1,4 +1,6 @@
-#include "press/window_scores.h"
+#include "protokv/press/window_scores.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cblas.h>
 
@@ -8,9 +10,9 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "press/options.h"
-#include "press/scores.h"
 #include "protokv/error.h"
+#include "protokv/press/options.h"
+#include "protokv/press/scores.h"
 
 namespace protokv::press {
 

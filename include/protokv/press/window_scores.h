@@ -3,7 +3,7 @@
 // `window` prompt queries pay to each prefix key, pooled along the sequence (SnapKV Eq. 5) and
 // reduced over the query heads that share a KV head (GQA), so that selection is per KV head.
 #include <cstdint>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "protokv/press.h"

@@ -5,11 +5,11 @@
 //   pyramid - PyramidKV's layer rule (more in lower layers, fewer in upper ones).
 //   adakv   - Ada-KV's head-wise split of one layer's total by a global top-k over all heads.
 #include <cstdint>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
-#include "press/scores.h"
+#include "protokv/press/scores.h"
 
 namespace protokv::press {
 

@@ -4,13 +4,13 @@
 // the observation window (DESIGN §5). Kept entries are written in ascending position order.
 #include <cstdint>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
-#include "press/allocator.h"
-#include "press/scores.h"
 #include "protokv/press.h"
+#include "protokv/press/allocator.h"
+#include "protokv/press/scores.h"
 
 namespace protokv::press {
 
@@ -28,7 +28,7 @@ class Scorer {
   // Called concurrently for different heads.
   virtual void on_kept(int /*layer*/, int /*h*/, const std::vector<int32_t>& /*kept*/) {}
   // What the scorer observed since begin() (e.g. ProtoKV's cluster statistics); null if nothing.
-  virtual nlohmann::json diagnostics() const { return nullptr; }
+  virtual nlohmann::json diagnostics() const;
 };
 
 class ScoringPress : public Press {
