@@ -41,14 +41,6 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
   out << text;
 }
 
-// Exit code 1 and exactly one stderr line, "protokv: error: ...", containing `needle`.
-void expect_one_line_error(const std::string& args, const std::string& needle) {
-  SCOPED_TRACE(args);
-  const auto r = run_protokv(args);
-  testing::expect_one_line_error(r, needle);
-  EXPECT_TRUE(r.out.empty()) << r.out;
-}
-
 TEST(CliGenerate, Stories260kGreedyMatchesPublishedOutput) {
   PROTOKV_REQUIRE_STORIES();
   const auto r = run_protokv("generate " + stories_args("") + " -n 200 --temp 0");
@@ -278,28 +270,32 @@ TEST(CliGenerate, BadInputIsOneLineError) {
   TempDir dir;
   const std::string model = "-m '" + (stories_dir() / "stories260K.bin").string() + "'";
   const std::string tok = " -z '" + (stories_dir() / "tok512.bin").string() + "'";
-  expect_one_line_error("generate " + model + " -n 5", "tokenizer");
-  expect_one_line_error("generate " + model + tok + " -p ''", "empty prompt");
+  testing::expect_run_fails_with_one_line("generate " + model + " -n 5", "tokenizer");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " -p ''", "empty prompt");
   write_text(dir / "empty.txt", "");
-  expect_one_line_error("generate " + model + tok + " -f '" + (dir / "empty.txt").string() + "'",
-                        "empty prompt");
-  expect_one_line_error("generate " + model + tok + " -f '" + (dir / "absent.txt").string() + "'",
-                        "absent.txt");
+  testing::expect_run_fails_with_one_line(
+      "generate " + model + tok + " -f '" + (dir / "empty.txt").string() + "'", "empty prompt");
+  testing::expect_run_fails_with_one_line(
+      "generate " + model + tok + " -f '" + (dir / "absent.txt").string() + "'", "absent.txt");
   std::string long_text;
   for (int i = 0; i < 300; ++i) long_text += "The cat sat on the mat. ";
   write_text(dir / "long.txt", long_text);
-  expect_one_line_error("generate " + model + tok + " -f '" + (dir / "long.txt").string() + "'",
-                        "longer than the model's context");
-  expect_one_line_error("generate " + model + tok + " -n -1", "-n");
-  expect_one_line_error("generate " + model + tok + " --press nosuch --budget 4", "nosuch");
-  expect_one_line_error("generate " + model + tok + " --budget -3", "budget");
-  expect_one_line_error("generate " + model + tok + " --ratio 1.5", "ratio");
-  expect_one_line_error("generate " + model + tok + " --budget 4 --ratio 0.5", "not both");
-  expect_one_line_error("generate " + model + tok + " --mode sideways", "--mode");
-  expect_one_line_error("generate " + model + tok + " --ubatch -2", "--ubatch");
-  expect_one_line_error("generate " + model + tok + " --temp -1", "temperature");
-  expect_one_line_error("generate " + model + tok + " --top-p 0", "top-p");
-  expect_one_line_error("generate -m '" + (dir / "nomodel.bin").string() + "'" + tok, "not found");
+  testing::expect_run_fails_with_one_line(
+      "generate " + model + tok + " -f '" + (dir / "long.txt").string() + "'",
+      "longer than the model's context");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " -n -1", "-n");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --press nosuch --budget 4",
+                                          "nosuch");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --budget -3", "budget");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --ratio 1.5", "ratio");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --budget 4 --ratio 0.5",
+                                          "not both");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --mode sideways", "--mode");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --ubatch -2", "--ubatch");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --temp -1", "temperature");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --top-p 0", "top-p");
+  testing::expect_run_fails_with_one_line(
+      "generate -m '" + (dir / "nomodel.bin").string() + "'" + tok, "not found");
 }
 
 TEST(CliGenerate, CorruptCheckpointsAreOneLineErrors) {
@@ -317,20 +313,22 @@ TEST(CliGenerate, CorruptCheckpointsAreOneLineErrors) {
   for (size_t cut : {size_t{2}, size_t{20}, size_t{28}, size_t{5000}, bytes.size() - 8}) {
     const auto path =
         write_bytes("cut.bin", {bytes.begin(), bytes.begin() + static_cast<long>(cut)});
-    expect_one_line_error("generate -m '" + path + "' -n 3", "");
+    testing::expect_run_fails_with_one_line("generate -m '" + path + "' -n 3", "");
   }
   auto longer = bytes;
   longer.insert(longer.end(), 64, '\0');
-  expect_one_line_error("generate -m '" + write_bytes("long.bin", longer) + "' -n 3",
-                        "does not match");
+  testing::expect_run_fails_with_one_line(
+      "generate -m '" + write_bytes("long.bin", longer) + "' -n 3", "does not match");
   for (auto [field, value] : std::vector<std::pair<int, int32_t>>{
            {0, -64}, {2, -1}, {3, 0}, {6, 1 << 30}, {1, 1 << 29}}) {
     auto bad = bytes;
     std::memcpy(bad.data() + 4 * field, &value, 4);
-    expect_one_line_error("generate -m '" + write_bytes("bad.bin", bad) + "' -n 3", "llama2.c");
+    testing::expect_run_fails_with_one_line(
+        "generate -m '" + write_bytes("bad.bin", bad) + "' -n 3", "llama2.c");
   }
   // A valid checkpoint without -z: the tokenizer is missing.
-  expect_one_line_error("generate -m '" + (dir / "good.bin").string() + "' -n 3", "tokenizer");
+  testing::expect_run_fails_with_one_line("generate -m '" + (dir / "good.bin").string() + "' -n 3",
+                                          "tokenizer");
 }
 
 TEST(CliBench, E2eReportsEveryContext) {
@@ -372,9 +370,10 @@ TEST(CliBench, E2eReportsEveryContext) {
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("decode ms/t"), std::string::npos) << table.out;
 
-  expect_one_line_error("bench e2e " + m + " -c 200", "longer than the model's context");
-  expect_one_line_error("bench e2e " + m + " -c 0", "context lengths");
-  expect_one_line_error("bench e2e " + m + " -c 8 --ubatch -1", "--ubatch");
+  testing::expect_run_fails_with_one_line("bench e2e " + m + " -c 200",
+                                          "longer than the model's context");
+  testing::expect_run_fails_with_one_line("bench e2e " + m + " -c 0", "context lengths");
+  testing::expect_run_fails_with_one_line("bench e2e " + m + " -c 8 --ubatch -1", "--ubatch");
 }
 
 }  // namespace

@@ -839,14 +839,6 @@ std::string quoted(const fs::path& p) {
   return fmt::format("'{}'", p.string());
 }
 
-void expect_one_line_error(const testing::CommandResult& r, const std::string& contains) {
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_EQ(r.err.rfind("protokv: error: ", 0), 0u) << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
-  EXPECT_NE(r.err.find(contains), std::string::npos) << r.err;
-}
-
 TEST(ConvertHfCli, ConvertsAFolderAndRejectsBadInput) {
   TempDir tmp;
   write_checkpoint(random_model_weights(small_config(), 41), tmp / "hf", {});
@@ -859,15 +851,15 @@ TEST(ConvertHfCli, ConvertsAFolderAndRejectsBadInput) {
   EXPECT_EQ(info.exit_code, 0) << info.err;
 
   fs::create_directories(tmp / "empty");
-  expect_one_line_error(
+  testing::expect_one_line_error(
       testing::run_protokv("convert " + quoted(tmp / "empty") + " -o " + quoted(tmp / "x.gguf")),
       "without config.json");
-  expect_one_line_error(
+  testing::expect_one_line_error(
       testing::run_protokv("convert " + quoted(tmp / "hf") + " " + quoted(tmp / "tok.bin") +
                            " -o " + quoted(tmp / "x.gguf")),
       "drop the tokenizer argument");
   fs::resize_file(tmp / "hf" / "model.safetensors", 12);
-  expect_one_line_error(
+  testing::expect_one_line_error(
       testing::run_protokv("convert " + quoted(tmp / "hf") + " -o " + quoted(tmp / "x.gguf")),
       "bad safetensors header length");
 }

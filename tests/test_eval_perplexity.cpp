@@ -181,31 +181,24 @@ TEST(CliPerplexity, PrintsRunningAndFinalEstimateLikeLlamaCpp) {
   EXPECT_NE(r.out.find(final_line), std::string::npos) << r.out << "\n" << final_line;
 }
 
-void expect_one_line_error(const std::string& args, const std::string& needle) {
-  SCOPED_TRACE(args);
-  const auto r = run_protokv(args);
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err.rfind("protokv: error: ", 0), 0u) << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-  EXPECT_TRUE(r.out.empty()) << r.out;
-}
-
 TEST(CliPerplexity, BadInputGivesOneLineError) {
   PROTOKV_REQUIRE_STORIES();
   TempDir dir;
   const std::string text = write_text(dir, "story.txt", story_text());
-  expect_one_line_error(stories_args() + " -f '" + write_text(dir, "empty.txt", "") + "'", "empty");
-  expect_one_line_error(
+  testing::expect_run_fails_with_one_line(
+      stories_args() + " -f '" + write_text(dir, "empty.txt", "") + "'", "empty");
+  testing::expect_run_fails_with_one_line(
       stories_args() + " -f '" + write_text(dir, "short.txt", "Once upon a time.") + "' -c 64",
       "needs at least 128");
-  expect_one_line_error(stories_args() + " -f '" + text + "' -c 100000000", "context length");
-  expect_one_line_error(stories_args() + " -f '" + text + "' -c 0", "at least 4");
-  expect_one_line_error(stories_args() + " -f '" + text + "' -c -5", "at least 4");
-  expect_one_line_error(stories_args() + " -f '" + text + "' -c 64 --chunks 0", "--chunks");
-  expect_one_line_error(stories_args() + " -f '" + (dir / "missing.txt").string() + "'",
-                        "missing.txt");
+  testing::expect_run_fails_with_one_line(stories_args() + " -f '" + text + "' -c 100000000",
+                                          "context length");
+  testing::expect_run_fails_with_one_line(stories_args() + " -f '" + text + "' -c 0", "at least 4");
+  testing::expect_run_fails_with_one_line(stories_args() + " -f '" + text + "' -c -5",
+                                          "at least 4");
+  testing::expect_run_fails_with_one_line(stories_args() + " -f '" + text + "' -c 64 --chunks 0",
+                                          "--chunks");
+  testing::expect_run_fails_with_one_line(
+      stories_args() + " -f '" + (dir / "missing.txt").string() + "'", "missing.txt");
 }
 
 }  // namespace

@@ -77,6 +77,14 @@ inline void expect_one_line_error(const CommandResult& r, const std::string& con
   EXPECT_NE(r.err.find(contains), std::string::npos) << r.err;
 }
 
+// Runs protokv with `args`; it must fail as bad input must (above) and print nothing on stdout.
+inline void expect_run_fails_with_one_line(const std::string& args, const std::string& needle) {
+  SCOPED_TRACE(args);
+  const CommandResult r = run_protokv(args);
+  expect_one_line_error(r, needle);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 // `n` token ids drawn uniformly from [0, vocab) by std::mt19937_64(seed).
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed);
 

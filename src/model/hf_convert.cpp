@@ -177,7 +177,6 @@ struct HfModel {
   bool tie_word_embeddings = false;
 };
 
-
 HfModel read_config(const fs::path& dir) {
   const fs::path path = dir / "config.json";
   PROTOKV_CHECK(fs::exists(path), "{}: no config.json (not a Hugging Face checkpoint folder)",
@@ -215,8 +214,8 @@ HfModel read_config(const fs::path& dir) {
   mc.norm_eps = static_cast<float>(c.float_or(root, "rms_norm_eps", 1e-6));
   mc.rope_neox = !m.arch->undo_qk_permute;
   if (root.contains("head_dim") && !root["head_dim"].is_null()) {
-    // Written as attention.key_length / value_length, as llama.cpp's converter does (Qwen3: head_dim
-    // 128 with hidden 1024 and 16 heads).
+    // Written as attention.key_length / value_length, as llama.cpp's converter does (Qwen3:
+    // head_dim 128 with hidden 1024 and 16 heads).
     mc.explicit_head_dim = c.positive_int("head_dim");
   }
   m.tie_word_embeddings = root.value("tie_word_embeddings", false);
@@ -469,9 +468,9 @@ HfConvertResult convert_hf_checkpoint(const std::string& dir_string, const std::
           llama3_rope_factors(*model.llama3_rope, config.rope_theta, config.rope_dims()));
       PROTOKV_CHECK(static_cast<int64_t>(factors->size()) == spec.cols,
                     "rope_freqs has {} factors, the model needs {}", factors->size(), spec.cols);
-      writer.add_tensor(
-          spec.name, {spec.cols}, DType::F32,
-          [factors](void* dst, size_t nbytes) { std::memcpy(dst, factors->data(), nbytes); });
+      writer.add_tensor(spec.name, {spec.cols}, DType::F32, [factors](void* dst, size_t nbytes) {
+        std::memcpy(dst, factors->data(), nbytes);
+      });
       continue;
     }
     const std::optional<std::string> hf_name = hf_name_of(spec);
