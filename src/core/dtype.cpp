@@ -62,10 +62,9 @@ std::string_view dtype_name(DType type) {
 }
 
 namespace {
-constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
-                               DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                               DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
-                               DType::Q6_K};
+constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
+                               DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                               DType::Q4_K, DType::Q5_K, DType::Q6_K};
 }  // namespace
 
 DType dtype_from_name(std::string_view name) {
@@ -78,9 +77,10 @@ DType dtype_from_name(std::string_view name) {
                          std::tolower(static_cast<unsigned char>(known[i]));
     if (same) return type;
   }
-  fail("unknown tensor type '{}' (expected f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, "
-       "q3_K, q4_K, q5_K or q6_K)",
-       name);
+  fail(
+      "unknown tensor type '{}' (expected f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, "
+      "q3_K, q4_K, q5_K or q6_K)",
+      name);
 }
 
 bool dtype_quantizable(DType type) {
@@ -88,8 +88,8 @@ bool dtype_quantizable(DType type) {
 }
 
 bool dtype_is_k_quant(DType type) {
-  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K ||
-         type == DType::Q5_K || type == DType::Q6_K;
+  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K ||
+         type == DType::Q6_K;
 }
 
 int64_t dtype_block_size(DType type) {
@@ -262,9 +262,10 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       return;
     }
     default:
-      fail("quantising to {} is not implemented (protokv reads {} files; quantise with "
-           "llama-quantize)",
-           dtype_name(type), dtype_name(type));
+      fail(
+          "quantising to {} is not implemented (protokv reads {} files; quantise with "
+          "llama-quantize)",
+          dtype_name(type), dtype_name(type));
   }
 }
 

@@ -52,8 +52,8 @@ void matvec_impl(const WeightMatrix& w, const float* x, float* y) {
       QuantizedActivation& xq = activation_scratch();
       quantize_activation(x, cols, kQ8BlockSize, xq);
       for_each_row(w, y, [&](const void* row) {
-        return Ops::dot_q8_0_int8(static_cast<const BlockQ8_0*>(row), xq.q.data(),
-                                  xq.scale.data(), n_blocks);
+        return Ops::dot_q8_0_int8(static_cast<const BlockQ8_0*>(row), xq.q.data(), xq.scale.data(),
+                                  n_blocks);
       });
       return;
     }
