@@ -316,21 +316,6 @@ int64_t activation_block(DType type) {
   return dtype_block_size(type);  // per 32 values for legacy types, 256 for K-quants
 }
 
-// Bound on |matvec - exact dot| from quantising x to int8 per activation block (each value moves
-// by at most half a step, scale = max|x| / 127), plus F32 rounding of the sums.
-double int8_activation_bound(const float* w, const float* x, int64_t cols, int64_t block) {
-  double bound = 0;
-  for (int64_t b = 0; b < cols / block; ++b) {
-    double amax = 0, wsum = 0;
-    for (int64_t i = b * block; i < (b + 1) * block; ++i) {
-      amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
-      wsum += std::fabs(static_cast<double>(w[i]));
-    }
-    bound += 0.5 * amax / 127.0 * wsum * 1.0001;
-  }
-  return bound + 1e-5 * testing::ref_abs_dot(w, x, cols) + 1e-6;
-}
-
 std::vector<int64_t> widths_for(DType type) {
   if (dtype_block_size(type) == 32) return {32, 64, 320, 4096};
   return {256, 512, 2816, 4096};
@@ -358,7 +343,7 @@ TEST(QuantKernels, MatvecEveryIsaMatchesDequantisedReference) {
             const float* wr = &dense[r * cols];
             const double exact = testing::ref_dot(wr, x.data(), cols);
             ASSERT_NEAR(y[r], exact,
-                        int8_activation_bound(wr, x.data(), cols, activation_block(type)))
+                        testing::int8_activation_bound(wr, x.data(), cols, activation_block(type)))
                 << "row " << r;
             // The integer part is exact in every variant: they differ by F32 summation order only.
             ASSERT_NEAR(y[r], scalar[r], 2e-6 * testing::ref_abs_dot(wr, x.data(), cols) + 1e-6)
@@ -422,7 +407,7 @@ TEST(QuantKernels, MatmulMatchesReferenceAndMatvec) {
           ASSERT_NEAR(y[t * rows + r], testing::ref_dot(wr, xt, cols),
                       1e-5 * testing::ref_abs_dot(wr, xt, cols) + 1e-6);
           ASSERT_NEAR(y[t * rows + r], row_out[r],
-                      int8_activation_bound(wr, xt, cols, activation_block(type)));
+                      testing::int8_activation_bound(wr, xt, cols, activation_block(type)));
         }
       }
     }
