@@ -521,5 +521,28 @@ TEST(QuantModel, WrittenLoadedAndRun) {
   }
 }
 
+// Types without a quantiser are refused before anything is written, with one line.
+TEST(QuantModel, WritingTypesWithoutQuantiserFails) {
+  testing::TempDir dir;
+  RandomModelOptions options;
+  options.config.dim = 256;
+  options.config.hidden_dim = 512;
+  options.config.n_layers = 1;
+  options.config.n_heads = 4;
+  options.config.n_kv_heads = 2;
+  options.config.vocab_size = 300;
+  options.config.context_length = 64;
+  options.type = DType::Q6_K;
+  try {
+    write_random_model(options, (dir / "m.gguf").string());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write q6_K weights"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.gguf"));
+}
+
 }  // namespace
 }  // namespace protokv
