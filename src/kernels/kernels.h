@@ -54,10 +54,11 @@ void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
                const RopeTable& table, const int32_t* positions);
 
 // y[rows] = W[rows, cols] · x[cols], W in any supported dtype. Parallel over rows.
-// Quantised weights (Q8_0, Q4_0 ... Q6_K): as in ggml, x is quantised to int8 per block of the
-// weight type (32 values for legacy formats, 256 for K-quants, scale max|x| / 127) and each block
-// is multiplied in int32 (kernels/quant_matvec.h), so the result differs from the dequantised
-// F32 product by at most sum over blocks of (scale / 2) * sum |w| (tests/test_quant.cpp).
+// Q8_0 and K-quant weights: as in ggml, x is quantised to int8 per block of the weight type (32
+// values for Q8_0, 256 for K-quants, scale max|x| / 127) and each block is multiplied in int32
+// (kernels/quant_matvec.h), so the result differs from the dequantised F32 product by at most
+// sum over blocks of (scale / 2) * sum |w| (tests/test_quant.cpp). Q4_0/Q4_1/Q5_0/Q5_1 rows
+// are dequantised to F32 and multiplied with F32 x (faster here for 32-value blocks).
 void matvec(const WeightMatrix& w, const float* x, float* y);
 
 // Y[n, rows] = X[n, cols] · W^T (prefill projections), W in any supported dtype, through BLAS.
