@@ -1,6 +1,7 @@
 #pragma once
 // Naive reference implementations (double accumulation, no tiling, no SIMD) and random inputs
 // for the kernel tests.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -56,6 +57,22 @@ inline double ref_abs_dot(const float* a, const float* b, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += std::fabs(static_cast<double>(a[i]) * b[i]);
   return s;
+}
+
+// Bound on |matvec - exact dot| for quantised weights, whose mat-vec quantises x to int8 per
+// activation block (dtype_block_size values: each value moves by at most half a step, step =
+// max|x| / 127 of its block), plus F32 rounding of the sums.
+inline double int8_activation_bound(const float* w, const float* x, int64_t cols, int64_t block) {
+  double bound = 0;
+  for (int64_t b = 0; b < cols / block; ++b) {
+    double amax = 0, wsum = 0;
+    for (int64_t i = b * block; i < (b + 1) * block; ++i) {
+      amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
+      wsum += std::fabs(static_cast<double>(w[i]));
+    }
+    bound += 0.5 * amax / 127.0 * wsum * 1.0001;
+  }
+  return bound + 1e-5 * ref_abs_dot(w, x, cols) + 1e-6;
 }
 
 // Y[n, rows] = X[n, cols] W^T with the dequantised weights.

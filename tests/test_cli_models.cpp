@@ -158,9 +158,13 @@ TEST(CliMakeModel, BadShapesFailWithOneLine) {
   expect_one_line_error(
       run_protokv("make-model --dim 64 --layers 2 --heads 4 --vocab 300 --ctx 0" + out),
       "context length 0");
+  // q4_0 and q4_K have a quantiser now; q6_K has none, iq2_xxs is not a protokv type.
   expect_one_line_error(
-      run_protokv("make-model --dim 64 --layers 2 --heads 4 --vocab 300 --type q4_0" + out),
-      "q4_0");
+      run_protokv("make-model --dim 64 --layers 2 --heads 4 --vocab 300 --type q6_K" + out),
+      "cannot write q6_K weights");
+  expect_one_line_error(
+      run_protokv("make-model --dim 64 --layers 2 --heads 4 --vocab 300 --type iq2_xxs" + out),
+      "unknown tensor type 'iq2_xxs'");
   expect_one_line_error(run_protokv("make-model --dim 65536 --layers 1000 --heads 64 --vocab "
                                     "4000000" +
                                     out),

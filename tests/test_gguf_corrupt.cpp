@@ -295,9 +295,11 @@ TEST_F(GgufCorrupt, UnsupportedTensorTypesAreNamed) {
   expect_error(raw.encode(),
                "tensor b has type iq2_xxs (ggml type 16), which protokv does not support");
   raw.tensors[1].type = 35;
-  expect_error(raw.encode(), "tensor b has type tq2_0 (ggml type 35), which protokv does not support");
+  expect_error(raw.encode(),
+               "tensor b has type tq2_0 (ggml type 35), which protokv does not support");
   raw.tensors[1].type = 15;  // Q8_K exists only as ggml's activation format
-  expect_error(raw.encode(), "tensor b has type q8_K (ggml type 15), which protokv does not support");
+  expect_error(raw.encode(),
+               "tensor b has type q8_K (ggml type 15), which protokv does not support");
   raw.tensors[1].type = 99;
   expect_error(raw.encode(),
                "tensor b has type 99 (unknown ggml type), which protokv does not support");
@@ -310,6 +312,43 @@ TEST_F(GgufCorrupt, RowsMustBeWholeBlocks) {
   RawFile raw = valid_file();
   raw.tensors[1].dims = {33};
   expect_error(raw.encode(), "not a multiple of the q8_0 block size 32");
+}
+
+TEST_F(GgufCorrupt, QuantisedRowsMustBeWholeBlocks) {
+  RawFile raw = valid_file();
+  raw.tensors[1].type = 12;  // q4_K: super-blocks of 256
+  raw.tensors[1].dims = {300};
+  expect_error(raw.encode(),
+               "tensor b has rows of 300 values, not a multiple of the q4_K block size 256");
+  raw.tensors[1].type = 14;
+  raw.tensors[1].dims = {32};
+  expect_error(raw.encode(), "not a multiple of the q6_K block size 256");
+  raw.tensors[1].type = 2;  // q4_0: blocks of 32
+  raw.tensors[1].dims = {48};
+  expect_error(raw.encode(), "not a multiple of the q4_0 block size 32");
+}
+
+// Each type's byte size per row: a last tensor of exactly that many bytes loads, one byte less
+// is outside the file.
+TEST_F(GgufCorrupt, QuantisedTensorBytesFollowTheirShape) {
+  struct Case {
+    uint32_t type;
+    uint64_t cols;
+    size_t row_bytes;
+  };
+  for (const Case c :
+       {Case{2, 64, 36}, Case{3, 64, 40}, Case{6, 64, 44}, Case{7, 64, 48}, Case{10, 256, 84},
+        Case{11, 256, 110}, Case{12, 512, 288}, Case{13, 256, 176}, Case{14, 256, 210}}) {
+    SCOPED_TRACE(c.type);
+    RawFile raw = valid_file();
+    raw.tensors[2] = {"c", {c.cols, 3}, c.type, 96};
+    raw.data_bytes = 96 + 3 * c.row_bytes;
+    const GgufFile f = GgufFile::open(write(raw.encode()));
+    EXPECT_EQ(f.tensors()[2].nbytes, 3 * c.row_bytes);
+    EXPECT_EQ(static_cast<uint32_t>(f.tensors()[2].type), c.type);
+    raw.data_bytes -= 1;
+    expect_error(raw.encode(), "lies outside the file");
+  }
 }
 
 TEST_F(GgufCorrupt, TensorDataOutsideTheFile) {

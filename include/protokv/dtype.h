@@ -97,7 +97,8 @@ bool dtype_supported(uint32_t ggml_type);
 std::string_view dtype_name(DType type);
 // Parses any dtype_name (K-quants also in lower case, "q4_k"); throws Error otherwise.
 DType dtype_from_name(std::string_view name);
-// True for the types quantize_row can write (F32, F16, BF16, Q8_0).
+// True for the types quantize_row can write (F32, F16, BF16, Q8_0, and Q4_0 / Q4_K with a simple
+// reference quantiser that is not byte-identical to llama-quantize).
 bool dtype_quantizable(DType type);
 // True for the K-quants (super-blocks of 256 values).
 bool dtype_is_k_quant(DType type);

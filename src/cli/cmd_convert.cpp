@@ -89,7 +89,9 @@ void register_convert(CLI::App& app) {
                   "llama2.c tokenizer.bin (required for llama2.c checkpoints; replaces a GGUF "
                   "model's own tokenizer)");
   cmd->add_option("-o,--output", o->output, "GGUF file to write")->required();
-  cmd->add_option("--type", o->type, "Type of the weight matrices: f32, f16, bf16 or q8_0")
+  cmd->add_option("--type", o->type,
+                  "Type of the weight matrices: f32, f16, bf16, q8_0, q4_0 or q4_K (q4_0/q4_K: a "
+                  "simple reference quantiser, not llama-quantize's)")
       ->capture_default_str();
   cmd->add_option("--name", o->name,
                   "general.name (default: the input file's stem or folder's name)");

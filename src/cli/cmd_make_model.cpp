@@ -135,8 +135,9 @@ void register_make_model(CLI::App& app) {
                 "Tie the output layer to the token embedding (no output.weight)");
   cmd->add_option("--norm-eps", o->norm_eps, "RMSNorm epsilon")->capture_default_str();
   cmd->add_option("--type", o->type,
-                  "Type of the weight matrices: f32, f16, bf16 or q8_0 (rows not a multiple of "
-                  "32 fall back to f16)")
+                  "Type of the weight matrices: f32, f16, bf16, q8_0, q4_0 or q4_K (rows not a "
+                  "multiple of the block size, 32 or 256 for q4_K, fall back to f16; q4_0/q4_K "
+                  "use a simple reference quantiser, not llama-quantize's)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   cmd->add_option("--name", o->name, "general.name")->capture_default_str();

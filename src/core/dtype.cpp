@@ -1,5 +1,6 @@
 #include "protokv/dtype.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -62,10 +63,9 @@ std::string_view dtype_name(DType type) {
 }
 
 namespace {
-constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
-                               DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                               DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
-                               DType::Q6_K};
+constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
+                               DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                               DType::Q4_K, DType::Q5_K, DType::Q6_K};
 }  // namespace
 
 DType dtype_from_name(std::string_view name) {
@@ -78,18 +78,20 @@ DType dtype_from_name(std::string_view name) {
                          std::tolower(static_cast<unsigned char>(known[i]));
     if (same) return type;
   }
-  fail("unknown tensor type '{}' (expected f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, "
-       "q3_K, q4_K, q5_K or q6_K)",
-       name);
+  fail(
+      "unknown tensor type '{}' (expected f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, "
+      "q3_K, q4_K, q5_K or q6_K)",
+      name);
 }
 
 bool dtype_quantizable(DType type) {
-  return type == DType::F32 || type == DType::F16 || type == DType::BF16 || type == DType::Q8_0;
+  return type == DType::F32 || type == DType::F16 || type == DType::BF16 || type == DType::Q8_0 ||
+         type == DType::Q4_0 || type == DType::Q4_K;
 }
 
 bool dtype_is_k_quant(DType type) {
-  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K ||
-         type == DType::Q5_K || type == DType::Q6_K;
+  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K ||
+         type == DType::Q6_K;
 }
 
 int64_t dtype_block_size(DType type) {
@@ -231,6 +233,88 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
   }
 }
 
+namespace {
+
+// Simple reference quantisers for Q4_0 and Q4_K (round to nearest, scales from the block range;
+// NOT byte-identical to llama-quantize, whose Q4_K search for scales is more elaborate). They
+// write valid ggml blocks, so any reader decodes them the same way.
+void quantize_row_q4_0(const float* x, BlockQ4_0* blocks, int64_t n) {
+  for (int64_t b = 0; b < n / kQ4BlockSize; ++b) {
+    const float* xb = x + b * kQ4BlockSize;
+    float extreme = 0.0f;  // the value of largest magnitude, sign kept: it maps to -8
+    for (int j = 0; j < kQ4BlockSize; ++j)
+      if (std::fabs(xb[j]) > std::fabs(extreme)) extreme = xb[j];
+    const float d = extreme / -8.0f;
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    blocks[b].d = f32_to_f16(d);
+    for (int j = 0; j < 16; ++j) {
+      const int lo = std::clamp(static_cast<int>(std::lround(xb[j] * inv)) + 8, 0, 15);
+      const int hi = std::clamp(static_cast<int>(std::lround(xb[j + 16] * inv)) + 8, 0, 15);
+      blocks[b].qs[j] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+}
+
+void quantize_row_q4_k(const float* x, BlockQ4_K* blocks, int64_t n) {
+  for (int64_t b = 0; b < n / kQkK; ++b) {
+    const float* xb = x + b * kQkK;
+    float scales[8], mins[8];  // value = scale * q - min per sub-block of 32
+    float max_scale = 0.0f, max_min = 0.0f;
+    for (int sub = 0; sub < 8; ++sub) {
+      float lo = 0.0f, hi = 0.0f;  // the range always includes 0, so min >= 0
+      for (int l = 0; l < 32; ++l) {
+        lo = std::min(lo, xb[32 * sub + l]);
+        hi = std::max(hi, xb[32 * sub + l]);
+      }
+      scales[sub] = (hi - lo) / 15.0f;
+      mins[sub] = -lo;
+      max_scale = std::max(max_scale, scales[sub]);
+      max_min = std::max(max_min, mins[sub]);
+    }
+    BlockQ4_K& out = blocks[b];
+    out.d = f32_to_f16(max_scale / 63.0f);
+    out.dmin = f32_to_f16(max_min / 63.0f);
+    const float d = f16_to_f32(out.d), dmin = f16_to_f32(out.dmin);
+    // Mins rounded up (offset >= -lo keeps every shifted value >= 0), then each scale rounded up
+    // to cover the shifted range (no clipping at 15 unless a scale saturates at 63).
+    int sc[8], mn[8];
+    for (int sub = 0; sub < 8; ++sub) {
+      mn[sub] = dmin > 0.0f ? std::clamp(static_cast<int>(std::ceil(mins[sub] / dmin)), 0, 63) : 0;
+      float hi = 0.0f;
+      for (int l = 0; l < 32; ++l) hi = std::max(hi, xb[32 * sub + l]);
+      const float range = hi + dmin * static_cast<float>(mn[sub]);
+      sc[sub] = d > 0.0f ? std::clamp(static_cast<int>(std::ceil(range / (15.0f * d))), 0, 63) : 0;
+    }
+    // The 12-byte packing read by kernels::k4_scale_min.
+    std::memset(out.scales, 0, sizeof(out.scales));
+    for (int sub = 0; sub < 8; ++sub) {
+      if (sub < 4) {
+        out.scales[sub] |= static_cast<uint8_t>(sc[sub]);
+        out.scales[sub + 4] |= static_cast<uint8_t>(mn[sub]);
+      } else {
+        out.scales[sub + 4] = static_cast<uint8_t>((sc[sub] & 15) | ((mn[sub] & 15) << 4));
+        out.scales[sub - 4] |= static_cast<uint8_t>((sc[sub] >> 4) << 6);
+        out.scales[sub] |= static_cast<uint8_t>((mn[sub] >> 4) << 6);
+      }
+    }
+    for (int sub = 0; sub < 8; ++sub) {
+      const float step = d * static_cast<float>(sc[sub]);
+      const float offset = dmin * static_cast<float>(mn[sub]);
+      const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+      for (int l = 0; l < 32; ++l) {
+        const int q =
+            std::clamp(static_cast<int>(std::lround((xb[32 * sub + l] + offset) * inv)), 0, 15);
+        // Value 64 j + l (l < 32): low nibble of qs[32 j + l]; 64 j + 32 + l: high nibble.
+        uint8_t& byte = out.qs[32 * (sub / 2) + l];
+        byte = sub % 2 == 0 ? static_cast<uint8_t>((byte & 0xf0) | q)
+                            : static_cast<uint8_t>((byte & 0x0f) | (q << 4));
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void quantize_row(DType type, const float* src, void* dst, int64_t n) {
   switch (type) {
     case DType::F32:
@@ -261,10 +345,17 @@ void quantize_row(DType type, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case DType::Q4_0:
+      quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
+      return;
+    case DType::Q4_K:
+      quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n);
+      return;
     default:
-      fail("quantising to {} is not implemented (protokv reads {} files; quantise with "
-           "llama-quantize)",
-           dtype_name(type), dtype_name(type));
+      fail(
+          "quantising to {} is not implemented (protokv reads {} files; quantise with "
+          "llama-quantize)",
+          dtype_name(type), dtype_name(type));
   }
 }
 

@@ -60,14 +60,18 @@ void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
                const RopeTable& table, const int32_t* positions);
 
 // y[rows] = W[rows, cols] · x[cols], W in any supported dtype. Parallel over rows.
-// Q8_0: weights are dequantised in registers and multiplied with F32 activations (unlike ggml,
-// which quantises x too), so decode computes what prefill's dequantise + sgemm computes and the
-// two paths agree to F32 rounding.
+// Q8_0 and K-quant weights: as in ggml, x is quantised to int8 per block of the weight type (32
+// values for Q8_0, 256 for K-quants, scale max|x| / 127) and each block is multiplied in int32
+// (kernels/quant_matvec.h), so the result differs from the dequantised F32 product by at most
+// sum over blocks of (scale / 2) * sum |w| (tests/test_quant.cpp). Q4_0/Q4_1/Q5_0/Q5_1 rows
+// are dequantised to F32 and multiplied with F32 x (faster here for 32-value blocks).
 void matvec(const WeightMatrix& w, const float* x, float* y);
 
 // Y[n, rows] = X[n, cols] · W^T (prefill projections), W in any supported dtype, through BLAS.
 // F32 calls sgemm directly; other dtypes convert W in panels of rows to F32 scratch (per thread,
-// never the whole matrix) and run one sgemm per panel. n < 4 uses matvec per row.
+// never the whole matrix) and run one sgemm per panel. n = 1 uses matvec, and so does n < 4 for
+// plain dtypes; quantised weights with n >= 2 keep F32 activations (prefill gives the same
+// result whatever its chunking).
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
 
 // Causal attention of one query head over its KV head, all n tokens of a prefill:

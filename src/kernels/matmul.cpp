@@ -57,7 +57,11 @@ void matmul_impl(Isa isa, const WeightMatrix& w, const float* x, int64_t n, floa
     std::fill(y, y + n * w.rows, 0.0f);
     return;
   }
-  if (n < kMinGemmTokens) {
+  // Quantised weights: mat-vec multiplies int8-quantised activations, so only a single row
+  // takes it; several rows stay on the F32-activation path and a prompt gives the same result
+  // whatever its chunking (a last chunk of 2 rows included).
+  const bool int8_matvec = dtype_block_size(w.type) > 1;
+  if (n == 1 || (n < kMinGemmTokens && !int8_matvec)) {
     for (int64_t i = 0; i < n; ++i) matvec(isa, w, x + i * w.cols, y + i * w.rows);
     return;
   }

@@ -1,7 +1,7 @@
 // Mat-vec for decode: y = W x, W in any supported dtype. Memory-bound: each weight byte is
 // read once, rows are split across threads in contiguous static chunks so that each thread
-// streams its own region. Quantised types (Q8_0 and the formats of quant_blocks.h) multiply
-// int8-quantised activations in integer arithmetic, as ggml does (quant_matvec.h).
+// streams its own region. Q8_0 and the K-quants multiply int8-quantised activations in integer
+// arithmetic, as ggml does (quant_matvec.h); Q4_0/Q4_1/Q5_0/Q5_1 rows are dequantised to F32.
 #include <vector>
 
 #include "kernels/isa.h"
@@ -52,12 +52,26 @@ void matvec_impl(const WeightMatrix& w, const float* x, float* y) {
       QuantizedActivation& xq = activation_scratch();
       quantize_activation(x, cols, kQ8BlockSize, xq);
       for_each_row(w, y, [&](const void* row) {
-        return Ops::dot_q8_0_int8(static_cast<const BlockQ8_0*>(row), xq.q.data(),
-                                  xq.scale.data(), n_blocks);
+        return Ops::dot_q8_0_int8(static_cast<const BlockQ8_0*>(row), xq.q.data(), xq.scale.data(),
+                                  n_blocks);
       });
       return;
     }
-    default:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+      // Legacy 32-value blocks: each row dequantised to F32 and dotted with x. Measured (one
+      // thread, 2816 x 1024 Q4_0, machine loaded): 355 us against 3270 us for the int8 path of
+      // quant_matvec.h, whose fixed cost per block dominates at 32 values.
+      for_each_row(w, y, [&](const void* row) {
+        thread_local std::vector<float> dense;
+        dense.resize(static_cast<size_t>(cols));
+        Ops::to_f32(w.type, row, dense.data(), cols);
+        return Ops::dot(dense.data(), x, cols);
+      });
+      return;
+    default:  // K-quants
       with_unpacker(w.type, [&](auto unpack) {
         using Unpack = decltype(unpack);
         const int64_t n_blocks = cols / Unpack::kValues;

@@ -145,8 +145,7 @@ struct UnpackQ3_K {
     for (int h = 0; h < 2; ++h)
       for (int j = 0; j < 4; ++j)
         for (int l = 0; l < 32; ++l)
-          u.q[128 * h + 32 * j + l] |=
-              static_cast<uint8_t>(((b.hmask[l] >> (4 * h + j)) & 1) << 2);
+          u.q[128 * h + 32 * j + l] |= static_cast<uint8_t>(((b.hmask[l] >> (4 * h + j)) & 1) << 2);
     for (int g = 0; g < 16; ++g) {
       u.scale[g] = static_cast<int16_t>(q3k_scale(b.scales, g));
       u.min[g] = static_cast<int16_t>(4 * u.scale[g]);
@@ -290,10 +289,12 @@ void dequantize_blocks(const void* src, float* dst, int64_t n_blocks) {
       const float group_scale = u.d * static_cast<float>(u.scale[g]);
       const uint8_t* q = u.q + 16 * g;
       if (u.offset != 0) {
-        for (int l = 0; l < 16; ++l) out[16 * g + l] = group_scale * static_cast<float>(q[l] - u.offset);
+        for (int l = 0; l < 16; ++l)
+          out[16 * g + l] = group_scale * static_cast<float>(q[l] - u.offset);
       } else {
         const float group_min = u.m * static_cast<float>(u.min[g]);
-        for (int l = 0; l < 16; ++l) out[16 * g + l] = group_scale * static_cast<float>(q[l]) - group_min;
+        for (int l = 0; l < 16; ++l)
+          out[16 * g + l] = group_scale * static_cast<float>(q[l]) - group_min;
       }
     }
   }

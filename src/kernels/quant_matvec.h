@@ -16,10 +16,10 @@
 namespace protokv::kernels {
 
 struct QuantizedActivation {
-  int block = 0;                // 32 or 256
-  std::vector<int8_t> q;        // [n]
-  std::vector<float> scale;     // [n / block]
-  std::vector<int16_t> sums;    // [n / 16]: sum of q over each group of 16
+  int block = 0;              // 32 or 256
+  std::vector<int8_t> q;      // [n]
+  std::vector<float> scale;   // [n / block]
+  std::vector<int16_t> sums;  // [n / 16]: sum of q over each group of 16
 };
 
 // x[n] to int8 blocks of `block` values: scale = max|x| / 127, q = round(x / scale) (ggml's

@@ -111,14 +111,15 @@ struct Avx512Ops {
   static int32_t dot_q_groups(const uint8_t* q, const int8_t* x, const int16_t* scale, int n) {
     if (n % 64 != 0) return Avx2Ops::dot_q_groups(q, x, scale, n);
     // Lane j of the 32 int16 pair sums belongs to group j / 8 of the step.
-    const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1,
-                                            1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1,
+                                            1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512i acc = _mm512_setzero_si512();
     for (int i = 0; i < n; i += 64) {
-      const __m512i pairs = _mm512_maddubs_epi16(_mm512_loadu_si512(q + i), _mm512_loadu_si512(x + i));
+      const __m512i pairs =
+          _mm512_maddubs_epi16(_mm512_loadu_si512(q + i), _mm512_loadu_si512(x + i));
       const __m512i scales = _mm512_permutexvar_epi16(
-          spread,
-          _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + i / 16))));
+          spread, _mm512_castsi128_si512(
+                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + i / 16))));
 #if defined(__AVX512VNNI__)
       acc = _mm512_dpwssd_epi32(acc, pairs, scales);
 #else
@@ -321,7 +322,9 @@ struct Avx512Ops {
     return _mm512_scalef_ps(p, k);
   }
 
-  static float exp(float x) { return _mm512_cvtss_f32(exp(_mm512_set1_ps(x))); }
+  static float exp(float x) {
+    return _mm512_cvtss_f32(exp(_mm512_set1_ps(x)));
+  }
 
   static float exp_shifted_sum(float* x, float shift, int64_t n) {
     const __m512 vs = _mm512_set1_ps(shift);
@@ -344,7 +347,9 @@ struct Avx512Ops {
     return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
   }
 
-  static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
+  static float sum_squares(const float* x, int64_t n) {
+    return dot(x, x, n);
+  }
 
   static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {
     const __m512 vs = _mm512_set1_ps(s);

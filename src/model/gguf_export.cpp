@@ -22,6 +22,10 @@ uint32_t file_type_of(DType requested) {
       return names::kFileTypeMostlyBF16;
     case DType::Q8_0:
       return names::kFileTypeMostlyQ8_0;
+    case DType::Q4_0:
+      return names::kFileTypeMostlyQ4_0;
+    case DType::Q4_K:
+      return names::kFileTypeMostlyQ4_K_S;
     default:  // no quantiser for the other types: set_llama_metadata rejects them
       break;
   }

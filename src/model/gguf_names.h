@@ -23,6 +23,8 @@ inline constexpr uint32_t kQuantizationVersionValue = 2;
 inline constexpr uint32_t kFileTypeAllF32 = 0;
 inline constexpr uint32_t kFileTypeMostlyF16 = 1;
 inline constexpr uint32_t kFileTypeMostlyQ8_0 = 7;
+inline constexpr uint32_t kFileTypeMostlyQ4_0 = 2;
+inline constexpr uint32_t kFileTypeMostlyQ4_K_S = 14;  // every matrix q4_K
 inline constexpr uint32_t kFileTypeMostlyBF16 = 32;
 
 // --- architectures ----------------------------------------------------------------------------
