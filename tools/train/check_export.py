@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tok512 import Tok512  # noqa: E402
-from train_recall import Llama, export_llama2c  # noqa: E402
+from train_recall import ROPE_THETA, Llama, export_llama2c  # noqa: E402
 
 
 def main():
@@ -33,6 +33,7 @@ def main():
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--n-kv-heads", type=int, default=2)
     p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--rope-theta", type=float, default=ROPE_THETA)
     a = p.parse_args()
     a.vocab = 512
     torch.manual_seed(0)
@@ -50,9 +51,12 @@ def main():
     gguf = os.path.join(a.work, "model.gguf")
     export_llama2c(model, a, bin_path)
     subprocess.run([a.protokv, "convert", bin_path, a.tokenizer, "-o", gguf], check=True, capture_output=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([sys.executable, os.path.join(here, "set_rope_base.py"), gguf, str(a.rope_theta)], check=True)
     tok = Tok512(a.tokenizer)
     prompts = [
         "Once upon a time",
+        " ".join(["The grass is green. The sky is blue. The sun is yellow."] * 40),
         "The special magic number for golden-zebra is 4829103. The grass is green. The sky is blue."
         "\nWhat is the special magic number for golden-zebra? The special magic number for golden-zebra is",
     ]

@@ -9,7 +9,8 @@ CPU, Debian's python3-torch 1.13 (apt-get install python3-torch; run with /usr/b
 The curriculum is timed (a fraction of --minutes per context length), so the run ends on time
 whatever the machine's speed; the model is exported every --checkpoint-minutes as a llama2.c
 checkpoint (`recall.bin`), which `protokv convert recall.bin tok512.bin -o model.gguf` turns into
-a GGUF with no special case (llama2.c files use Meta RoPE order and theta 10000, as this model).
+a GGUF (llama2.c files use Meta RoPE order, as this model); `set_rope_base.py model.gguf 500000`
+then writes the RoPE base (llama.rope.freq_base), which llama2.c files cannot carry.
 Each log line: step, minutes, context, tokens seen, LM loss, answer loss, answer-token accuracy.
 """
 
@@ -30,7 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recall_data import RecallData  # noqa: E402
 from tok512 import Tok512  # noqa: E402
 
-ROPE_THETA = 10000.0  # fixed by the llama2.c format
+# RoPE base: 500000 (Llama 3's). With head_dim 32, base 10000 leaves only 2 rotation pairs
+# that turn less than a radian over 2048 tokens, too few to match content at that distance; the
+# llama2.c format has no theta field, so set_rope_base.py writes it into the converted GGUF.
+ROPE_THETA = 500000.0
 NORM_EPS = 1e-5
 
 
@@ -43,8 +47,8 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.weight
 
 
-def rope_tables(head_dim, n):
-    inv = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+def rope_tables(head_dim, n, rope_theta=ROPE_THETA):
+    inv = rope_theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
     return torch.cos(ang), torch.sin(ang)  # [n, head_dim / 2]
 
@@ -104,7 +108,7 @@ class Llama(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        cos, sin = rope_tables(self.a.dim // self.a.n_heads, t)
+        cos, sin = rope_tables(self.a.dim // self.a.n_heads, t, self.a.rope_theta)
         mask = torch.full((t, t), float("-inf")).triu(1)
         x = self.tok_embeddings(idx)
         for layer in self.layers:
@@ -120,7 +124,7 @@ def export_llama2c(model, a, path):
     for attr in ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3"):
         tensors.append(torch.stack([getattr(l, attr).weight for l in L]))
     tensors.append(model.norm.weight)
-    cos, sin = rope_tables(a.dim // a.n_heads, a.context)
+    cos, sin = rope_tables(a.dim // a.n_heads, a.context, a.rope_theta)
     tensors += [cos, sin, model.output.weight]
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -148,13 +152,14 @@ def main():
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: time only)")
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--hidden-dim", type=int, default=384)
     p.add_argument("--n-layers", type=int, default=2)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--n-kv-heads", type=int, default=2)
     p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--rope-theta", type=float, default=ROPE_THETA)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--answer-weight", type=float, default=1.0)
