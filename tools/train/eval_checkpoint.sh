@@ -17,6 +17,8 @@ import json, sys, collections
 acc = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     r = json.loads(line)
+    if "meta" not in r:
+        continue
     acc[r["meta"]["length"]].append(r["score"])
 for k in sorted(acc):
     print(f"length {k}: {sum(acc[k])}/{len(acc[k])}")

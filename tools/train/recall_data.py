@@ -47,8 +47,9 @@ def read_word_lists(cpp_path):
 
 
 class RecallData:
-    def __init__(self, tok, words_cpp, stories_path, seed):
+    def __init__(self, tok, words_cpp, stories_path, seed, copy_share=0.0):
         self.tok = tok
+        self.copy_share = copy_share
         self.rng = random.Random(seed)
         w = read_word_lists(words_cpp)
         self.keys = sorted({f"{a}-{n}" for a in w["kAdjectives"] for n in w["kNouns"]})
@@ -252,7 +253,26 @@ class RecallData:
     def lm_doc(self, length):
         return [([self.tok.bos_id], False), (self.tok.encode(" ".join(self.story_text(length))), False)]
 
+    def copy_doc(self, length):
+        """Induction drill: a random span (tokens, digits or keys) and its repeats; the repeats
+        are supervised. Dense copying signal, so that copy heads form early."""
+        tok, rng = self.tok, self.rng
+        n = rng.randint(8, max(9, min(80, length // 3)))
+        kind = rng.random()
+        if kind < 0.4:
+            span = [rng.randrange(3, len(tok.pieces)) for _ in range(n)]
+        elif kind < 0.7:
+            span = tok.encode(" ".join(self.number() for _ in range(max(1, n // 8))))
+        else:
+            span = tok.encode(" ".join(self.key() for _ in range(max(1, n // 8))))
+        spans = [([tok.bos_id], False), (span, False)]
+        while sum(len(t) for t, _ in spans) + len(span) <= length:
+            spans.append((span, True))
+        return spans
+
     def document(self, length):
+        if self.rng.random() < self.copy_share:
+            return self.copy_doc(length)
         r = self.rng.random()
         if r < 0.38:
             return self.niah_doc(length)

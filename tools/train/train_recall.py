@@ -109,11 +109,48 @@ class Llama(nn.Module):
     def forward(self, idx):
         t = idx.shape[1]
         cos, sin = rope_tables(self.a.dim // self.a.n_heads, t, self.a.rope_theta)
-        mask = torch.full((t, t), float("-inf")).triu(1)
+        cos, sin = cos.to(idx.device), sin.to(idx.device)
+        mask = torch.full((t, t), float("-inf"), device=idx.device).triu(1)
         x = self.tok_embeddings(idx)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         return self.output(self.norm(x))
+
+
+def previous_token_init(model, a):
+    """Structured start (optional): layer 0's query heads 0 and 1 (KV head 0) attend to the
+    previous token and the one before it, through a constant embedding channel and RoPE, so
+    that induction (copy) heads in layer 1 can form without waiting for these to emerge.
+    Score(m, n) = q^T R(n - m) k with q = s u, k = s R(1) u: largest at n = m - 1 (head 0) and,
+    with q = s R(-1) u, at n = m - 2 (head 1). u lives on the three fastest rotation pairs."""
+    hd = a.dim // a.n_heads
+    const = a.dim - 1  # the constant channel
+    with torch.no_grad():
+        model.tok_embeddings.weight[:, const] = 1.0
+        inv = a.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+
+        def rot(vec, steps):
+            out = vec.clone()
+            for i in range(hd // 2):
+                c, sn = math.cos(steps * inv[i]), math.sin(steps * inv[i])
+                out[2 * i] = vec[2 * i] * c - vec[2 * i + 1] * sn
+                out[2 * i + 1] = vec[2 * i] * sn + vec[2 * i + 1] * c
+            return out
+
+        u = torch.zeros(hd)
+        u[0:6:2] = 1.0  # pairs 0, 1, 2
+        layer = model.layers[0]
+        # After RMSNorm the constant channel is ~sqrt(dim) (it dominates the embedding's norm).
+        scale = 3.0 / math.sqrt(a.dim) * hd**0.25
+        layer.wq.weight[:, const] = 0.0
+        layer.wk.weight[:, const] = 0.0
+        layer.wq.weight[0:hd, const] = scale * u
+        layer.wq.weight[hd : 2 * hd, const] = scale * rot(u, -1)
+        layer.wk.weight[0:hd, const] = scale * rot(u, 1)
+        for w in (layer.wq.weight[0 : 2 * hd, :const], layer.wk.weight[0:hd, :const]):
+            w.zero_()
+        layer.wv.weight[0:hd, :const] = torch.randn(hd, const) / math.sqrt(const) * 4
+        layer.wo.weight[:, 0 : 2 * hd] = torch.randn(a.dim, 2 * hd) / math.sqrt(2 * hd)
 
 
 def export_llama2c(model, a, path):
@@ -130,7 +167,7 @@ def export_llama2c(model, a, path):
     with open(tmp, "wb") as f:
         f.write(struct.pack("<7i", a.dim, a.hidden_dim, a.n_layers, a.n_heads, a.n_kv_heads, -a.vocab, a.context))
         for t in tensors:
-            f.write(t.detach().float().contiguous().numpy().tobytes())
+            f.write(t.detach().float().cpu().contiguous().numpy().tobytes())
     os.replace(tmp, path)
 
 
@@ -153,6 +190,7 @@ def main():
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (same recipe, minutes)")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--hidden-dim", type=int, default=384)
     p.add_argument("--n-layers", type=int, default=2)
@@ -163,6 +201,8 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--answer-weight", type=float, default=1.0)
+    p.add_argument("--prev-token-init", action="store_true", help="structured start, see previous_token_init")
+    p.add_argument("--copy-share", type=float, default=0.0, help="share of induction-drill documents")
     p.add_argument("--schedule-scale", type=float, default=1.0, help="context lengths x this (probes)")
     a = p.parse_args()
     a.vocab = 512
@@ -171,8 +211,11 @@ def main():
     random.seed(a.seed)
     os.makedirs(a.out, exist_ok=True)
     tok = Tok512(a.tokenizer)
-    data = RecallData(tok, a.words, a.stories, a.seed)
+    data = RecallData(tok, a.words, a.stories, a.seed, a.copy_share)
     model = Llama(a)
+    if a.prev_token_init:
+        previous_token_init(model, a)
+    model = model.to(a.device)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -191,8 +234,8 @@ def main():
         ctx, batch = schedule(frac)
         ctx = max(64, int(ctx * a.schedule_scale))
         rows = [data.row(ctx) for _ in range(batch)]
-        x = torch.tensor([r[0] for r in rows])
-        ans = torch.tensor([r[1] for r in rows])[:, 1:]
+        x = torch.tensor([r[0] for r in rows], device=a.device)
+        ans = torch.tensor([r[1] for r in rows], device=a.device)[:, 1:]
         lr = a.lr * min(1.0, (step + 1) / a.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         for g in opt.param_groups:
             g["lr"] = lr
