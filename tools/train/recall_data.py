@@ -271,7 +271,8 @@ class RecallData:
         return spans
 
     def document(self, length):
-        if self.rng.random() < self.copy_share:
+        # (No draw when the share is 0, so default runs see the same stream as before the drill.)
+        if self.copy_share > 0 and self.rng.random() < self.copy_share:
             return self.copy_doc(length)
         r = self.rng.random()
         if r < 0.38:
