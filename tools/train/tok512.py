@@ -56,7 +56,8 @@ class Tok512:
                     syms.append([None, self.byte_ids[b], False])
         prev = list(range(-1, len(syms) - 1))
         nxt = list(range(1, len(syms) + 1))
-        nxt[-1] = -1 if syms else -1
+        if syms:
+            nxt[-1] = -1
         alive = [True] * len(syms)
         heap = []
 
