@@ -1,0 +1,307 @@
+"""Seeded training data for the recall model: planted facts and questions in the formats of
+protokv's `eval niah` (src/eval/niah.cpp) and `eval ruler` (src/eval/ruler.cpp), hidden in
+language filler (stories written by stories260K) or RULER's repeated noise sentences, plus a
+language-modelling share.
+
+Supervision is dense: a document plants several facts and asks several questions, each followed
+by its answer; answer tokens are marked so the loss can weight them. Documents of varied length
+are packed into fixed-length rows (BOS starts every document).
+"""
+
+import random
+import re
+
+NIAH_NEEDLE = "The special magic number for {key} is {value}."
+NIAH_QUESTION = "\nWhat is the special magic number for {key}? The special magic number for {key} is"
+RULER_NOISE = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+)
+RULER_NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
+RULER_TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to "
+    "memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all "
+    "the special magic {type_needle_v} for {query} mentioned in the provided text?"
+)
+RULER_ANSWER_PREFIX = " The special magic {type_needle_v} for {query} mentioned in the provided text are"
+VT_TEMPLATE = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following "
+    "text.\n\n{context}\nQuestion: Find all variables that are assigned the value {query} in the "
+    "text above."
+)
+VT_ANSWER_PREFIX = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} "
+    "variables are assgined the value {query}, they are: "
+)
+VT_NOISE = RULER_NOISE + "\n"
+
+
+def read_word_lists(cpp_path):
+    """The key words of protokv's long-context tasks, read from src/eval/longctx_words.cpp so
+    training and evaluation draw keys from the same lists."""
+    text = open(cpp_path, encoding="utf-8").read()
+    lists = {}
+    for name in ("kNouns", "kAdjectives", "kVerbs"):
+        m = re.search(name + r"\s*=\s*\{(.*?)\};", text, re.S)
+        lists[name] = re.findall(r'"([^"]+)"', m.group(1))
+    return lists
+
+
+class RecallData:
+    def __init__(self, tok, words_cpp, stories_path, seed, copy_share=0.0):
+        self.tok = tok
+        self.copy_share = copy_share
+        self.rng = random.Random(seed)
+        w = read_word_lists(words_cpp)
+        self.keys = sorted({f"{a}-{n}" for a in w["kAdjectives"] for n in w["kNouns"]})
+        stories = open(stories_path, encoding="utf-8").read()
+        self.story_sents = [s for s in re.split(r"(?<=\.)\s+", stories) if 3 < len(s) < 400]
+        self.story_sents = [s.replace("\n", " ").strip() for s in self.story_sents]
+        self.noise_unit = tok.encode(RULER_NOISE)
+        self.newline = tok.encode("\n")[-1:]
+        self.dot_ids = {i for i, p in enumerate(tok.pieces) if b"." in p}
+
+    # -- random draws (RULER's value formats) --
+    def number(self):
+        return str(self.rng.randint(1000000, 9999999))
+
+    def uuid(self):
+        h = "%032x" % self.rng.getrandbits(128)
+        h = h[:12] + "4" + h[13:16] + "89ab"[self.rng.randrange(4)] + h[17:]
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+    def key(self):
+        return self.rng.choice(self.keys)
+
+    def distinct(self, draw, k):
+        out = []
+        while len(out) < k:
+            v = draw()
+            if v not in out:
+                out.append(v)
+        return out
+
+    def story_text(self, approx_tokens):
+        """Consecutive sentences of the stories corpus, about approx_tokens long (~4.2 chars/token
+        with tok512)."""
+        i = self.rng.randrange(len(self.story_sents))
+        out, chars = [], 0
+        while chars < approx_tokens * 3.2:
+            out.append(self.story_sents[i % len(self.story_sents)])
+            chars += len(out[-1]) + 1
+            i += 1
+        return out
+
+    def answer_tokens(self, prefix_word, answer_text):
+        """Tokens of answer_text as they follow prefix_word (so the leading space is tokenized as
+        in the needle sentence)."""
+        base = self.tok.encode(prefix_word)
+        full = self.tok.encode(prefix_word + answer_text)
+        assert full[: len(base)] == base
+        return full[len(base) :]
+
+    # -- documents: list of (tokens, is_answer) spans; the first token is BOS --
+    def niah_doc(self, length):
+        """`eval niah` layout: BOS, haystack with needles at sentence boundaries, then questions
+        in the eval's wording, each followed by its answer."""
+        tok = self.tok
+        k = min(self.rng.choice([1, 1, 2, 3, 4, 6, 8]), max(1, (length - 40) // 120))
+        keys = self.distinct(self.key, k)
+        values = [self.number() for _ in keys]
+        needles = [tok.encode(NIAH_NEEDLE.format(key=a, value=v)) for a, v in zip(keys, values)]
+        order = list(range(k))
+        self.rng.shuffle(order)
+        n_q = self.rng.randint(1, k)
+        qa = []
+        for i in order[:n_q]:
+            qa.append((tok.encode(NIAH_QUESTION.format(key=keys[i])), False))
+            qa.append((self.answer_tokens("is", f" {values[i]}."), True))
+        used = 1 + sum(len(n) for n in needles) + sum(len(t) for t, _ in qa)
+        n_hay = max(8, length - used)
+        if self.rng.random() < 0.55:
+            hay = list(self.noise_unit)
+            while len(hay) < n_hay:
+                hay += self.newline + self.noise_unit
+        else:
+            hay = tok.encode(" ".join(self.story_text(n_hay + 50)))
+            while len(hay) < n_hay:
+                hay += tok.encode(" ".join(self.story_text(n_hay)))
+        hay = hay[:n_hay]
+        # Needle positions: just after a token holding '.', as niah.cpp moves them.
+        cuts = sorted(self.rng.randint(0, n_hay) for _ in range(k))
+        snapped = []
+        for c in cuts:
+            while 0 < c < n_hay and hay[c - 1] not in self.dot_ids:
+                c -= 1
+            snapped.append(c)
+        spans = [([tok.bos_id], False)]
+        prev = 0
+        for c, needle in zip(snapped, needles):
+            spans.append((hay[prev:c], False))
+            spans.append((needle, False))
+            prev = c
+        spans.append((hay[prev:], False))
+        return spans + qa
+
+    def ruler_niah_doc(self, length):
+        """`eval ruler` niah_* layout (niah_generate): template, context with RULER needles in an
+        essay (stories or noise words), repeated noise lines or distractor needles; then the
+        question with its answer prefix and the answers; extra questions for density."""
+        tok, rng = self.tok, self.rng
+        haystack = rng.choice(["essay", "essay", "repeat", "needle"])
+        type_v = rng.choice(["numbers", "numbers", "numbers", "uuids"])
+        type_k = "uuids" if (haystack == "needle" and rng.random() < 0.5) else "words"
+        draw_v = self.number if type_v == "numbers" else self.uuid
+        draw_k = self.key if type_k == "words" else self.uuid
+        shape = rng.choice(["single", "single", "multikey", "multivalue", "multiquery"])
+        if length < 450 and shape in ("multivalue", "multiquery"):
+            shape = "multikey"
+        num_k = {"single": 1, "multikey": rng.randint(2, 6), "multivalue": 1, "multiquery": 4}[shape]
+        if shape == "multikey":
+            num_k = min(num_k, max(2, (length - 120) // 110))
+        num_v = 4 if shape == "multivalue" else 1
+        num_q = 4 if shape == "multiquery" else 1
+        keys = self.distinct(draw_k, num_k)
+        values = [[draw_v() for _ in range(num_v)] for _ in keys]
+        needles = [
+            RULER_NEEDLE.format(type_needle_v=type_v, key=k, value=v)
+            for k, vs in zip(keys, values)
+            for v in vs
+        ]
+        rng.shuffle(needles)
+        budget = length - 80 - 45 * len(needles) - 60 * num_q
+        if haystack == "essay":
+            if rng.random() < 0.6:
+                sents = self.story_text(max(budget, 20))
+            else:
+                reps = max(1, budget // 50)
+                sents = (" ".join([RULER_NOISE] * reps)).replace(". ", ".\x00").split("\x00")
+            cut = sorted(rng.randint(0, len(sents)) for _ in needles)
+            parts, prev = [], 0
+            for c, nd in zip(cut, needles):
+                parts.append(" ".join(sents[prev:c]))
+                parts.append(nd)
+                prev = c
+            parts.append(" ".join(sents[prev:]))
+            context = " ".join(p for p in parts if p)
+        else:
+            if haystack == "repeat":
+                n = max(1, budget // 51)
+                lines = [RULER_NOISE] * n
+            else:
+                n = max(1, budget // 45)
+                lines = [
+                    RULER_NEEDLE.format(type_needle_v=type_v, key=draw_k(), value=draw_v())
+                    for _ in range(n)
+                ]
+            for nd in needles:
+                lines.insert(rng.randint(0, len(lines)), nd)
+            context = "\n".join(lines)
+        qi = rng.sample(range(num_k), num_q)
+        queries = [keys[i] for i in qi]
+        answers = [v for i in qi for v in values[i]]
+        query = queries[0] if num_q == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
+        templ = RULER_TEMPLATE + RULER_ANSWER_PREFIX
+        tv = type_v
+        if num_q * num_v == 1:
+            templ = templ.replace("Some", "A").replace("are all", "is").replace("are", "is")
+            tv = type_v[:-1]
+        at = templ.find("{context}")
+        before = templ[:at].format(type_needle_v=tv)
+        after = templ[at + 9 :].format(type_needle_v=tv, query=query)
+        word = after.split()[-1]
+        spans = [([tok.bos_id], False), (tok.encode(before + context), False)]
+        spans.append((tok.encode(after), False))
+        spans.append((self.answer_tokens(word, " " + ", ".join(answers) + "."), True))
+        # Extra single questions on the same context (dense supervision).
+        if shape in ("multikey", "multiquery") or rng.random() < 0.5:
+            single = (RULER_TEMPLATE + RULER_ANSWER_PREFIX).replace("are all", "is")
+            single = single.replace("are", "is")
+            q_at = single.find("{context}")
+            for i in rng.sample(range(num_k), min(num_k, 3)):
+                if num_v != 1:
+                    break
+                q = single[q_at + 9 :].format(type_needle_v=type_v[:-1], query=keys[i])
+                spans.append((tok.encode(q), False))
+                spans.append((self.answer_tokens("is", " " + values[i][0] + "."), True))
+        return spans
+
+    def vt_doc(self, length):
+        """`eval ruler` vt layout (vt_generate): one chain of 4 hops in noise lines; answers."""
+        tok, rng = self.tok, self.rng
+        hops = 4
+        names = self.distinct(lambda: "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)), hops + 1)
+        value = str(rng.randint(10000, 99998))
+        chain = [f"VAR {names[0]} = {value}"] + [
+            f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)
+        ]
+        n = max(len(chain), (length - 150) // 52)
+        sents = [VT_NOISE] * n
+        pos = sorted(rng.sample(range(n), len(chain)))
+        for j, p in enumerate(pos):
+            sents.insert(p + j, chain[j])
+        context = " ".join(sents).replace(". \n", ".\n")
+        templ = VT_TEMPLATE + VT_ANSWER_PREFIX
+        at = templ.find("{context}")
+        before = templ[:at]
+        after = templ[at + 9 :].format(query=value, num_v=hops + 1)
+        spans = [([tok.bos_id], False), (tok.encode(before + context), False)]
+        spans.append((tok.encode(after), False))
+        ans = tok.encode("x " + " ".join(names))[len(tok.encode("x")) :]
+        spans.append((ans, True))
+        return spans
+
+    def lm_doc(self, length):
+        return [([self.tok.bos_id], False), (self.tok.encode(" ".join(self.story_text(length))), False)]
+
+    def copy_doc(self, length):
+        """Induction drill: a random span (tokens, digits or keys) and its repeats; the repeats
+        are supervised. Dense copying signal, so that copy heads form early."""
+        tok, rng = self.tok, self.rng
+        n = rng.randint(8, max(9, min(80, length // 3)))
+        kind = rng.random()
+        if kind < 0.4:
+            span = [rng.randrange(3, len(tok.pieces)) for _ in range(n)]
+        elif kind < 0.7:
+            span = tok.encode(" ".join(self.number() for _ in range(max(1, n // 8))))
+        else:
+            span = tok.encode(" ".join(self.key() for _ in range(max(1, n // 8))))
+        spans = [([tok.bos_id], False), (span, False)]
+        while sum(len(t) for t, _ in spans) + len(span) <= length:
+            spans.append((span, True))
+        return spans
+
+    def document(self, length):
+        # (No draw when the share is 0, so default runs see the same stream as before the drill.)
+        if self.copy_share > 0 and self.rng.random() < self.copy_share:
+            return self.copy_doc(length)
+        r = self.rng.random()
+        if r < 0.38:
+            return self.niah_doc(length)
+        if r < 0.80:
+            return self.ruler_niah_doc(length)
+        if r < 0.90:
+            return self.vt_doc(length)
+        return self.lm_doc(length)
+
+    def row(self, T):
+        """T + 1 tokens and T + 1 answer flags: documents of varied length packed together."""
+        toks, flags = [], []
+        while len(toks) < T + 1:
+            room = T + 1 - len(toks)
+            if room < 96:
+                length = room
+                spans = self.lm_doc(room)
+            else:
+                length = self.rng.randint(max(64, room // 3), room)
+                spans = self.document(length)
+            doc_t, doc_f = [], []
+            for t, a in spans:
+                doc_t += t
+                doc_f += [a] * len(t)
+            if len(doc_t) > room:
+                if any(doc_f) and self.rng.random() < 0.9 and room >= 96:
+                    continue  # too long: draw another rather than lose the questions
+                doc_t, doc_f = doc_t[:room], doc_f[:room]
+            toks += doc_t
+            flags += doc_f
+        return toks[: T + 1], flags[: T + 1]
