@@ -20,6 +20,7 @@
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
+#include "test_engine_model.h"
 #include "test_util.h"
 
 namespace protokv {
@@ -142,18 +143,8 @@ std::vector<Vec> naive_logits(const ModelWeights& w, const std::vector<int32_t>&
 // --- helpers ------------------------------------------------------------------------------------
 
 ModelConfig tiny(std::string_view arch) {
-  ModelConfig c;
-  c.architecture = std::string(arch);
-  c.rope_neox = architecture_rope_neox(arch);
-  c.dim = 64;
-  c.hidden_dim = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 300;
-  c.context_length = 128;
+  ModelConfig c = testing::tiny_config(arch);
   c.rope_theta = 10000.0f;
-  c.norm_eps = 1e-6f;
   return c;
 }
 

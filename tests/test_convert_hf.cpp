@@ -25,6 +25,7 @@
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 #include "protokv/tokenizer.h"
+#include "test_engine_model.h"
 #include "test_util.h"
 
 namespace protokv {
@@ -238,16 +239,8 @@ void write_checkpoint(const ModelWeights& weights, const fs::path& dir,
 }
 
 ModelConfig small_config() {
-  ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 300;
+  ModelConfig c = testing::tiny_config();
   c.context_length = 64;
-  c.rope_theta = 500000.0f;
-  c.norm_eps = 1e-6f;
   return c;
 }
 

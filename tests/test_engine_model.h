@@ -8,13 +8,34 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/random_model.h"
+#include "model/tensor_table.h"
 #include "protokv/dtype.h"
 #include "protokv/model.h"
 
 namespace protokv::testing {
+
+// The small GQA shape most model tests use (2 layers, 4 query / 2 KV heads of 16, vocabulary 300),
+// with `architecture`'s RoPE order; tests override what they need.
+inline ModelConfig tiny_config(std::string_view architecture = "llama") {
+  ModelConfig c;
+  c.architecture = std::string(architecture);
+  c.rope_neox = architecture_rope_neox(architecture);
+  c.dim = 64;
+  c.hidden_dim = 96;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.vocab_size = 300;
+  c.context_length = 128;
+  c.rope_theta = 500000.0f;
+  c.norm_eps = 1e-6f;
+  return c;
+}
 
 struct RandomModelSpec {
   int dim = 64;

@@ -20,6 +20,7 @@
 #include "protokv/gguf.h"
 #include "protokv/threads.h"
 #include "protokv/tokenizer.h"
+#include "test_engine_model.h"
 #include "test_util.h"
 
 namespace protokv {
@@ -30,16 +31,8 @@ namespace names = gguf_names;
 
 // Small, but with GQA and an FFN width (80) that is not a multiple of the Q8_0 block.
 ModelConfig small_config() {
-  ModelConfig c;
-  c.dim = 64;
+  ModelConfig c = testing::tiny_config();
   c.hidden_dim = 80;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 300;
-  c.context_length = 128;
-  c.rope_theta = 500000.0f;
-  c.norm_eps = 1e-6f;
   return c;
 }
 

@@ -141,6 +141,29 @@ void check_tokens(const ModelConfig& config, const std::vector<int32_t>& tokens,
   }
 }
 
+// Decodes the continuation's tokens one at a time for both runs (full and pressed): the last token
+// is decoded only when attention is observed (its logits predict nothing scored); times each step.
+struct ContinuationDecoder {
+  Session& session;
+  int64_t& observer_step;  // the observer's "current continuation step"
+  bool observe_last;
+  double total_ms = 0.0;
+  int64_t steps = 0;
+
+  // Feeds `token`, the continuation's token `t` of `n`; returns false when it is not decoded.
+  template <class Logits>
+  bool step(int64_t t, int64_t n, int32_t token, Logits& logits) {
+    if (t + 1 >= n && !observe_last) return false;
+    observer_step = t;
+    Timer timer;
+    logits = session.decode(token);
+    total_ms += timer.ms();
+    ++steps;
+    return true;
+  }
+  double ms_per_token() const { return steps > 0 ? total_ms / static_cast<double>(steps) : 0.0; }
+};
+
 Reference run_reference(const ModelWeights& weights, const FidelitySample& sample,
                         const FidelityOptions& options, int64_t top_count) {
   const ModelConfig& config = weights.config;
@@ -165,24 +188,16 @@ Reference run_reference(const ModelWeights& weights, const FidelitySample& sampl
   ref.continuation = sample.continuation;
   ref.continuation.resize(static_cast<size_t>(steps));
   double nll = 0.0;
-  double decode_ms = 0.0;
-  int64_t decodes = 0;
+  ContinuationDecoder decoder{session, observer.step, options.attention_metrics};
   for (int64_t t = 0; t < steps; ++t) {
     std::copy(logits.begin(), logits.end(), ref.logits.begin() + t * vocab);
     if (greedy) ref.continuation[static_cast<size_t>(t)] = argmax(logits);
     const int32_t token = ref.continuation[static_cast<size_t>(t)];
     nll -= log_softmax_at(logits, token);
-    // The last token is decoded only for its attention (its logits predict nothing we score).
-    if (t + 1 < steps || options.attention_metrics) {
-      observer.step = t;
-      Timer timer;
-      logits = session.decode(token);
-      decode_ms += timer.ms();
-      ++decodes;
-    }
+    decoder.step(t, steps, token, logits);
   }
   ref.ppl = std::exp(nll / static_cast<double>(steps));
-  ref.decode_ms_per_token = decodes > 0 ? decode_ms / static_cast<double>(decodes) : 0.0;
+  ref.decode_ms_per_token = decoder.ms_per_token();
   return ref;
 }
 
@@ -270,8 +285,9 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
     }
   }
 
-  double kl_sum = 0.0, nll = 0.0, decode_ms = 0.0, attended_sum = 0.0;
-  int64_t agree = 0, decodes = 0;
+  double kl_sum = 0.0, nll = 0.0, attended_sum = 0.0;
+  int64_t agree = 0;
+  ContinuationDecoder decoder{session, observer.step, options.attention_metrics};
   for (int64_t t = 0; t < steps; ++t) {
     const std::span<const float> full_logits(ref.logits.data() + t * vocab,
                                              static_cast<size_t>(vocab));
@@ -281,20 +297,15 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
     if (same_top1(full_logits, logits)) ++agree;
     const int32_t token = ref.continuation[static_cast<size_t>(t)];
     nll -= log_softmax_at(logits, token);
-    if (t + 1 < steps || options.attention_metrics) {
-      observer.step = t;
-      Timer timer;
-      logits = session.decode(token);
-      decode_ms += timer.ms();
+    if (decoder.step(t, steps, token, logits)) {
       attended_sum += static_cast<double>(session.prefill_stats().decode_attended_kv_bytes);
-      ++decodes;
     }
   }
   m.kl_mean = kl_sum / static_cast<double>(steps);
   m.top1 = static_cast<double>(agree) / static_cast<double>(steps);
   m.ppl = std::exp(nll / static_cast<double>(steps));
-  m.decode_ms_per_token = decodes > 0 ? decode_ms / static_cast<double>(decodes) : 0.0;
-  m.kv_bytes_attended = decodes > 0 ? attended_sum / static_cast<double>(decodes) : 0.0;
+  m.decode_ms_per_token = decoder.ms_per_token();
+  m.kv_bytes_attended = decoder.steps > 0 ? attended_sum / static_cast<double>(decoder.steps) : 0.0;
   if (options.attention_metrics) {
     for (int l = 0; l < config.n_layers; ++l) m.attn_err.push_back(observer.layer_error(l));
     if (observer.selected_steps() > 0) m.recall = observer.attended_recall();
