@@ -21,6 +21,13 @@ REPS=${REPS:-3}
 LAYERS=${LAYERS:-8}
 CACHE=${PROTOKV_CACHE:-$HOME/.cache/protokv}
 MODELS=$CACHE/bench-models
+# Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) does not recognise CPUs reported without a model (e.g.
+# "Intel(R) Xeon(R) Processor" on this VM) and falls back to its SSE3 Prescott kernels: sgemm at
+# ~20 GFLOP/s per core instead of ~110. Name the core from the CPU flags unless the caller did.
+if [[ -z ${OPENBLAS_CORETYPE:-} ]]; then
+  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
+fi
 command -v jq >/dev/null || { echo "vs_llama_cpp.sh: needs jq" >&2; exit 1; }
 [[ -x $PROTOKV ]] || { echo "vs_llama_cpp.sh: no protokv binary at $PROTOKV" >&2; exit 1; }
 
@@ -32,7 +39,7 @@ if [[ ! -f $base-F16.gguf ]]; then
     --vocab 32000 --ctx 4096 --type f16 --seed 1 --name protokv-bench -o "$base-F16.gguf" >&2
 fi
 
-echo "threads $THREADS | llama.cpp $(git -C "$CACHE/llama.cpp-src" log -1 --format=%h) | $(nproc) cores | load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset} | threads $THREADS | llama.cpp $(git -C "$CACHE/llama.cpp-src" log -1 --format=%h) | $(nproc) cores | load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-8s %-9s %12s %12s %12s\n' type engine "pp${PP%%,*}" "pp${PP##*,}" "tg$TG"
 for type in $TYPES; do
   file=$base-$type.gguf
