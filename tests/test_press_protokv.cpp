@@ -247,6 +247,63 @@ TEST(ProtoKvAssignment, GemmArgmaxMatchesNaiveCosineArgmaxAcrossBlocks) {
   }
 }
 
+// The fused GEMM + argmax kernel against a naive reference that computes every dot with the
+// kernel's own FMA chain (ascending channels) and takes the first maximum: identical indices,
+// including exact ties between duplicated prototypes in different lanes and column tiles, counts
+// around the 32-prototype tile, partial 12-key tiles, zero keys and a NaN key.
+TEST(ProtoKvAssignment, FusedArgmaxEqualsNaiveFirstMaximumIncludingTies) {
+  constexpr int kDim = 40;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal;
+  for (const int count : {1, 2, 15, 16, 17, 31, 32, 33, 64, 70}) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{12}, int64_t{13}, int64_t{101}}) {
+      std::vector<float> keys(static_cast<size_t>(tokens * kDim)), protos(count * kDim);
+      for (float& x : keys) x = normal(rng);
+      for (float& x : protos) x = normal(rng);
+      press::normalise_rows(protos.data(), count, kDim, protos.data());
+      // Exact ties: prototype 1 repeated in other lanes (j = 1 mod 3); prototypes 3 and 18
+      // repeated only in their own lane of the next 32-column tile (j + 32).
+      for (int j = 4; j < count; j += 3)
+        std::copy(protos.begin() + kDim, protos.begin() + 2 * kDim, protos.begin() + j * kDim);
+      for (const int j : {3, 18})
+        if (j + 32 < count)
+          std::copy(protos.begin() + j * kDim, protos.begin() + (j + 1) * kDim,
+                    protos.begin() + (j + 32) * kDim);
+      if (tokens > 5) {
+        // Keys equal to prototypes 1, 3 and 18: maxima tied at every copy.
+        for (const int j : {1, 3, 18})
+          if (j < count)
+            std::copy(protos.begin() + j * kDim, protos.begin() + (j + 1) * kDim,
+                      keys.begin() + (j == 1   ? 2
+                                      : j == 3 ? 3
+                                               : 4) *
+                                         kDim);
+        std::fill(keys.begin() + kDim, keys.begin() + 2 * kDim, 0.0f);  // all dots zero
+      }
+      if (tokens > 5) keys[static_cast<size_t>(5 * kDim + 3)] = std::nanf("");
+      std::vector<int32_t> assignment(static_cast<size_t>(tokens));
+      press::assign_to_prototypes(keys.data(), tokens, kDim, protos.data(), count,
+                                  assignment.data());
+      for (int64_t t = 0; t < tokens; ++t) {
+        int best = 0;
+        float best_dot = 0.0f;
+        bool first_nan = false;
+        for (int p = 0; p < count; ++p) {
+          float dot = 0.0f;
+          for (int c = 0; c < kDim; ++c)
+            dot = std::fma(keys[static_cast<size_t>(t * kDim + c)],
+                           protos[static_cast<size_t>(p * kDim + c)], dot);
+          if (p == 0) first_nan = std::isnan(dot), best_dot = dot;
+          if (dot > best_dot) best_dot = dot, best = p;  // strict: the first maximum
+        }
+        if (first_nan) best = 0;
+        EXPECT_EQ(assignment[static_cast<size_t>(t)], best)
+            << "count " << count << " tokens " << tokens << " token " << t;
+      }
+    }
+  }
+}
+
 TEST(ProtoKvAblations, PrototypeSetsHaveTheSamePrototypeBudget) {
   const DriftWithPlanted data(400);
   auto config = hybrid_config(25, 2);

@@ -245,11 +245,30 @@ namespace {
 constexpr int kTileRows = 12;  // key rows per micro-tile: 12 x 2 accumulators of 16 lanes
 constexpr int kTileCols = 32;  // prototypes per micro-tile
 
-// dots[r][j] = keys[r] . prototype j for kTileRows key rows and every prototype, from the
-// prototypes transposed to [d, padded] (padded a multiple of kTileCols, zero columns past the
-// count). The 24 accumulators stay in registers over the whole head dimension; each step is two
-// prototype loads and 24 FMAs with broadcast key entries.
-void dot_tile(const float* keys, int d, const float* transposed, int padded, float* dots) {
+// Running first maximum of kTileRows keys over the prototypes, lane by lane: lane l of row r
+// holds the largest dot seen so far among the prototypes j = l (mod kTileCols) and the first
+// such j (strict > over ascending j, so a later equal value never replaces an earlier one).
+struct TileArgmax {
+  alignas(64) float value[kTileRows][kTileCols];
+  alignas(64) int32_t index[kTileRows][kTileCols];
+  bool first_is_nan[kTileRows];
+};
+
+// For kTileRows key rows, the first maximum of keys[r] . prototype j over the `count` prototypes,
+// from the prototypes transposed to [d, padded] (padded a multiple of kTileCols, zero columns past
+// the count). The 24 accumulators stay in registers over the whole head dimension; each step is
+// two prototype loads and 24 FMAs with broadcast key entries. The dots of a 12 x 32 tile go
+// straight into the running lane-wise maximum, never to memory: the argmax is fused into the GEMM.
+void argmax_tile(const float* keys, int d, const float* transposed, int padded, int count,
+                 TileArgmax& best) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+  for (int r = 0; r < kTileRows; ++r) {
+    _mm512_store_ps(best.value[r], minus_inf);
+    _mm512_store_ps(best.value[r] + 16, minus_inf);
+    _mm512_store_si512(best.index[r], _mm512_setzero_si512());
+    _mm512_store_si512(best.index[r] + 16, _mm512_setzero_si512());
+  }
   for (int j0 = 0; j0 < padded; j0 += kTileCols) {
     __m512 acc[kTileRows][2];
     for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
@@ -263,11 +282,47 @@ void dot_tile(const float* keys, int d, const float* transposed, int padded, flo
         acc[r][1] = _mm512_fmadd_ps(key, hi, acc[r][1]);
       }
     }
+    // Zero-padded columns past the count are no candidates.
+    const __mmask16 live_lo =
+        count - j0 >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (count - j0)) - 1u);
+    const __mmask16 live_hi = count - j0 >= 32 ? __mmask16(0xFFFF)
+                              : count - j0 > 16
+                                  ? static_cast<__mmask16>((1u << (count - j0 - 16)) - 1u)
+                                  : __mmask16(0);
+    const __m512i index_lo = _mm512_add_epi32(lane, _mm512_set1_epi32(j0));
+    const __m512i index_hi = _mm512_add_epi32(index_lo, _mm512_set1_epi32(16));
     for (int r = 0; r < kTileRows; ++r) {
-      _mm512_storeu_ps(dots + static_cast<int64_t>(r) * padded + j0, acc[r][0]);
-      _mm512_storeu_ps(dots + static_cast<int64_t>(r) * padded + j0 + 16, acc[r][1]);
+      if (j0 == 0) best.first_is_nan[r] = std::isnan(_mm512_cvtss_f32(acc[r][0]));
+      const __m512 value_lo = _mm512_load_ps(best.value[r]);
+      const __m512 value_hi = _mm512_load_ps(best.value[r] + 16);
+      // Ordered comparison: a NaN dot never becomes the maximum.
+      const __mmask16 up_lo = _mm512_mask_cmp_ps_mask(live_lo, acc[r][0], value_lo, _CMP_GT_OQ);
+      const __mmask16 up_hi = _mm512_mask_cmp_ps_mask(live_hi, acc[r][1], value_hi, _CMP_GT_OQ);
+      _mm512_mask_store_ps(best.value[r], up_lo, acc[r][0]);
+      _mm512_mask_store_ps(best.value[r] + 16, up_hi, acc[r][1]);
+      _mm512_mask_store_epi32(best.index[r], up_lo, index_lo);
+      _mm512_mask_store_epi32(best.index[r] + 16, up_hi, index_hi);
     }
   }
+}
+
+// Row r's first maximum from the lane-wise maxima: the largest value, then the lowest index among
+// the lanes that hold it. Returns -1 where first_argmax's special cases apply (no finite maximum,
+// or a NaN first dot), for the caller to settle with first_argmax itself.
+int32_t reduce_tile_argmax(const TileArgmax& best, int r) {
+  if (best.first_is_nan[r]) return -1;
+  const __m512 value_lo = _mm512_load_ps(best.value[r]);
+  const __m512 value_hi = _mm512_load_ps(best.value[r] + 16);
+  const float top = _mm512_reduce_max_ps(_mm512_max_ps(value_lo, value_hi));
+  if (top == -INFINITY) return -1;
+  const __m512 top_v = _mm512_set1_ps(top);
+  const __mmask16 at_lo = _mm512_cmp_ps_mask(value_lo, top_v, _CMP_EQ_OQ);
+  const __mmask16 at_hi = _mm512_cmp_ps_mask(value_hi, top_v, _CMP_EQ_OQ);
+  const __m512i none = _mm512_set1_epi32(INT32_MAX);
+  const __m512i index =
+      _mm512_min_epi32(_mm512_mask_mov_epi32(none, at_lo, _mm512_load_si512(best.index[r])),
+                       _mm512_mask_mov_epi32(none, at_hi, _mm512_load_si512(best.index[r] + 16)));
+  return _mm512_reduce_min_epi32(index);
 }
 
 }  // namespace
@@ -280,9 +335,9 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
     return;
   }
 #if defined(PROTOKV_HAVE_AVX512)
-  // A register-blocked GEMM fused with the argmax: the dots of a 12-key tile against every
-  // prototype stay in L1 until their first maximum is taken. Workspaces are reused across calls
-  // (one set per thread), so no call pays for fresh zeroed pages.
+  // A register-blocked GEMM fused with the argmax (argmax_tile): no dot ever goes to memory.
+  // Workspaces are reused across calls (one set per thread), so no call pays for fresh zeroed
+  // pages.
   const int padded = (count + kTileCols - 1) / kTileCols * kTileCols;
   thread_local std::vector<float> transposed, dots, tail;
   transposed.assign(static_cast<size_t>(d) * static_cast<size_t>(padded), 0.0f);
@@ -290,7 +345,7 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
     for (int c = 0; c < d; ++c)
       transposed[static_cast<size_t>(c) * static_cast<size_t>(padded) + static_cast<size_t>(j)] =
           prototypes[static_cast<int64_t>(j) * d + c];
-  dots.resize(static_cast<size_t>(kTileRows) * static_cast<size_t>(padded));
+  TileArgmax best;
   for (int64_t t0 = 0; t0 < n; t0 += kTileRows) {
     const int64_t rows = std::min<int64_t>(kTileRows, n - t0);
     const float* tile = keys + t0 * d;
@@ -299,8 +354,21 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
       std::copy(tile, tile + rows * d, tail.begin());
       tile = tail.data();
     }
-    dot_tile(tile, d, transposed.data(), padded, dots.data());
-    for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(dots.data() + r * padded, count);
+    argmax_tile(tile, d, transposed.data(), padded, count, best);
+    for (int64_t r = 0; r < rows; ++r) {
+      int32_t index = reduce_tile_argmax(best, static_cast<int>(r));
+      if (index < 0) {  // NaN or -inf dots (non-finite keys): the plain first maximum
+        dots.resize(static_cast<size_t>(count));
+        for (int j = 0; j < count; ++j) {
+          float dot = 0.0f;  // the FMA chain of argmax_tile, lane by lane
+          for (int c = 0; c < d; ++c)
+            dot = std::fma(tile[r * d + c], prototypes[static_cast<int64_t>(j) * d + c], dot);
+          dots[static_cast<size_t>(j)] = dot;
+        }
+        index = first_argmax(dots.data(), count);
+      }
+      out[t0 + r] = index;
+    }
   }
 #else
   constexpr int64_t kBlock = 256;
