@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -244,6 +245,43 @@ TEST(ProtoKvAssignment, GemmArgmaxMatchesNaiveCosineArgmaxAcrossBlocks) {
       if (cosine > best_cos) best_cos = cosine, best = p;
     }
     EXPECT_EQ(assignment[static_cast<size_t>(t)], best) << t;
+  }
+}
+
+// chunk_pass's AVX-512 kernels (head_dim 64, 128, 256) against the plain loops, bit for bit:
+// norms, chunk sums and Eq. 10 deviations, over chunks of unequal sizes, with a constant chunk
+// (sigma ~ 0) and a zero key.
+TEST(ProtoKvChunkPass, KernelsAreBitIdenticalToThePlainLoops) {
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> normal;
+  for (const int dim : {64, 128, 256, 40}) {
+    for (const int64_t chunks : {int64_t{1}, int64_t{7}, int64_t{40}}) {
+      constexpr int64_t kTokens = 203;
+      std::vector<float> keys(static_cast<size_t>(kTokens * dim));
+      for (float& x : keys) x = 0.3f + normal(rng);
+      std::fill(keys.begin() + 5 * dim, keys.begin() + 6 * dim, 0.0f);
+      if (chunks == 40)  // chunk 0 (tokens 0..4) all equal: sigma ~ 0
+        for (int64_t t = 1; t < 5; ++t)
+          std::copy(keys.begin(), keys.begin() + dim, keys.begin() + t * dim);
+      std::vector<float> norms(kTokens), sums(static_cast<size_t>(chunks * dim)), delta(kTokens);
+      std::vector<float> norms_ref(kTokens), sums_ref(sums.size()), delta_ref(kTokens);
+      press::chunk_pass(keys.data(), kTokens, dim, chunks, norms.data(), sums.data(), delta.data());
+      press::chunk_pass_generic(keys.data(), kTokens, dim, chunks, norms_ref.data(),
+                                sums_ref.data(), delta_ref.data());
+      const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() &&
+               std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(same_bits(norms, norms_ref)) << "dim " << dim << " chunks " << chunks;
+      EXPECT_TRUE(same_bits(sums, sums_ref)) << "dim " << dim << " chunks " << chunks;
+      EXPECT_TRUE(same_bits(delta, delta_ref)) << "dim " << dim << " chunks " << chunks;
+      // Without deviations: the same norms and sums.
+      std::vector<float> norms_only(kTokens), sums_only(sums.size());
+      press::chunk_pass(keys.data(), kTokens, dim, chunks, norms_only.data(), sums_only.data(),
+                        nullptr);
+      EXPECT_TRUE(same_bits(norms_only, norms_ref));
+      EXPECT_TRUE(same_bits(sums_only, sums_ref));
+    }
   }
 }
 

@@ -96,8 +96,89 @@ void key_norms(const float* keys, int64_t n, int d, float* norms) {
   for (int64_t t = 0; t < n; ++t) norms[t] = std::sqrt(kernels::dot(keys + t * d, keys + t * d, d));
 }
 
+#if defined(PROTOKV_HAVE_AVX512)
+namespace {
+
+// chunk_pass for head_dim = 16 * kVectors: the chunk's per-channel sums and variances stay in
+// registers over its rows (no store and reload per row), the norms and cosines are
+// Avx512Ops::dot itself, inlined. The same operations in the same order as the generic loop below
+// (per-channel sums in row order, variance terms fused as (k - mu)^2 + var, the channel sum of
+// the variances in channel order), so the results are bit-identical to it.
+template <int kVectors>
+void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, float* norms, float* chunk_sums,
+                       float* delta) {
+  constexpr int d = 16 * kVectors;
+  using Ops = kernels::Avx512Ops;
+  alignas(64) float mu[d], var[d];
+  for (int64_t m = 0; m < k; ++m) {
+    const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
+    __m512 sum[kVectors];
+    for (auto& v : sum) v = _mm512_setzero_ps();
+    for (int64_t t = begin; t < end; ++t) {
+      const float* key = keys + t * d;
+      norms[t] = std::sqrt(Ops::dot(key, key, d));
+      for (int v = 0; v < kVectors; ++v)
+        sum[v] = _mm512_add_ps(sum[v], _mm512_loadu_ps(key + 16 * v));
+    }
+    float* out_sum = chunk_sums + m * d;
+    for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(out_sum + 16 * v, sum[v]);
+    if (delta == nullptr) continue;
+    const float inv_count = 1.0f / static_cast<float>(end - begin);
+    const __m512 inv = _mm512_set1_ps(inv_count);
+    __m512 mean[kVectors], variance[kVectors];
+    for (int v = 0; v < kVectors; ++v) {
+      mean[v] = _mm512_mul_ps(sum[v], inv);
+      variance[v] = _mm512_setzero_ps();
+    }
+    for (int64_t t = begin; t < end; ++t) {
+      const float* key = keys + t * d;
+      for (int v = 0; v < kVectors; ++v) {
+        const __m512 diff = _mm512_sub_ps(_mm512_loadu_ps(key + 16 * v), mean[v]);
+        variance[v] = _mm512_fmadd_ps(diff, diff, variance[v]);
+      }
+    }
+    for (int v = 0; v < kVectors; ++v) {
+      _mm512_store_ps(mu + 16 * v, mean[v]);
+      _mm512_store_ps(var + 16 * v, variance[v]);
+    }
+    float sigma_sq = 0.0f;  // ||sigma_m||^2 = sum over channels of the variance
+    for (int c = 0; c < d; ++c) sigma_sq += var[c];
+    const float sigma_norm = std::sqrt(sigma_sq * inv_count);
+    const float mean_norm = std::sqrt(Ops::dot(mu, mu, d));
+    for (int64_t t = begin; t < end; ++t) {
+      if (!(sigma_norm > 0.0f)) {
+        delta[t] = 0.0f;  // identical keys: nothing deviates
+        continue;
+      }
+      const float scale = norms[t] * mean_norm;
+      const float cosine = scale > 0.0f ? Ops::dot(keys + t * d, mu, d) / scale : 0.0f;
+      delta[t] = (1.0f - cosine) / sigma_norm;  // Eq. 10
+    }
+  }
+}
+
+}  // namespace
+#endif
+
 void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
                 float* delta) {
+#if defined(PROTOKV_HAVE_AVX512)
+  switch (d) {
+    case 64:
+      return chunk_pass_avx512<4>(keys, n, k, norms, chunk_sums, delta);
+    case 128:
+      return chunk_pass_avx512<8>(keys, n, k, norms, chunk_sums, delta);
+    case 256:
+      return chunk_pass_avx512<16>(keys, n, k, norms, chunk_sums, delta);
+    default:
+      break;
+  }
+#endif
+  chunk_pass_generic(keys, n, d, k, norms, chunk_sums, delta);
+}
+
+void chunk_pass_generic(const float* keys, int64_t n, int d, int64_t k, float* norms,
+                        float* chunk_sums, float* delta) {
   // Per-channel accumulators keep every inner loop a plain vectorisable loop over channels.
   std::vector<float> mean(static_cast<size_t>(d)), variance(static_cast<size_t>(d));
   for (int64_t m = 0; m < k; ++m) {
