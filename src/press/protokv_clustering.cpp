@@ -503,6 +503,115 @@ void local_dots_8(const float* keys, int64_t begin, int64_t end, int d, const fl
   }
 }
 
+// The banded form of assign_locally, when prototype j is chunk j's (no chunk dropped) and the
+// 2a + 1 chunk slots plus the u bucket slots fit in 8 lanes: lane i < 2a + 1 is chunk m - a + i,
+// lane 2a + 1 + b is bucket b. A chunk's columns [d, 8] are one masked load per channel from the
+// regular prototypes transposed once per head (regular_t [d, k + 2a], a zero columns on each
+// side) OR'ed with the bucket lanes (bucket_t [d, 8], zero in the chunk lanes): no scalar
+// transposition per chunk. The dots
+// are the same FMA chains over ascending channels as local_dots_8 and the exact GEMM.
+struct BandedCandidates {
+  std::vector<float> regular_t;  // [d, stride]
+  std::vector<float> bucket_t;   // [d, 8]
+  std::vector<float> columns;    // [d, 8]: the current chunk's columns
+  int64_t stride = 0;            // k + 2a
+  int band = 0;                  // 2a + 1 chunk lanes
+  int buckets = 0;
+};
+
+template <int kRows>
+void banded_tile(const float* keys, int64_t n, int64_t t0, int d, const float* columns,
+                 float (*dots)[8]) {
+  const float* row[kRows];
+  for (int r = 0; r < kRows; ++r) row[r] = keys + (t0 + r) * d;
+  __m256 acc[kRows];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  // The keys stream from memory: fetch the rows two tiles ahead (where they exist), one cache
+  // line per row every 16 channels.
+  const float* ahead[kRows];
+  for (int r = 0; r < kRows; ++r)
+    ahead[r] = t0 + r + 2 * kRows < n ? row[r] + 2 * kRows * d : row[r];
+  for (int c0 = 0; c0 < d; c0 += 16) {
+    for (int r = 0; r < kRows; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + c0), _MM_HINT_T0);
+    const int c_end = std::min(d, c0 + 16);
+    for (int c = c0; c < c_end; ++c) {
+      const __m256 column = _mm256_loadu_ps(columns + static_cast<int64_t>(c) * 8);
+      for (int r = 0; r < kRows; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row[r][c]), column, acc[r]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(dots[r], acc[r]);
+}
+
+// Tokens [begin, end) of chunk m: tiles of 8 keys, the last 1-15 keys in one tile of their own
+// count (no padded rows).
+void banded_chunk(const float* keys, int64_t n, int64_t begin, int64_t end, int d,
+                  BandedCandidates& cand, int64_t m, int64_t k, int n_regular, int32_t* out) {
+  const int a = cand.band / 2;
+  alignas(32) int32_t lane_mask[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int live[8], live_count = 0;
+  int32_t prototype[8];
+  for (int i = 0; i < cand.band; ++i) {
+    const int64_t chunk = m - a + i;
+    if (chunk < 0 || chunk >= k) continue;
+    lane_mask[i] = -1;
+    live[live_count++] = i;
+    prototype[i] = static_cast<int32_t>(chunk);
+  }
+  for (int b = 0; b < cand.buckets; ++b) {
+    live[live_count++] = cand.band + b;
+    prototype[cand.band + b] = n_regular + b;
+  }
+  const __m256i chunk_lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_mask));
+  // This chunk's candidate columns [d, 8], once: masked-off lanes read nothing and come back as
+  // +0.0, so OR keeps the bucket side's bits.
+  const float* regular = cand.regular_t.data() + m;
+  float* columns = cand.columns.data();
+  for (int c = 0; c < d; ++c)
+    _mm256_storeu_ps(
+        columns + static_cast<int64_t>(c) * 8,
+        _mm256_or_ps(
+            _mm256_maskload_ps(regular + static_cast<int64_t>(c) * cand.stride, chunk_lanes),
+            _mm256_loadu_ps(cand.bucket_t.data() + static_cast<int64_t>(c) * 8)));
+  float dots[15][8];
+  for (int64_t t0 = begin; t0 < end;) {
+    const int64_t left = end - t0;
+    const int rows = left >= 16 ? 8 : static_cast<int>(left);
+    switch (rows) {
+#define PROTOKV_BANDED_CASE(R)                     \
+  case R:                                          \
+    banded_tile<R>(keys, n, t0, d, columns, dots); \
+    break;
+      PROTOKV_BANDED_CASE(1)
+      PROTOKV_BANDED_CASE(2)
+      PROTOKV_BANDED_CASE(3)
+      PROTOKV_BANDED_CASE(4)
+      PROTOKV_BANDED_CASE(5)
+      PROTOKV_BANDED_CASE(6)
+      PROTOKV_BANDED_CASE(7)
+      PROTOKV_BANDED_CASE(8)
+      PROTOKV_BANDED_CASE(9)
+      PROTOKV_BANDED_CASE(10)
+      PROTOKV_BANDED_CASE(11)
+      PROTOKV_BANDED_CASE(12)
+      PROTOKV_BANDED_CASE(13)
+      PROTOKV_BANDED_CASE(14)
+      PROTOKV_BANDED_CASE(15)
+#undef PROTOKV_BANDED_CASE
+      default:
+        break;
+    }
+    for (int r = 0; r < rows; ++r) {
+      int best = live[0];  // first maximum over the live lanes, in prototype order
+      for (int i = 1; i < live_count; ++i)
+        if (dots[r][live[i]] > dots[r][best]) best = live[i];
+      out[t0 + r] = prototype[best];
+    }
+    t0 += rows;
+  }
+}
+
 }  // namespace
 #endif
 
@@ -514,6 +623,30 @@ void assign_locally(const float* keys, int64_t n, int d, const Clustering& clust
   for (int i = 0; i < clusters.n_regular; ++i)
     prototype_of_chunk[static_cast<size_t>(clusters.origin[static_cast<size_t>(i)])] = i;
   const float* prototypes = clusters.prototypes.data();
+#if defined(PROTOKV_HAVE_AVX2)
+  const int buckets = clusters.n_prototypes() - clusters.n_regular;
+  if (clusters.n_regular == k && neighbours <= 3 && 2 * neighbours + 1 + buckets <= 8) {
+    thread_local BandedCandidates cand;
+    cand.band = 2 * neighbours + 1;
+    cand.buckets = buckets;
+    cand.stride = k + 2 * neighbours;
+    cand.regular_t.assign(static_cast<size_t>(d * cand.stride), 0.0f);
+    for (int64_t j = 0; j < k; ++j)
+      for (int c = 0; c < d; ++c)
+        cand.regular_t[static_cast<size_t>(c * cand.stride + neighbours + j)] =
+            prototypes[j * d + c];
+    cand.bucket_t.assign(static_cast<size_t>(d) * 8, 0.0f);
+    cand.columns.resize(static_cast<size_t>(d) * 8);
+    for (int b = 0; b < buckets; ++b)
+      for (int c = 0; c < d; ++c)
+        cand.bucket_t[static_cast<size_t>(c) * 8 + static_cast<size_t>(cand.band + b)] =
+            prototypes[static_cast<int64_t>(clusters.n_regular + b) * d + c];
+    for (int64_t m = 0; m < k; ++m)
+      banded_chunk(keys, n, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d, cand, m, k,
+                   clusters.n_regular, out);
+    return;
+  }
+#endif
   std::vector<int32_t> candidates;
   for (int64_t m = 0; m < k; ++m) {
     // Ascending prototype indices, so the first maximum is the lowest index as in Eq. 17 exact.
