@@ -248,6 +248,30 @@ TEST(ProtoKvAssignment, GemmArgmaxMatchesNaiveCosineArgmaxAcrossBlocks) {
   }
 }
 
+// top_indices (one pass for p <= 64, nth_element above) against a full sort by (value desc,
+// index asc) with NaN as -inf: ties, NaN, -inf, every p from 0 to n.
+TEST(ProtoKvIrregularSet, TopIndicesEqualFullSortWithTiesAndNan) {
+  std::mt19937_64 rng(13);
+  std::uniform_int_distribution<int> level(0, 9);  // few distinct values: many ties
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{100}, int64_t{300}}) {
+    std::vector<float> values(static_cast<size_t>(n));
+    for (float& v : values) v = static_cast<float>(level(rng));
+    if (n > 5) values[3] = std::nanf(""), values[4] = -INFINITY, values[5] = INFINITY;
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const float va = std::isnan(values[a]) ? -INFINITY : values[a];
+      const float vb = std::isnan(values[b]) ? -INFINITY : values[b];
+      return va != vb ? va > vb : a < b;
+    });
+    for (int64_t p = 0; p <= n; ++p) {
+      std::vector<int32_t> expected(order.begin(), order.begin() + p);
+      std::sort(expected.begin(), expected.end());
+      EXPECT_EQ(press::top_indices(values.data(), n, p), expected) << "n " << n << " p " << p;
+    }
+  }
+}
+
 // chunk_pass's AVX-512 kernels (head_dim 64, 128, 256) against the plain loops, bit for bit:
 // norms, chunk sums and Eq. 10 deviations, over chunks of unequal sizes, with a constant chunk
 // (sigma ~ 0) and a zero key.

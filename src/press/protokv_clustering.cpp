@@ -253,13 +253,28 @@ void neighbourhood_outlier_degree(const float* keys, const float* norms, int64_t
 
 std::vector<int32_t> top_indices(const float* values, int64_t n, int64_t p) {
   p = std::clamp<int64_t>(p, 0, n);
-  std::vector<int32_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
+  if (p == 0) return {};
   auto before = [&](int32_t a, int32_t b) {
     const float va = std::isnan(values[a]) ? -INFINITY : values[a];
     const float vb = std::isnan(values[b]) ? -INFINITY : values[b];
     return va != vb ? va > vb : a < b;
   };
+  if (p <= 64 && p < n) {
+    // A few out of many (the irregular set): one pass keeping the p best so far in order. The
+    // order (value, then index) is total, so this is the same set as nth_element gives.
+    std::vector<int32_t> best;
+    best.reserve(static_cast<size_t>(p) + 1);
+    for (int64_t t = 0; t < n; ++t) {
+      const auto i = static_cast<int32_t>(t);
+      if (static_cast<int64_t>(best.size()) == p && !before(i, best.back())) continue;
+      best.insert(std::upper_bound(best.begin(), best.end(), i, before), i);
+      if (static_cast<int64_t>(best.size()) > p) best.pop_back();
+    }
+    std::sort(best.begin(), best.end());
+    return best;
+  }
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
   if (p < n) std::nth_element(order.begin(), order.begin() + p, order.end(), before);
   order.resize(static_cast<size_t>(p));
   std::sort(order.begin(), order.end());
