@@ -22,7 +22,10 @@ void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
   norm = std::sqrt(norm);
   if (!(norm > 0.0)) return;
   const auto inv = static_cast<float>(1.0 / norm);
-  for (int c = 0; c < d; ++c) out.prototypes.push_back(sum[c] * inv);
+  const size_t at = out.prototypes.size();
+  out.prototypes.resize(at + static_cast<size_t>(d));
+  float* prototype = out.prototypes.data() + at;
+  for (int c = 0; c < d; ++c) prototype[c] = sum[c] * inv;
   out.origin.push_back(origin);
 }
 
