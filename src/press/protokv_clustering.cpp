@@ -144,19 +144,19 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, float* norms, fl
       _mm512_store_ps(mu + 16 * v, mean[v]);
       _mm512_store_ps(var + 16 * v, variance[v]);
     }
+    // 1 - cos(k_t, mu_m) first, then ||sigma_m|| (a chain of d dependent adds, kept in channel
+    // order), then the division: the dots need not wait for the chain.
+    const float mean_norm = std::sqrt(Ops::dot(mu, mu, d));
+    for (int64_t t = begin; t < end; ++t) {
+      const float scale = norms[t] * mean_norm;
+      const float cosine = scale > 0.0f ? Ops::dot(keys + t * d, mu, d) / scale : 0.0f;
+      delta[t] = 1.0f - cosine;
+    }
     float sigma_sq = 0.0f;  // ||sigma_m||^2 = sum over channels of the variance
     for (int c = 0; c < d; ++c) sigma_sq += var[c];
     const float sigma_norm = std::sqrt(sigma_sq * inv_count);
-    const float mean_norm = std::sqrt(Ops::dot(mu, mu, d));
-    for (int64_t t = begin; t < end; ++t) {
-      if (!(sigma_norm > 0.0f)) {
-        delta[t] = 0.0f;  // identical keys: nothing deviates
-        continue;
-      }
-      const float scale = norms[t] * mean_norm;
-      const float cosine = scale > 0.0f ? Ops::dot(keys + t * d, mu, d) / scale : 0.0f;
-      delta[t] = (1.0f - cosine) / sigma_norm;  // Eq. 10
-    }
+    for (int64_t t = begin; t < end; ++t)  // Eq. 10; identical keys (sigma = 0): nothing deviates
+      delta[t] = sigma_norm > 0.0f ? delta[t] / sigma_norm : 0.0f;
   }
 }
 
