@@ -133,8 +133,13 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, float* norms, fl
       mean[v] = _mm512_mul_ps(sum[v], inv);
       variance[v] = _mm512_setzero_ps();
     }
+    const int64_t next_end = std::min(n, end + (end - begin));
     for (int64_t t = begin; t < end; ++t) {
       const float* key = keys + t * d;
+      // The next chunk's rows, from memory while this one's stay in L1.
+      if (t + (end - begin) < next_end)
+        for (int line = 0; line < d; line += 16)
+          _mm_prefetch(reinterpret_cast<const char*>(key + (end - begin) * d + line), _MM_HINT_T0);
       for (int v = 0; v < kVectors; ++v) {
         const __m512 diff = _mm512_sub_ps(_mm512_loadu_ps(key + 16 * v), mean[v]);
         variance[v] = _mm512_fmadd_ps(diff, diff, variance[v]);
