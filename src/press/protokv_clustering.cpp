@@ -30,22 +30,23 @@ void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
 }
 
 // Regular prototypes (ProtoKV Eq. 11): normalised sum of each chunk's keys outside O, from the
-// chunk sums of chunk_pass minus the irregular keys; chunks left empty are dropped.
-void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, std::vector<float> sums,
+// chunk sums of chunk_pass minus the irregular keys (subtracted in place); chunks left empty are
+// dropped.
+void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, float* sums,
                           const std::vector<int32_t>& irregular, Clustering& out) {
   std::vector<int64_t> remaining(static_cast<size_t>(k));
   for (int64_t m = 0; m < k; ++m)
     remaining[static_cast<size_t>(m)] = chunk_begin(m + 1, n, k) - chunk_begin(m, n, k);
   for (const int32_t t : irregular) {
     const int64_t m = chunk_of(t, n, k);
-    float* sum = sums.data() + m * d;
+    float* sum = sums + m * d;
     const float* key = keys + static_cast<int64_t>(t) * d;
     for (int c = 0; c < d; ++c) sum[c] -= key[c];
     --remaining[static_cast<size_t>(m)];
   }
   for (int64_t m = 0; m < k; ++m)
     if (remaining[static_cast<size_t>(m)] > 0)
-      add_prototype(sums.data() + m * d, d, static_cast<int32_t>(m), out);
+      add_prototype(sums + m * d, d, static_cast<int32_t>(m), out);
 }
 
 // Irregular prototypes (ProtoKV Eq. 15): tokens `rows` hashed into 2^bits buckets, each bucket's
@@ -708,7 +709,10 @@ void assign_locally(const float* keys, int64_t n, int d, const Clustering& clust
 Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config) {
   Clustering out;
   out.head_dim = d;
-  std::vector<float> norms(static_cast<size_t>(n));  // [n] ||k_t||
+  // Workspaces reused across calls (one set per thread): every entry is written before it is
+  // read, so no call pays for fresh zeroed pages.
+  thread_local std::vector<float> norms, sums, deviation;
+  norms.resize(static_cast<size_t>(n));  // [n] ||k_t||
 
   const int64_t k = std::clamp<int64_t>(config.chunks, 1, n);
   // At most k + u prototypes in every prototype set (the LSH ablation: 2^round(log2(k + u)) <
@@ -718,13 +722,14 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   switch (config.prototypes) {
     case PrototypeSet::Hybrid: {
       // Algorithm 1 lines 1-7: deviation, irregular set O, regular prototypes.
-      std::vector<float> sums(static_cast<size_t>(k * d)), deviation(static_cast<size_t>(n));
+      sums.resize(static_cast<size_t>(k * d));  // [k, d] chunk sums
+      deviation.resize(static_cast<size_t>(n));
       const bool chunk_dev = config.deviation == Deviation::Chunk;
       chunk_pass(keys, n, d, k, norms.data(), sums.data(), chunk_dev ? deviation.data() : nullptr);
       if (!chunk_dev)
         neighbourhood_outlier_degree(keys, norms.data(), n, d, config.kappa, deviation.data());
       out.irregular = top_indices(deviation.data(), n, config.irregular);
-      add_chunk_prototypes(keys, n, d, k, std::move(sums), out.irregular, out);
+      add_chunk_prototypes(keys, n, d, k, sums.data(), out.irregular, out);
       out.n_regular = out.n_prototypes();
       out.n_chunks = k;
       // Lines 8-13: only the irregular tokens are hashed.
@@ -735,9 +740,9 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
     case PrototypeSet::Chunk: {
       // Ablation: the same prototype count k + u, all from chunks, no irregular set.
       const int64_t chunks = std::min<int64_t>(n, k + config.buckets());
-      std::vector<float> sums(static_cast<size_t>(chunks * d));
+      sums.resize(static_cast<size_t>(chunks * d));
       chunk_pass(keys, n, d, chunks, norms.data(), sums.data(), nullptr);
-      add_chunk_prototypes(keys, n, d, chunks, std::move(sums), {}, out);
+      add_chunk_prototypes(keys, n, d, chunks, sums.data(), {}, out);
       out.n_regular = out.n_prototypes();
       out.n_chunks = chunks;
       break;
