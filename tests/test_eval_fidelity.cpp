@@ -341,12 +341,20 @@ TEST(BenchCompress, TinyTensorsGiveSaneResults) {
     EXPECT_LE(r.min_ms, r.median_ms);
     EXPECT_GE(r.min_ms, 0.0);
     EXPECT_EQ(r.kept_entries, 64 * 2 * 2) << r.press;  // budget × KV heads × layers
+    EXPECT_EQ(r.cpu_times_ms.size(), 2u);              // the process's CPU time, per repetition
+    EXPECT_LE(r.cpu_min_ms, r.cpu_median_ms);
+    EXPECT_GE(r.cpu_min_ms, 0.0);
+    if (report.results[0].cpu_min_ms > 0.0) {
+      EXPECT_DOUBLE_EQ(r.cpu_min_ratio_to_snapkv, r.cpu_min_ms / report.results[0].cpu_min_ms);
+    }
   }
   const auto json = to_json(report);
   EXPECT_EQ(json["results"].size(), 4u);
   EXPECT_EQ(json["config"]["reference"], "snapkv");
   EXPECT_NE(render_table(report).find("x snapkv (min)"), std::string::npos);
   EXPECT_TRUE(json["results"][1].contains("min_ratio_to_snapkv"));
+  EXPECT_TRUE(json["results"][1].contains("cpu_min_ratio_to_snapkv"));
+  EXPECT_NE(render_table(report).find("CPU x snapkv (min)"), std::string::npos);
 
   options.budget.entries = 256;  // keeps everything
   EXPECT_THROW(run_compress_bench(options), Error);

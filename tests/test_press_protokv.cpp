@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -244,6 +245,124 @@ TEST(ProtoKvAssignment, GemmArgmaxMatchesNaiveCosineArgmaxAcrossBlocks) {
       if (cosine > best_cos) best_cos = cosine, best = p;
     }
     EXPECT_EQ(assignment[static_cast<size_t>(t)], best) << t;
+  }
+}
+
+// top_indices (one pass for p <= 64, nth_element above) against a full sort by (value desc,
+// index asc) with NaN as -inf: ties, NaN, -inf, every p from 0 to n.
+TEST(ProtoKvIrregularSet, TopIndicesEqualFullSortWithTiesAndNan) {
+  std::mt19937_64 rng(13);
+  std::uniform_int_distribution<int> level(0, 9);  // few distinct values: many ties
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{100}, int64_t{300}}) {
+    std::vector<float> values(static_cast<size_t>(n));
+    for (float& v : values) v = static_cast<float>(level(rng));
+    if (n > 5) values[3] = std::nanf(""), values[4] = -INFINITY, values[5] = INFINITY;
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const float va = std::isnan(values[a]) ? -INFINITY : values[a];
+      const float vb = std::isnan(values[b]) ? -INFINITY : values[b];
+      return va != vb ? va > vb : a < b;
+    });
+    for (int64_t p = 0; p <= n; ++p) {
+      std::vector<int32_t> expected(order.begin(), order.begin() + p);
+      std::sort(expected.begin(), expected.end());
+      EXPECT_EQ(press::top_indices(values.data(), n, p), expected) << "n " << n << " p " << p;
+    }
+  }
+}
+
+// chunk_pass's AVX-512 kernels (head_dim 64, 128, 256) against the plain loops, bit for bit:
+// norms, chunk sums and Eq. 10 deviations, over chunks of unequal sizes, with a constant chunk
+// (sigma ~ 0) and a zero key.
+TEST(ProtoKvChunkPass, KernelsAreBitIdenticalToThePlainLoops) {
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> normal;
+  for (const int dim : {64, 128, 256, 40}) {
+    for (const int64_t chunks : {int64_t{1}, int64_t{7}, int64_t{40}}) {
+      constexpr int64_t kTokens = 203;
+      std::vector<float> keys(static_cast<size_t>(kTokens * dim));
+      for (float& x : keys) x = 0.3f + normal(rng);
+      std::fill(keys.begin() + 5 * dim, keys.begin() + 6 * dim, 0.0f);
+      if (chunks == 40)  // chunk 0 (tokens 0..4) all equal: sigma ~ 0
+        for (int64_t t = 1; t < 5; ++t)
+          std::copy(keys.begin(), keys.begin() + dim, keys.begin() + t * dim);
+      std::vector<float> norms(kTokens), sums(static_cast<size_t>(chunks * dim)), delta(kTokens);
+      std::vector<float> norms_ref(kTokens), sums_ref(sums.size()), delta_ref(kTokens);
+      press::chunk_pass(keys.data(), kTokens, dim, chunks, norms.data(), sums.data(), delta.data());
+      press::chunk_pass_generic(keys.data(), kTokens, dim, chunks, norms_ref.data(),
+                                sums_ref.data(), delta_ref.data());
+      const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() &&
+               std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(same_bits(norms, norms_ref)) << "dim " << dim << " chunks " << chunks;
+      EXPECT_TRUE(same_bits(sums, sums_ref)) << "dim " << dim << " chunks " << chunks;
+      EXPECT_TRUE(same_bits(delta, delta_ref)) << "dim " << dim << " chunks " << chunks;
+      // Without deviations: the same norms and sums.
+      std::vector<float> norms_only(kTokens), sums_only(sums.size());
+      press::chunk_pass(keys.data(), kTokens, dim, chunks, norms_only.data(), sums_only.data(),
+                        nullptr);
+      EXPECT_TRUE(same_bits(norms_only, norms_ref));
+      EXPECT_TRUE(same_bits(sums_only, sums_ref));
+    }
+  }
+}
+
+// The fused GEMM + argmax kernel against a naive reference that computes every dot with the
+// kernel's own FMA chain (ascending channels) and takes the first maximum: identical indices,
+// including exact ties between duplicated prototypes in different lanes and column tiles, counts
+// around the 32-prototype tile, partial 12-key tiles, zero keys and a NaN key.
+TEST(ProtoKvAssignment, FusedArgmaxEqualsNaiveFirstMaximumIncludingTies) {
+  constexpr int kDim = 40;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal;
+  for (const int count : {1, 2, 15, 16, 17, 31, 32, 33, 64, 70}) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{12}, int64_t{13}, int64_t{101}}) {
+      std::vector<float> keys(static_cast<size_t>(tokens * kDim)), protos(count * kDim);
+      for (float& x : keys) x = normal(rng);
+      for (float& x : protos) x = normal(rng);
+      press::normalise_rows(protos.data(), count, kDim, protos.data());
+      // Exact ties: prototype 1 repeated in other lanes (j = 1 mod 3); prototypes 3 and 18
+      // repeated only in their own lane of the next 32-column tile (j + 32).
+      for (int j = 4; j < count; j += 3)
+        std::copy(protos.begin() + kDim, protos.begin() + 2 * kDim, protos.begin() + j * kDim);
+      for (const int j : {3, 18})
+        if (j + 32 < count)
+          std::copy(protos.begin() + j * kDim, protos.begin() + (j + 1) * kDim,
+                    protos.begin() + (j + 32) * kDim);
+      if (tokens > 5) {
+        // Keys equal to prototypes 1, 3 and 18: maxima tied at every copy.
+        for (const int j : {1, 3, 18})
+          if (j < count)
+            std::copy(protos.begin() + j * kDim, protos.begin() + (j + 1) * kDim,
+                      keys.begin() + (j == 1   ? 2
+                                      : j == 3 ? 3
+                                               : 4) *
+                                         kDim);
+        std::fill(keys.begin() + kDim, keys.begin() + 2 * kDim, 0.0f);  // all dots zero
+      }
+      if (tokens > 5) keys[static_cast<size_t>(5 * kDim + 3)] = std::nanf("");
+      std::vector<int32_t> assignment(static_cast<size_t>(tokens));
+      press::assign_to_prototypes(keys.data(), tokens, kDim, protos.data(), count,
+                                  assignment.data());
+      for (int64_t t = 0; t < tokens; ++t) {
+        int best = 0;
+        float best_dot = 0.0f;
+        bool first_nan = false;
+        for (int p = 0; p < count; ++p) {
+          float dot = 0.0f;
+          for (int c = 0; c < kDim; ++c)
+            dot = std::fma(keys[static_cast<size_t>(t * kDim + c)],
+                           protos[static_cast<size_t>(p * kDim + c)], dot);
+          if (p == 0) first_nan = std::isnan(dot), best_dot = dot;
+          if (dot > best_dot) best_dot = dot, best = p;  // strict: the first maximum
+        }
+        if (first_nan) best = 0;
+        EXPECT_EQ(assignment[static_cast<size_t>(t)], best)
+            << "count " << count << " tokens " << tokens << " token " << t;
+      }
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 // Eq. 17 is measured (and printed) on the bench's synthetic tensors and on stories260K's keys.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -86,6 +87,52 @@ TEST(ProtoKvLocalAssignment, EveryChunkInReachEqualsExactEq17) {
     }
     EXPECT_NEAR(picked, best, 1e-4 * std::abs(best)) << "token " << t;
   }
+}
+
+// The banded kernel (no chunk dropped, 2a + 1 chunk lanes + buckets <= 8) against a naive
+// reference: for each token of chunk m, the dots with the prototypes of chunks m - a .. m + a
+// (inside the prefix) and every bucket, each the FMA chain over ascending channels, first maximum
+// in prototype order (chunks emptied by the irregular set give the general path, checked alike).
+// Chunk sizes below 8, between 8 and 16 and above 16 cover every tile shape.
+TEST(ProtoKvLocalAssignment, BandedKernelEqualsNaiveLocalMaximum) {
+  int banded = 0, cases = 0;
+  for (const int dim : {8, 128}) {
+    for (const int64_t tokens : {int64_t{45}, int64_t{301}, int64_t{1000}}) {
+      for (const int64_t chunks : {int64_t{3}, int64_t{9}, int64_t{30}}) {
+        for (const int neighbours : {0, 1, 2}) {
+          const auto keys = drifting_keys(tokens, dim, static_cast<uint64_t>(tokens + chunks));
+          press::ClusteringConfig config = hybrid(chunks);
+          config.irregular = neighbours == 2 ? 0 : 12;  // 5 chunk lanes: no bucket lanes
+          config.assignment = press::Assignment::Local;
+          config.local_neighbours = neighbours;
+          const press::Clustering local = press::cluster_keys(keys.data(), tokens, dim, config);
+          ++cases;
+          banded += local.n_regular == chunks ? 1 : 0;  // no chunk dropped: the banded kernel
+          for (int64_t t = 0; t < tokens; ++t) {
+            const int64_t m = press::chunk_of(t, tokens, chunks);
+            std::vector<int> candidates;
+            for (int p = 0; p < local.n_regular; ++p)  // chunks m - a .. m + a still present
+              if (std::abs(local.origin[static_cast<size_t>(p)] - m) <= neighbours)
+                candidates.push_back(p);
+            for (int p = local.n_regular; p < local.n_prototypes(); ++p) candidates.push_back(p);
+            int best = -1;
+            float best_dot = 0.0f;
+            for (const int p : candidates) {
+              float dot = 0.0f;
+              for (int c = 0; c < dim; ++c)
+                dot = std::fma(keys[static_cast<size_t>(t * dim + c)],
+                               local.prototypes[static_cast<size_t>(p * dim + c)], dot);
+              if (best < 0 || dot > best_dot) best_dot = dot, best = p;
+            }
+            ASSERT_EQ(local.assignment[static_cast<size_t>(t)], best)
+                << "dim " << dim << " tokens " << tokens << " chunks " << chunks << " a "
+                << neighbours << " token " << t;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(banded, cases - 8);  // only tiny chunks full of irregular tokens drop
 }
 
 TEST(ProtoKvLocalAssignment, DisagreementWithExactShrinksAsTheReachGrows) {

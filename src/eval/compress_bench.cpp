@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <ctime>
 #include <memory>
 
 #include "eval/progress.h"
@@ -17,6 +18,13 @@ namespace protokv::eval {
 namespace {
 
 constexpr const char* kReference = "snapkv";
+
+// CPU time of the whole process (every thread), in ms.
+double process_cpu_ms() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) * 1e-6;
+}
 
 }  // namespace
 
@@ -84,7 +92,8 @@ CompressBenchReport run_compress_bench(const CompressBenchOptions& options) {
       {"version", PROTOKV_VERSION},
       {"timing",
        "compress_prefill only, summed over layers; the same tensors for every layer; one warm-up "
-       "run per press, then repetitions alternating between the presses"}};
+       "run per press, then repetitions alternating between the presses; wall time and the "
+       "process's CPU time (all threads)"}};
 
   Progress progress("bench compress",
                     static_cast<int64_t>(options.lengths.size() * specs.size()) * options.reps,
@@ -106,19 +115,22 @@ CompressBenchReport run_compress_bench(const CompressBenchOptions& options) {
     info.head_dim = options.head_dim;
     info.n_tokens = n;
 
-    // One compression of all layers by press p: total ms, kept entries, bytes.
-    const auto time_once = [&](size_t p, int64_t& kept, size_t& bytes) {
+    // One compression of all layers by press p: total wall ms (and CPU ms), kept entries, bytes.
+    const auto time_once = [&](size_t p, int64_t& kept, size_t& bytes, double& cpu_ms) {
       presses[p]->begin(info, options.budget);
       double total_ms = 0.0;
+      cpu_ms = 0.0;
       kept = 0;
       bytes = 0;
       for (int layer = 0; layer < options.n_layers; ++layer) {
         LayerCache out;
         out.heads.assign(static_cast<size_t>(options.n_kv_heads), HeadCache(options.head_dim));
         const LayerView view = tensors.view(layer, options.n_layers);
+        const double cpu_start = process_cpu_ms();
         Timer timer;
         presses[p]->compress_prefill(view, out);
         total_ms += timer.ms();
+        cpu_ms += process_cpu_ms() - cpu_start;
         for (const auto& head : out.heads) kept += head.size();
         bytes += out.kv_bytes();
       }
@@ -131,26 +143,35 @@ CompressBenchReport run_compress_bench(const CompressBenchOptions& options) {
       results[p].n = n;
       int64_t kept = 0;
       size_t bytes = 0;
-      time_once(p, kept, bytes);  // warm-up: page faults, thread pool, caches
+      double cpu_ms = 0.0;
+      time_once(p, kept, bytes, cpu_ms);  // warm-up: page faults, thread pool, caches
     }
     // Repetitions alternate between the presses, so that a change of machine load (other jobs)
     // hits every press alike and the ratios within one run stay meaningful.
     for (int rep = 0; rep < options.reps; ++rep) {
       for (size_t p = 0; p < specs.size(); ++p) {
         CompressBenchResult& result = results[p];
-        result.times_ms.push_back(time_once(p, result.kept_entries, result.kv_bytes));
+        double cpu_ms = 0.0;
+        result.times_ms.push_back(time_once(p, result.kept_entries, result.kv_bytes, cpu_ms));
+        result.cpu_times_ms.push_back(cpu_ms);
         progress.advance(1, fmt::format("n={} rep {} {}", n, rep + 1, specs[p]));
       }
     }
     for (auto& result : results) {
       result.min_ms = *std::min_element(result.times_ms.begin(), result.times_ms.end());
       result.median_ms = median(result.times_ms);
+      result.cpu_min_ms = *std::min_element(result.cpu_times_ms.begin(), result.cpu_times_ms.end());
+      result.cpu_median_ms = median(result.cpu_times_ms);
     }
     for (auto& result : results) {
       result.ratio_to_snapkv =
           results[0].median_ms > 0.0 ? result.median_ms / results[0].median_ms : 0.0;
       result.min_ratio_to_snapkv =
           results[0].min_ms > 0.0 ? result.min_ms / results[0].min_ms : 0.0;
+      result.cpu_ratio_to_snapkv =
+          results[0].cpu_median_ms > 0.0 ? result.cpu_median_ms / results[0].cpu_median_ms : 0.0;
+      result.cpu_min_ratio_to_snapkv =
+          results[0].cpu_min_ms > 0.0 ? result.cpu_min_ms / results[0].cpu_min_ms : 0.0;
       report.results.push_back(std::move(result));
     }
   }
@@ -170,7 +191,12 @@ nlohmann::json to_json(const CompressBenchReport& report) {
                        {"min_ratio_to_snapkv", r.min_ratio_to_snapkv},
                        {"kept_entries", r.kept_entries},
                        {"kv_bytes", r.kv_bytes},
-                       {"times_ms", r.times_ms}});
+                       {"times_ms", r.times_ms},
+                       {"cpu_min_ms", r.cpu_min_ms},
+                       {"cpu_median_ms", r.cpu_median_ms},
+                       {"cpu_ratio_to_snapkv", r.cpu_ratio_to_snapkv},
+                       {"cpu_min_ratio_to_snapkv", r.cpu_min_ratio_to_snapkv},
+                       {"cpu_times_ms", r.cpu_times_ms}});
   }
   return {{"config", report.config}, {"results", results}};
 }
@@ -183,6 +209,8 @@ std::string render_table(const CompressBenchReport& report) {
   table.add_column("median ms");
   table.add_column("x snapkv (median)");
   table.add_column("x snapkv (min)");
+  table.add_column("CPU x snapkv (median)");
+  table.add_column("CPU x snapkv (min)");
   table.add_column("kept/head");
   for (const auto& r : report.results) {
     const int64_t per_head =
@@ -190,7 +218,9 @@ std::string render_table(const CompressBenchReport& report) {
                                                   report.config.value("layers", int64_t{1}));
     table.add_row({r.press, fmt::format("{}", r.n), fmt::format("{:.2f}", r.min_ms),
                    fmt::format("{:.2f}", r.median_ms), fmt::format("{:.2f}", r.ratio_to_snapkv),
-                   fmt::format("{:.2f}", r.min_ratio_to_snapkv), fmt::format("{}", per_head)});
+                   fmt::format("{:.2f}", r.min_ratio_to_snapkv),
+                   fmt::format("{:.2f}", r.cpu_ratio_to_snapkv),
+                   fmt::format("{:.2f}", r.cpu_min_ratio_to_snapkv), fmt::format("{}", per_head)});
   }
   return table.render();
 }

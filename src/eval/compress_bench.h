@@ -35,6 +35,13 @@ struct CompressBenchResult {
   int64_t kept_entries = 0;          // all layers and heads after compression
   size_t kv_bytes = 0;
   std::vector<double> times_ms;  // one per repetition: all layers of one compression
+  // The same for the process's CPU time (all threads): the work done, which other jobs on a
+  // loaded machine disturb much less than the wall time (they take turns on the cores).
+  double cpu_min_ms = 0.0;
+  double cpu_median_ms = 0.0;
+  double cpu_ratio_to_snapkv = 0.0;      // CPU median / snapkv's CPU median
+  double cpu_min_ratio_to_snapkv = 0.0;  // CPU min / snapkv's CPU min
+  std::vector<double> cpu_times_ms;
 };
 
 struct CompressBenchReport {

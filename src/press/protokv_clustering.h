@@ -57,6 +57,10 @@ void key_norms(const float* keys, int64_t n, int d, float* norms);
 // sums per chunk chunk_sums [k, d] and, if delta is not null, the Eq. 10 deviations [n].
 void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
                 float* delta);
+// The same with plain loops for any head_dim (chunk_pass uses it where no AVX-512 kernel
+// exists); exposed so that tests can check the two are bit-identical.
+void chunk_pass_generic(const float* keys, int64_t n, int d, int64_t k, float* norms,
+                        float* chunk_sums, float* delta);
 
 // ProtoKV Eq. 10: delta_t = (1 - cos(k_t, mu_m)) / ||sigma_m||_2 over k chunks; out [n].
 // A chunk whose keys are all equal (sigma = 0) gives delta = 0.
