@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -91,6 +92,35 @@ class Reader {
   std::string origin_;
 };
 
+// Objects one field a line; an array of scalars on one line (a matrix: one row a line).
+void write_pretty(const nlohmann::ordered_json& j, int indent, std::string& out) {
+  const std::string pad(static_cast<size_t>(indent) + 2, ' ');
+  if (j.is_object() && !j.empty()) {
+    out += "{\n";
+    size_t i = 0;
+    for (const auto& item : j.items()) {
+      out += pad + json(item.key()).dump() + ": ";
+      write_pretty(item.value(), indent + 2, out);
+      out += ++i < j.size() ? ",\n" : "\n";
+    }
+    out += std::string(static_cast<size_t>(indent), ' ') + "}";
+    return;
+  }
+  const bool nested = j.is_array() && std::any_of(j.begin(), j.end(),
+                                                  [](const auto& e) { return e.is_structured(); });
+  if (!nested) {
+    out += j.dump();
+    return;
+  }
+  out += "[\n";
+  for (size_t i = 0; i < j.size(); ++i) {
+    out += pad;
+    write_pretty(j[i], indent + 2, out);
+    out += i + 1 < j.size() ? ",\n" : "\n";
+  }
+  out += std::string(static_cast<size_t>(indent), ' ') + "]";
+}
+
 // Limits a profile's shape may not exceed (a corrupt file must not allocate without bound).
 constexpr int64_t kMaxLayers = 1 << 12;
 constexpr int64_t kMaxHeads = 1 << 12;
@@ -98,10 +128,10 @@ constexpr int64_t kMaxHeadDim = 1 << 14;
 
 }  // namespace
 
-json calibration_profile_to_json(const CalibrationProfile& p) {
-  json chelsea_outlier = json::array();
+nlohmann::ordered_json calibration_profile_to_json(const CalibrationProfile& p) {
+  nlohmann::ordered_json chelsea_outlier = nlohmann::ordered_json::array();
   for (const auto& row : p.chelsea_outlier) {
-    json r = json::array();
+    nlohmann::ordered_json r = nlohmann::ordered_json::array();
     for (uint8_t flag : row) r.push_back(static_cast<int>(flag));
     chelsea_outlier.push_back(std::move(r));
   }
@@ -278,7 +308,9 @@ void validate_calibration_profile(const CalibrationProfile& p, const std::string
 
 void write_calibration_profile(const CalibrationProfile& profile, const std::string& path) {
   validate_calibration_profile(profile, path);
-  const std::string text = calibration_profile_to_json(profile).dump(1) + "\n";
+  std::string text;
+  write_pretty(calibration_profile_to_json(profile), 0, text);
+  text += "\n";
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   PROTOKV_CHECK(out.good(), "cannot write the calibration profile {}", path);
   out << text;

@@ -57,8 +57,8 @@ struct CalibrationProfile {
   std::vector<std::vector<int>> pod_block_start;  // [kv_head][layer]: lowest layer of its block
 };
 
-// The profile as JSON (format, version, model, source, chelsea, pod sections).
-nlohmann::json calibration_profile_to_json(const CalibrationProfile& profile);
+// The profile as JSON (format, version, model, source, chelsea, pod sections, in that order).
+nlohmann::ordered_json calibration_profile_to_json(const CalibrationProfile& profile);
 // Reads and validates `json`; `origin` (e.g. the file path) starts every error message. Throws
 // Error for a wrong format or version, a missing or unknown field, a wrong shape, or a value out
 // of range (shares outside [0, 1], outlier flags other than 0/1, similarities outside [0, 1],
