@@ -57,6 +57,14 @@ void run_calibrate(const CalibrateArgs& a) {
                 a.tokens, layout.sinks, layout.recent, a.options.pod_rows, min_tokens);
   const std::string text = a.text_file.empty() ? std::string() : read_text_file(a.text_file);
   PROTOKV_CHECK(a.text_file.empty() || !text.empty(), "the text file {} is empty", a.text_file);
+  const std::string output =
+      !a.output.empty()
+          ? a.output
+          : std::filesystem::path(a.model.model_path).stem().string() + ".calibration.json";
+  const std::filesystem::path output_dir = std::filesystem::path(output).parent_path();
+  PROTOKV_CHECK(output_dir.empty() || std::filesystem::is_directory(output_dir),
+                "cannot write the calibration profile {}: no directory {}", output,
+                output_dir.string());
 
   const LoadedModel loaded = load_model_from_options(a.model, !a.text_file.empty());
   const ModelConfig& config = loaded.weights.config;
@@ -72,6 +80,10 @@ void run_calibrate(const CalibrateArgs& a) {
   std::vector<eval::FidelitySample> samples;
   press::CalibrationProfile identity;
   if (!a.text_file.empty()) {
+    const auto text_tokens = static_cast<int64_t>(loaded.tokenizer->encode(text, false).size());
+    PROTOKV_CHECK(text_tokens >= tokens - 1,
+                  "-f {}: the text has {} tokens; samples of --tokens {} need {} (BOS is added)",
+                  a.text_file, text_tokens, tokens, tokens - 1);
     samples = eval::samples_from_text(*loaded.tokenizer, text, tokens, /*continuation=*/0,
                                       static_cast<int>(a.samples));
     identity.source_kind = "file";
@@ -90,10 +102,6 @@ void run_calibrate(const CalibrateArgs& a) {
   std::vector<std::vector<int32_t>> sequences;
   for (auto& s : samples) sequences.push_back(std::move(s.prompt));
 
-  const std::string output =
-      !a.output.empty()
-          ? a.output
-          : std::filesystem::path(a.model.model_path).stem().string() + ".calibration.json";
   if (!a.quiet) {
     fmt::print("calibrating {} ({} layers, {} KV heads) on {} sample(s) of {} tokens from {}\n",
                loaded.path, config.n_layers, config.n_kv_heads, sequences.size(), tokens,
