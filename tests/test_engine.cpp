@@ -262,18 +262,28 @@ class RaggedPress final : public Press {
   Budget budget_;
 };
 
+// The spec of a hand-made press type, and the state a session made from it.
+template <class P>
+std::shared_ptr<const PressSpec> spec_of() {
+  return PressSpec::from_factory([] { return std::make_unique<P>(); });
+}
+template <class P>
+const P& state_of(const Session& session) {
+  return dynamic_cast<const P&>(*session.press());
+}
+
 TEST(Session, RaggedHeadsWithLogWeightsMatchNaiveAttention) {
   RandomModelSpec spec;
   spec.n_layers = 3;
   const auto model = make_random_model(spec);
   const auto tokens = random_tokens(RaggedPress::kPrompt + 3, spec.vocab_size, 21);
-  RaggedPress press;
   SessionOptions options;
-  options.press = &press;
+  options.press = spec_of<RaggedPress>();
   options.budget.entries = 4;  // < prompt: compression runs
   Session session(model.weights, options);
   const auto prompt = std::span<const int32_t>(tokens.data(), RaggedPress::kPrompt);
   const auto prefill_logits = to_vector(session.prefill(prompt));
+  const RaggedPress& press = state_of<RaggedPress>(session);
   EXPECT_EQ(press.begin_calls, 1);
   EXPECT_EQ(press.compress_calls, spec.n_layers);
   // Prefill attention saw every token: the logits are those of the uncompressed model.
@@ -310,9 +320,8 @@ TEST(Session, PeakKvBytesCountsOneFullLayerPlusCompressedOnes) {
   spec.n_layers = 3;
   const auto model = make_random_model(spec);
   const auto tokens = random_tokens(RaggedPress::kPrompt, spec.vocab_size, 4);
-  RaggedPress press;
   SessionOptions options;
-  options.press = &press;
+  options.press = spec_of<RaggedPress>();
   options.budget.entries = 4;
   Session session(model.weights, options);
   session.prefill(tokens);
@@ -341,9 +350,8 @@ TEST(Session, BudgetCoveringThePromptIsBitIdenticalToNoPress) {
   const auto expected_prefill = to_vector(plain.prefill(tokens));
   const auto expected_decode = to_vector(plain.decode(5));
   for (double ratio : {0.0, 1.0}) {
-    RaggedPress press;
     SessionOptions options;
-    options.press = &press;
+    options.press = spec_of<RaggedPress>();
     if (ratio > 0) {
       options.budget.ratio = ratio;
     } else {
@@ -352,6 +360,7 @@ TEST(Session, BudgetCoveringThePromptIsBitIdenticalToNoPress) {
     Session session(model.weights, options);
     EXPECT_EQ(to_vector(session.prefill(tokens)), expected_prefill);
     EXPECT_EQ(to_vector(session.decode(5)), expected_decode);
+    const RaggedPress& press = state_of<RaggedPress>(session);
     EXPECT_EQ(press.begin_calls, 1);
     EXPECT_EQ(press.compress_calls, 0);
     EXPECT_EQ(session.cache().kv_bytes(), plain.cache().kv_bytes());
@@ -360,9 +369,8 @@ TEST(Session, BudgetCoveringThePromptIsBitIdenticalToNoPress) {
 
 TEST(Session, InvalidBudgetWithPressIsAnError) {
   const auto model = make_random_model({});
-  RaggedPress press;
   SessionOptions options;
-  options.press = &press;  // no budget set
+  options.press = spec_of<RaggedPress>();  // no budget set
   Session session(model.weights, options);
   const std::vector<int32_t> tokens = {1, 2, 3};
   EXPECT_THROW(session.prefill(tokens), Error);
@@ -386,9 +394,8 @@ class FailingPress final : public Press {
 
 TEST(Session, FailedPrefillLeavesAnEmptySession) {
   const auto model = make_random_model({});
-  FailingPress press;
   SessionOptions options;
-  options.press = &press;
+  options.press = spec_of<FailingPress>();
   options.budget.entries = 1;
   Session session(model.weights, options);
   const std::vector<int32_t> tokens = {1, 2, 3, 4};

@@ -10,7 +10,7 @@
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/press.h"
-#include "protokv/press_registry.h"
+#include "protokv/press_spec.h"
 #include "test_engine_model.h"
 #include "test_util.h"
 
@@ -114,13 +114,10 @@ TEST(ChunkedPrefill, PressRunsOnceOverTheWholePromptAndKeepsTheSameEntries) {
   const auto tokens = random_tokens(48, spec.vocab_size, 5);
   for (const char* method : {"snapkv", "streaming_llm", "h2o", "adakv", "protokv"}) {
     SCOPED_TRACE(method);
-    auto one_press = make_press(method);
-    auto chunked_press = make_press(method);
     SessionOptions one_options;
-    one_options.press = one_press.get();
+    one_options.press = PressSpec::parse(method);
     one_options.budget.entries = 16;
     SessionOptions chunked_options = one_options;
-    chunked_options.press = chunked_press.get();
     chunked_options.ubatch = 7;
     Session one(model.weights, one_options);
     Session chunked(model.weights, chunked_options);
@@ -169,13 +166,10 @@ TEST(SessionAppend, AfterCompressionEqualsTokenByTokenDecode) {
   const std::span<const int32_t> question = std::span<const int32_t>(tokens).subspan(31);
   for (const char* method : {"snapkv", "protokv"}) {
     SCOPED_TRACE(method);
-    auto press_a = make_press(method);
-    auto press_b = make_press(method);
     SessionOptions options;
     options.budget.entries = 12;
-    options.press = press_a.get();
+    options.press = PressSpec::parse(method);
     Session appended(model.weights, options);
-    options.press = press_b.get();
     Session decoded(model.weights, options);
     appended.prefill(context);
     decoded.prefill(context);

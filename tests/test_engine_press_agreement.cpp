@@ -98,9 +98,8 @@ TEST_P(EnginePressAgreement, KeptEntriesAndDecodeLogitsMatchTheReference) {
   const auto tokens = random_tokens(kPrompt + kDecode, spec.vocab_size, 17);
   const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + kPrompt);
 
-  const auto press = make_press(param.press);
   SessionOptions options;
-  options.press = press.get();
+  options.press = PressSpec::parse(param.press);
   options.budget.entries = param.budget;
   Session session(model.weights, options);
   const auto prefill_logits = session.prefill(prompt);

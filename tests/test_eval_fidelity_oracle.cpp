@@ -15,7 +15,7 @@
 #include "eval/fidelity.h"
 #include "eval/metrics.h"
 #include "protokv/engine.h"
-#include "protokv/press_registry.h"
+#include "protokv/press_spec.h"
 #include "test_engine_model.h"
 
 namespace protokv {
@@ -86,9 +86,10 @@ struct RecordedRun {
 };
 
 RecordedRun record_run(const ModelWeights& weights, const std::vector<int32_t>& prompt,
-                       const std::vector<int32_t>& continuation, Press* press, int64_t budget) {
+                       const std::vector<int32_t>& continuation,
+                       std::shared_ptr<const PressSpec> press, int64_t budget) {
   SessionOptions options;
-  options.press = press;
+  options.press = std::move(press);
   options.budget.entries = budget;
   Session session(weights, options);
   RecordedRun r;
@@ -141,9 +142,8 @@ TEST(FidelityOracle, MetricsMatchAnIndependentRecomputation) {
 
   const RecordedRun full =
       record_run(model.weights, sample.prompt, sample.continuation, nullptr, 0);
-  const auto press = make_press("snapkv");
-  const RecordedRun comp =
-      record_run(model.weights, sample.prompt, sample.continuation, press.get(), kBudget);
+  const RecordedRun comp = record_run(model.weights, sample.prompt, sample.continuation,
+                                      PressSpec::parse("snapkv"), kBudget);
 
   // Next-token metrics over the kSteps teacher-forced steps.
   double kl_sum = 0.0, kl_max = 0.0, reverse_kl_sum = 0.0, nll = 0.0;

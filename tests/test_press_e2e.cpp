@@ -14,7 +14,7 @@
 #include "protokv/engine.h"
 #include "protokv/model.h"
 #include "protokv/press/allocator.h"
-#include "protokv/press_registry.h"
+#include "protokv/press_spec.h"
 #include "protokv/tokenizer.h"
 #include "test_util.h"
 
@@ -88,9 +88,8 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
   for (const auto& c : cases) {
     for (const int64_t budget : budgets) {
       SCOPED_TRACE(c.spec + " --alloc '" + c.alloc + "' --budget " + std::to_string(budget));
-      auto press = make_press(c.spec, c.alloc);
       SessionOptions options;
-      options.press = press.get();
+      options.press = PressSpec::parse(c.spec, c.alloc);
       options.budget.entries = budget;
       Session session(s.model.weights, options);
       int32_t token = argmax(session.prefill(s.prompt));
@@ -154,9 +153,8 @@ TEST(PressEndToEnd, BudgetCoveringThePromptIsBitIdenticalToNoPress) {
   for (const std::string spec :
        {"snapkv", "protokv", "h2o:decode=1", "streaming_llm", "adakv", "clusterkv"}) {
     SCOPED_TRACE(spec);
-    auto press = make_press(spec);
     SessionOptions options;
-    options.press = press.get();
+    options.press = PressSpec::parse(spec);
     options.budget.entries = kPromptTokens;
     Session session(s.model.weights, options);
     const auto logits = session.prefill(s.prompt);

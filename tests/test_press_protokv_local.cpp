@@ -214,15 +214,17 @@ TEST(ProtoKvLocalAssignment, DisagreementOnStoriesKeys) {
   }
   prompt.resize(448);
   for (const int neighbours : {1, 2, 4}) {
-    auto owned = std::make_unique<DisagreementScorer>(neighbours);
-    DisagreementScorer* scorer = owned.get();
-    press::ScoringPress press("disagreement", std::move(owned),
-                              press::WindowScoreConfig::kDefaultWindow, press::AllocatorConfig{});
     SessionOptions options;
-    options.press = &press;
+    options.press = PressSpec::from_factory([neighbours]() -> std::unique_ptr<Press> {
+      return std::make_unique<press::ScoringPress>(
+          "disagreement", std::make_unique<DisagreementScorer>(neighbours),
+          press::WindowScoreConfig::kDefaultWindow, press::AllocatorConfig{});
+    });
     options.budget.entries = 64;
     Session session(model.weights, options);
     session.prefill(prompt);
+    const auto* scorer = &dynamic_cast<const DisagreementScorer&>(
+        dynamic_cast<const press::ScoringPress&>(*session.press()).scorer());
     ASSERT_GT(scorer->heads, 0);
     const double rate = scorer->rate_sum / scorer->heads;
     std::printf(

@@ -10,12 +10,15 @@
 #include "protokv/kv_cache.h"
 #include "protokv/model.h"
 #include "protokv/press.h"
+#include "protokv/press_spec.h"
 
 namespace protokv {
 
 struct SessionOptions {
-  Press* press = nullptr;  // null: full cache
-  Budget budget;           // ignored without a press
+  // null: full cache. Each prefill makes this session's own press state from the spec, so one
+  // spec may serve many sessions at once.
+  std::shared_ptr<const PressSpec> press;
+  Budget budget;  // ignored without a press
   // Prompt rows per forward chunk (prefill and append); 0: all at once. Chunking bounds the
   // activation memory; the logits equal those of one chunk to float rounding. With a compressing
   // press and several chunks, the press runs once the final chunk is in (see prefill()).
@@ -71,6 +74,9 @@ class Session {
   const KvCache& cache() const;
   const PrefillStats& prefill_stats() const;
   const ModelConfig& config() const;
+  // The current sequence's press state, made from options.press at prefill (its scores,
+  // diagnostics, decode-time statistics); null without a press, before prefill and after reset().
+  const Press* press() const;
   void set_observer(DecodeObserver* observer);
   void reset();
 

@@ -9,9 +9,9 @@
 
 namespace protokv {
 
-// Parses "snapkv:window=8,pool=7" and builds the press; `alloc` (empty = the method's default)
-// picks the budget allocator for scoring presses. Throws Error for an unknown press or option,
-// a malformed value, or options that contradict each other.
+// One press state: PressSpec::parse(spec, alloc)->instantiate() (protokv/press_spec.h), for
+// driving a press by hand (press tests). Sessions take the PressSpec itself and make their own
+// state. Throws Error as PressSpec::parse does.
 std::unique_ptr<Press> make_press(std::string_view spec, std::string_view alloc = "");
 // Registered method names, in display order.
 std::vector<std::string> press_names();

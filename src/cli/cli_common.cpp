@@ -96,7 +96,7 @@ PressSetup make_press_setup(const PressOptions& options) {
   const bool budget_given = options.budget != 0 || options.ratio != 0.0;
   if (budget_given) setup.budget.validate();
 
-  std::unique_ptr<Press> press = make_press(options.press, options.alloc);
+  std::shared_ptr<const PressSpec> press = PressSpec::parse(options.press, options.alloc);
   if (press->name() == "full" && !budget_given) return setup;  // nothing to compress
   PROTOKV_CHECK(budget_given, "--press {} needs --budget N or --ratio R", options.press);
   setup.press = std::move(press);
@@ -105,7 +105,7 @@ PressSetup make_press_setup(const PressOptions& options) {
 
 SessionOptions PressSetup::session_options() const {
   SessionOptions options;
-  options.press = press.get();
+  options.press = press;
   options.budget = budget;
   return options;
 }

@@ -15,6 +15,7 @@
 #include "protokv/engine.h"
 #include "protokv/model.h"
 #include "protokv/press.h"
+#include "protokv/press_spec.h"
 #include "protokv/sampler.h"
 
 namespace protokv {
@@ -48,7 +49,7 @@ void add_press_options(CLI::App& cmd, PressOptions& options);
 
 // A validated press configuration. `press` is null for "full" without a budget (nothing to do).
 struct PressSetup {
-  std::unique_ptr<Press> press;
+  std::shared_ptr<const PressSpec> press;
   Budget budget;
   bool query_agnostic = false;
   std::string alloc;

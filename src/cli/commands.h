@@ -17,6 +17,7 @@ void register_eval_longctx(CLI::App& eval);
 void register_demo(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_perplexity(CLI::App& app);
+void register_calibrate(CLI::App& app);
 
 inline void register_all(CLI::App& app) {
   register_generate(app);
@@ -28,6 +29,7 @@ inline void register_all(CLI::App& app) {
   register_demo(app);
   register_tokenize(app);
   register_perplexity(app);
+  register_calibrate(app);
 }
 
 }  // namespace protokv::cli

@@ -10,7 +10,7 @@
 #include "eval/report/table.h"
 #include "eval/synthetic.h"
 #include "protokv/error.h"
-#include "protokv/press_registry.h"
+#include "protokv/press_spec.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
 
@@ -63,10 +63,12 @@ CompressBenchReport run_compress_bench(const CompressBenchOptions& options) {
   for (const auto& spec : options.presses) {
     if (spec != kReference) specs.push_back(spec);
   }
+  // compress_prefill is timed without a session: one state per spec, driven by hand, begun
+  // afresh for every repetition.
   std::vector<std::unique_ptr<Press>> presses;
   for (const auto& spec : specs) {
     PROTOKV_CHECK(spec != "full", "press 'full' does not compress: nothing to time");
-    presses.push_back(make_press(spec, options.alloc));
+    presses.push_back(PressSpec::parse(spec, options.alloc)->instantiate());
   }
 
   CompressBenchReport report;

@@ -15,7 +15,7 @@
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/press/scoring_press.h"
-#include "protokv/press_registry.h"
+#include "protokv/press_spec.h"
 #include "protokv/sampler.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
@@ -227,14 +227,14 @@ void add_diagnostics(const nlohmann::json& layers,
 }
 
 RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
-                     const Reference& ref, Press& press, int64_t budget,
-                     const FidelityOptions& options) {
+                     const Reference& ref, const std::shared_ptr<const PressSpec>& press,
+                     int64_t budget, const FidelityOptions& options) {
   const ModelConfig& config = weights.config;
   const int64_t steps = options.continuation;
   const int64_t vocab = config.vocab_size;
   const int64_t prompt_len = static_cast<int64_t>(sample.prompt.size());
   SessionOptions session_options;
-  session_options.press = &press;
+  session_options.press = press;
   session_options.budget.entries = budget;
   Session session(weights, session_options);
   ComparingObserver observer(ref, config, steps, budget);
@@ -246,7 +246,7 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   m.kv_bytes = stats.kv_bytes;
   m.compress_ms = stats.compress_ms;
   m.prefill_ms = stats.prefill_ms;
-  if (auto* scoring = dynamic_cast<press::ScoringPress*>(&press))
+  if (const auto* scoring = dynamic_cast<const press::ScoringPress*>(session.press()))
     m.diagnostics = scoring->scorer().diagnostics();
 
   if (options.attention_metrics) {
@@ -343,11 +343,11 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                 "prompt-len {} + continuation {} exceeds the model's context of {} tokens",
                 prompt_len, options.continuation, config.context_length);
 
-  std::vector<std::unique_ptr<Press>> presses;
+  std::vector<std::shared_ptr<const PressSpec>> presses;
   nlohmann::json press_configs = nlohmann::json::array();
   for (const auto& spec : options.presses) {
     // `full` takes no allocator; every other press gets the requested one.
-    presses.push_back(make_press(spec, spec == "full" ? "" : options.alloc));
+    presses.push_back(PressSpec::parse(spec, spec == "full" ? "" : options.alloc));
     press_configs.push_back({{"spec", spec}, {"config", presses.back()->config()}});
   }
   // Recall needs the reference's top-B for the largest budget that really compresses.
@@ -403,7 +403,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
             fmt::format("sample {}/{}: {} @ {}", s + 1, samples.size(), row.press, b));
         if (row.error.empty()) {
           try {
-            const RunMetrics m = run_press(weights, sample, ref, *presses[p], b, options);
+            const RunMetrics m = run_press(weights, sample, ref, presses[p], b, options);
             row.kl_mean.add(m.kl_mean);
             row.kl_samples.push_back(m.kl_mean);
             row.top1_samples.push_back(m.top1);

@@ -17,7 +17,7 @@
 #include "eval/progress.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
-#include "protokv/press_registry.h"
+#include "protokv/press_spec.h"
 #include "protokv/sampler.h"
 #include "protokv/timer.h"
 #include "protokv/tokenizer.h"
@@ -298,14 +298,14 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   const std::string mode = options.query_agnostic ? "query-agnostic" : "query-aware";
 
   // Presses are built up front so that a bad spec fails before any work.
-  std::vector<std::unique_ptr<Press>> presses;
+  std::vector<std::shared_ptr<const PressSpec>> presses;
   for (const auto& spec : options.runs) {
     if (!spec.budget.is_set()) {
       presses.push_back(nullptr);
       continue;
     }
     spec.budget.validate();
-    presses.push_back(make_press(spec.press, options.alloc));
+    presses.push_back(PressSpec::parse(spec.press, options.alloc));
   }
 
   const nlohmann::json header = {{"mode", mode},
@@ -343,7 +343,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
     const LongctxRunSpec& spec = options.runs[run_index];
     const std::string label = spec.label();
     SessionOptions session_options;
-    session_options.press = presses[run_index].get();
+    session_options.press = presses[run_index];
     session_options.budget = spec.budget;
     Session session(weights, session_options);
     for (const auto& sample : samples) {

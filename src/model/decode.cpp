@@ -21,7 +21,7 @@ std::span<const float> Session::Impl::decode(int32_t token) {
   const int n_kv = config.n_kv_heads;
   const int group = config.group_size();
   RowBuffers& s = step;
-  Press* press = press_begun ? options.press : nullptr;
+  Press* press = this->press.get();
   const bool want_probs = (observer != nullptr && observer->wants_probabilities()) ||
                           (press != nullptr && press->wants_decode_probabilities());
   if (selections.size() != static_cast<size_t>(n_heads))

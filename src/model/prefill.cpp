@@ -50,7 +50,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
   const int64_t q_dim = static_cast<int64_t>(n_heads) * hd;
   const int64_t kv_dim = static_cast<int64_t>(n_kv) * hd;
   const int64_t row0 = n_past;  // position of the chunk's first token
-  Press* press = options.press;
+  Press* press = this->press.get();
 
   std::vector<int32_t> positions(static_cast<size_t>(n));  // [n] true token positions
   std::iota(positions.begin(), positions.end(), static_cast<int32_t>(row0));
@@ -126,7 +126,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
         rows_to_heads(b.q.data(), n, n_heads, hd, layer_queries.data(), row0, n_total);
       }
       // After compression, appended rows reach the press like decoded tokens do.
-      if (kind == ChunkKind::kAppend && press_begun && press != nullptr) {
+      if (kind == ChunkKind::kAppend && press != nullptr) {
         DecodeStep step{.layer = l, .n_heads = n_heads, .head_dim = hd, .cache = &layer_cache};
         for (int64_t i = 0; i < n; ++i) {
           step.position = positions[static_cast<size_t>(i)];
@@ -176,7 +176,7 @@ void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>
     view.v = v_heads.data();
     view.positions = positions.data();
     const Timer compress_timer;
-    options.press->compress_prefill(view, layer_cache);
+    press->compress_prefill(view, layer_cache);
     stats.compress_ms += compress_timer.ms();
     for (HeadCache& head : layer_cache.heads) {
       head.release_unused();
@@ -197,9 +197,8 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
   for (int32_t t : tokens) check_token(t);
   reset();
 
-  Press* press = options.press;
   int64_t budget_entries = n;
-  if (press != nullptr) {
+  if (options.press != nullptr) {
     options.budget.validate();
     budget_entries = options.budget.resolve(n);
     SequenceInfo info;
@@ -208,8 +207,8 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
     info.n_kv_heads = config.n_kv_heads;
     info.head_dim = config.head_dim();
     info.n_tokens = n;
+    press = options.press->instantiate();  // this sequence's own state
     press->begin(info, options.budget);
-    press_begun = true;
   }
   // A budget that covers the prompt keeps everything: the cache is filled exactly as without a
   // press, so the output is bit-identical to no compression.

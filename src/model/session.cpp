@@ -45,7 +45,7 @@ void Session::Impl::ensure_probs_capacity(int64_t n) {
 void Session::Impl::reset() {
   cache.clear();
   n_past = 0;
-  press_begun = false;
+  press.reset();
   stats = PrefillStats{};
 }
 
@@ -88,6 +88,9 @@ const PrefillStats& Session::prefill_stats() const {
 }
 const ModelConfig& Session::config() const {
   return impl_->config;
+}
+const Press* Session::press() const {
+  return impl_->press.get();
 }
 void Session::set_observer(DecodeObserver* observer) {
   impl_->observer = observer;

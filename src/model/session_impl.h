@@ -81,7 +81,9 @@ struct Session::Impl {
   kernels::RopeTable rope;  // built once, for every step of every sequence of this Session
   KvCache cache;
   int64_t n_past = 0;
-  bool press_begun = false;  // press->begin() ran for the current sequence
+  // The current sequence's press state, made from options.press and begun at prefill; null
+  // without a press and until prefill.
+  std::unique_ptr<Press> press;
   PrefillStats stats;
   DecodeObserver* observer = nullptr;
   std::vector<float> logits;  // [vocab]

@@ -15,6 +15,7 @@
 #include "protokv/error.h"
 #include "protokv/press/allocator.h"
 #include "protokv/press/options.h"
+#include "protokv/press_spec.h"
 
 namespace protokv {
 namespace press {
@@ -60,8 +61,8 @@ AllocatorKind resolve_allocator(const PressEntry& entry, std::string_view alloc)
 }  // namespace
 }  // namespace press
 
-std::unique_ptr<Press> make_press(std::string_view spec, std::string_view alloc) {
-  const auto [name, option_text] = press::split_press_spec(spec);
+std::shared_ptr<const PressSpec> PressSpec::parse(std::string_view text, std::string_view alloc) {
+  const auto [name, option_text] = press::split_press_spec(text);
   press::OptionReader options(name, option_text);
   const press::PressEntry* entry = press::find_press_entry(name);
   if (entry == nullptr)
@@ -73,9 +74,20 @@ std::unique_ptr<Press> make_press(std::string_view spec, std::string_view alloc)
     // The allocator's options are read first, as their order names them in finish()'s message.
     allocator = press::read_allocator_options(press::resolve_allocator(*entry, alloc), options);
   }
-  std::unique_ptr<Press> result = entry->make(*entry, options, allocator);
-  options.finish();
-  return result;
+  // Validated once: every option the method reads, and none it does not.
+  press::OptionReader validated = options;
+  entry->make(*entry, validated, allocator);
+  validated.finish();
+  // Each state reads the same parsed options from its own copy of the reader.
+  return std::make_shared<const PressSpec>(std::string(text),
+                                           [entry, options, allocator]() -> std::unique_ptr<Press> {
+                                             press::OptionReader reader = options;
+                                             return entry->make(*entry, reader, allocator);
+                                           });
+}
+
+std::unique_ptr<Press> make_press(std::string_view spec, std::string_view alloc) {
+  return PressSpec::parse(spec, alloc)->instantiate();
 }
 
 std::vector<std::string> press_names() {

@@ -44,6 +44,7 @@ class ScoringPress : public Press {
   int64_t window() const { return window_; }
   const AllocatorConfig& allocator() const { return allocator_; }
   Scorer& scorer() { return *scorer_; }
+  const Scorer& scorer() const { return *scorer_; }
 
  protected:
   // After head `h` of `layer` kept the token indices `kept` (ascending, window included).
