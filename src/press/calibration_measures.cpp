@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/kernels.h"
 #include "protokv/error.h"
 
 namespace protokv::press {
@@ -15,31 +16,31 @@ double norm(const float* x, int d) {
   return std::sqrt(s);
 }
 
-double dot(const float* x, const float* y, int d) {
-  double s = 0.0;
-  for (int i = 0; i < d; ++i) s += static_cast<double>(x[i]) * y[i];
-  return s;
-}
-
 }  // namespace
 
 void link_chunk(const float* keys, int head_dim, int64_t begin, int64_t end,
                 std::vector<SoftLink>& links) {
   if (end - begin < 2) return;
-  const int64_t n_b = (end - begin + 1) / 2;
-  std::vector<double> b_norm(static_cast<size_t>(n_b));
-  for (int64_t j = 0; j < n_b; ++j)
-    b_norm[static_cast<size_t>(j)] = norm(keys + (begin + 2 * j) * head_dim, head_dim);
-  for (int64_t a = begin + 1; a < end; a += 2) {
-    const float* ka = keys + a * head_dim;
-    const double a_norm = norm(ka, head_dim);
-    SoftLink best{a, begin, -2.0f};
-    for (int64_t j = 0; j < n_b; ++j) {
-      const int64_t b = begin + 2 * j;
-      const double denominator = a_norm * b_norm[static_cast<size_t>(j)];
-      const auto similarity = static_cast<float>(
-          denominator > 0.0 ? dot(ka, keys + b * head_dim, head_dim) / denominator : 0.0);
-      if (similarity > best.similarity) best = {a, b, similarity};
+  // cos(a, b) = (a / |a|) . (b / |b|): each row is normalised once (norm in double), then every
+  // A x B pair is one SIMD dot product, a quarter of the chunk's c^2 pairs (paper 001 Table 1).
+  // Chelsea runs this over the whole middle at every step of every compression, prefill and
+  // decode, so it is the press's inner loop.
+  thread_local std::vector<float> unit;
+  const int64_t count = end - begin;
+  unit.resize(static_cast<size_t>(count * head_dim));
+  for (int64_t i = 0; i < count; ++i) {
+    const float* row = keys + (begin + i) * head_dim;
+    const double length = norm(row, head_dim);
+    const double inverse = length > 0.0 ? 1.0 / length : 0.0;  // a zero row stays zero
+    float* out = unit.data() + i * head_dim;
+    for (int c = 0; c < head_dim; ++c) out[c] = static_cast<float>(row[c] * inverse);
+  }
+  for (int64_t a = 1; a < count; a += 2) {
+    const float* ka = unit.data() + a * head_dim;
+    SoftLink best{begin + a, begin, -2.0f};
+    for (int64_t b = 0; b < count; b += 2) {
+      const float similarity = kernels::dot(ka, unit.data() + b * head_dim, head_dim);
+      if (similarity > best.similarity) best = {begin + a, begin + b, similarity};
     }
     links.push_back(best);
   }
