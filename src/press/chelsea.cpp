@@ -267,7 +267,7 @@ void ChelseaPress::compress_prefill(const LayerView& layer, LayerCache& out) {
     merged.member_offsets.resize(static_cast<size_t>(n) + 1);
     std::iota(merged.member_offsets.begin(), merged.member_offsets.end(), int64_t{0});
     if (!s.outlier) chelsea_compress(merged, options_.layout, options_.schedule, budget_);
-    s.merging = !s.outlier;
+    s.merging = !s.outlier && n > budget_;  // only a compressed prefill merges during decode
     store(merged, cache, s);
   }
 }
@@ -277,7 +277,11 @@ void ChelseaPress::on_decode(const DecodeStep& step) {
   if (layer < 0 || static_cast<size_t>((layer + 1) * info_.n_kv_heads) > heads_.size()) return;
   LayerCache& cache = *step.cache;
   const int n_kv = static_cast<int>(cache.heads.size());
-  // Algorithm 1: once a head holds B + g entries, Chelsea compresses it back to B.
+  // Algorithm 1: once a head holds B + g entries, Chelsea compresses it back to B. The heads of a
+  // layer reach it at the same step; each head's work is independent.
+  const bool parallel =
+      (budget_ + options_.interval) * info_.head_dim * n_kv >= kParallelMinElements;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int h = 0; h < n_kv; ++h) {
     HeadState& s = state(layer, h);
     HeadCache& head = cache.heads[static_cast<size_t>(h)];
