@@ -2,6 +2,7 @@
 // attention of merged exact duplicates, the degree bias, the ratio schedule, outlier heads, a
 // brute-force double reference of one full compression, decode-time re-runs and bad options.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -327,6 +328,7 @@ TEST(Chelsea, OutlierHeadsKeepTheirFullCache) {
     testing::expect_valid_head(layer, cache.heads[0], 0, kTokens);
     EXPECT_EQ(cache.heads[1].size(), 40);
     EXPECT_EQ(press.config()["outlier_source"], "profile");
+    EXPECT_EQ(press.config()["outlier_heads"], nlohmann::json::parse("[[1, 0]]"));
     // A mask of the wrong shape is refused.
     options.outlier_heads = std::vector<std::vector<uint8_t>>{{1, 0, 0}};
     ChelseaPress wrong(options);

@@ -165,6 +165,7 @@ nlohmann::json ChelseaPress::config() const {
   out["outlier_source"] = options_.outlier_heads.has_value() ? "profile"
                           : options_.outliers > 0.0          ? "prompt, per layer"
                                                              : "none";
+  if (options_.outlier_heads.has_value()) out["outlier_heads"] = *options_.outlier_heads;
   out["training_free"] = true;
   return out;
 }
