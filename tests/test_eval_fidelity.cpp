@@ -108,6 +108,35 @@ TEST(EvalFidelity, StreamingLlmRecallCountsOnlyWhatItKept) {
   }
 }
 
+TEST(EvalFidelity, MergedEntriesCountTheirMembersInRecallAndTokensPerEntry) {
+  // chelsea merges the middle of each head into B entries: every prompt token stays a member of
+  // some entry, so a true top-B token always counts as kept (recall 1, where streaming_llm, which
+  // drops the middle, scores below 1), and 4 tokens stand behind each stored entry at 16 of 64.
+  const ModelWeights weights = make_synthetic_model(SyntheticModelSpec::tiny());
+  FidelityOptions options;
+  options.presses = {"chelsea:sinks=2,recent=4,outliers=0", "streaming_llm:sinks=2"};
+  options.budgets = {16};
+  options.continuation = 4;
+  options.progress = false;
+  const auto samples = samples_synthetic(weights.config.vocab_size, 64, 1, 5);
+  const FidelityReport report = run_fidelity(weights, samples, options);
+  ASSERT_EQ(report.rows.size(), 2u);
+  const int64_t heads = int64_t{weights.config.n_layers} * weights.config.n_kv_heads;
+  const FidelityRow& chelsea = report.rows[0];
+  ASSERT_TRUE(chelsea.error.empty()) << chelsea.error;
+  EXPECT_EQ(chelsea.entries_stored.mean(), static_cast<double>(heads * 16));
+  EXPECT_EQ(chelsea.tokens_represented.mean(), static_cast<double>(heads * 64));
+  EXPECT_EQ(chelsea.recall.mean(), 1.0);
+  EXPECT_GT(chelsea.kl_mean.mean(), 0.0);
+  const FidelityRow& streaming = report.rows[1];
+  EXPECT_EQ(streaming.entries_stored.mean(), static_cast<double>(heads * 16));
+  EXPECT_EQ(streaming.tokens_represented.mean(), static_cast<double>(heads * 16));
+  EXPECT_LT(streaming.recall.mean(), 1.0);
+  const nlohmann::json json = to_json(report);
+  EXPECT_EQ(json["results"][0]["tokens_represented"], static_cast<double>(heads * 64));
+  EXPECT_NE(render_table(report).find("4.00"), std::string::npos);  // tok/entry
+}
+
 TEST(EvalFidelity, RefusesPromptsBeyondTheContextAndUnknownPresses) {
   const ModelWeights weights = make_synthetic_model(SyntheticModelSpec::tiny());
   FidelityOptions options;

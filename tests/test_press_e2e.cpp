@@ -79,6 +79,7 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
       {"protokv", "adakv"},
       {"protokv", "pyramid"},
       {"clusterkv:sinks=4", ""},
+      {"chelsea:sinks=4,recent=8,outliers=0", ""},
   };
   // Under sanitizers (slow), the smallest and largest budgets and fewer decode steps.
   const bool sanitized = std::getenv("PROTOKV_SANITIZED") != nullptr;
@@ -151,7 +152,7 @@ TEST(PressEndToEnd, BudgetCoveringThePromptIsBitIdenticalToNoPress) {
     token = argmax(logits);
   }
   for (const std::string spec :
-       {"snapkv", "protokv", "h2o:decode=1", "streaming_llm", "adakv", "clusterkv"}) {
+       {"snapkv", "protokv", "h2o:decode=1", "streaming_llm", "adakv", "clusterkv", "chelsea"}) {
     SCOPED_TRACE(spec);
     SessionOptions options;
     options.press = PressSpec::parse(spec);

@@ -31,6 +31,7 @@ struct MethodCase {
   int64_t sinks = 0;
   int beta = 20;
   bool recalls = false;  // stores everything, attends to the budget (clusterkv)
+  bool merges = false;   // entries may stand for several tokens (chelsea)
 };
 
 void PrintTo(const MethodCase& c, std::ostream* os) {
@@ -45,6 +46,12 @@ std::vector<MethodCase> all_methods() {
   std::vector<MethodCase> cases;
   for (const press::PressEntry* entry : press::press_table()) {
     if (!entry->compresses) continue;
+    if (entry->merges) {
+      // chelsea's 16 sinks + 64 recent entries exceed these tests' budgets: small ones here.
+      cases.push_back({std::string(entry->name) + ":sinks=4,recent=8", "", entry->fixed_allocator,
+                       8, 4, 20, entry->recalls, true});
+      continue;
+    }
     const auto config = make_press(entry->name)->config();
     cases.push_back({std::string(entry->name), "", entry->fixed_allocator,
                      config.value("window", int64_t{0}), config.value("sinks", int64_t{0}), 20,
@@ -139,7 +146,10 @@ TEST_P(EveryMethod, KeepsExactlyTheBudgetWithWindowSortedRowsAndExactBytes) {
       SCOPED_TRACE(method.spec + " --alloc '" + method.alloc + "' layer " + std::to_string(l) +
                    " head " + std::to_string(h));
       const HeadCache& head = cache.heads[static_cast<size_t>(h)];
-      testing::expect_valid_head(layer, head, h, method.window, method.sinks);
+      if (method.merges)
+        testing::expect_valid_merged_head(layer, head, h, method.window, method.sinks, *press);
+      else
+        testing::expect_valid_head(layer, head, h, method.window, method.sinks);
       total += head.size();
       switch (method.kind) {
         case press::AllocatorKind::Uniform:
@@ -244,7 +254,11 @@ TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoT
       LayerCache cache = layer.empty_cache();
       press->compress_prefill(layer.view(), cache);
       for (int h = 0; h < kKvHeads; ++h) {
-        testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 1);
+        if (press::find_press_entry(split_press_spec_name(spec))->merges)
+          testing::expect_valid_merged_head(layer, cache.heads[static_cast<size_t>(h)], h, 1, 0,
+                                            *press);
+        else
+          testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 1);
         kept[threads - 1].push_back(testing::kept_positions(cache.heads[static_cast<size_t>(h)]));
       }
       if (!recalls) continue;

@@ -3,6 +3,8 @@
 // invariants every compressed cache must satisfy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <set>
@@ -122,6 +124,49 @@ inline void expect_valid_head(const SyntheticLayer& layer, const HeadCache& head
     }
     EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], 0.0f);
   }
+}
+
+// A merging press's head (chelsea): positions unique and ascending; the first `sinks` and last
+// `window` tokens kept as their own input rows; every entry's log-weight is log(degree), with
+// degree = the tokens it stands for (Press::merged_positions, or 1); and together the entries
+// stand for every token of [0, n) exactly once.
+inline void expect_valid_merged_head(const SyntheticLayer& layer, const HeadCache& head, int h,
+                                     int64_t window, int64_t sinks, const Press& press) {
+  const auto positions = head.positions();
+  for (size_t i = 1; i < positions.size(); ++i)
+    ASSERT_LT(positions[i - 1], positions[i]) << "head " << h << " entry " << i;
+  std::vector<int32_t> represented;
+  for (int64_t e = 0; e < head.size(); ++e) {
+    const int32_t t = positions[static_cast<size_t>(e)];
+    const auto members = press.merged_positions(layer.layer, h, e);
+    const bool own_row = t < sinks || t >= layer.n - window;
+    if (members.empty()) {
+      represented.push_back(t);
+      EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], 0.0f) << "position " << t;
+    } else {
+      EXPECT_FALSE(own_row) << "sink or window token " << t << " was merged, head " << h;
+      EXPECT_TRUE(std::binary_search(members.begin(), members.end(), t)) << "position " << t;
+      EXPECT_FLOAT_EQ(head.log_weights()[static_cast<size_t>(e)],
+                      std::log(static_cast<float>(members.size())));
+      represented.insert(represented.end(), members.begin(), members.end());
+    }
+    if (members.empty() || own_row) {
+      const float* k = layer.k.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
+      const float* v = layer.v.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
+      for (int c = 0; c < layer.d; ++c) {
+        ASSERT_EQ(head.key(e)[c], k[c]) << "head " << h << " position " << t;
+        ASSERT_EQ(head.value(e)[c], v[c]) << "head " << h << " position " << t;
+      }
+    }
+  }
+  std::sort(represented.begin(), represented.end());
+  ASSERT_EQ(static_cast<int64_t>(represented.size()), layer.n) << "head " << h;
+  for (int64_t t = 0; t < layer.n; ++t)
+    ASSERT_EQ(represented[static_cast<size_t>(t)], t) << "head " << h;
+  for (int64_t t = 0; t < sinks && t < layer.n; ++t)
+    EXPECT_TRUE(std::binary_search(positions.begin(), positions.end(), static_cast<int32_t>(t)));
+  for (int64_t t = std::max<int64_t>(0, layer.n - window); t < layer.n; ++t)
+    EXPECT_TRUE(std::binary_search(positions.begin(), positions.end(), static_cast<int32_t>(t)));
 }
 
 inline std::vector<int32_t> kept_positions(const HeadCache& head) {

@@ -68,7 +68,9 @@ struct DecodeStep {
   // Softmax weights, when a press or an observer asked for them (else probs(h) is empty): query
   // head h attended the entries attended(h) of its KV head (all of them in cache order when
   // attended(h) is empty) with weights probs(h). Merged entries (log-weight > 0) count once here:
-  // their weight already includes the + log(count) bias.
+  // their weight already includes the + log(count) bias, and attended_positions() gives the one
+  // position each is stored under; the tokens a merged entry stands for come from
+  // Press::merged_positions (one entry is not always one token).
   std::span<const float> probs(int q_head) const {
     if (probs_data == nullptr) return {};
     if (selections != nullptr)
@@ -137,6 +139,18 @@ class Press {
   // before the layer's attention, concurrently for query heads of different KV heads.
   virtual void select(int /*layer*/, int /*q_head*/, const float* /*q*/, const HeadCache& /*head*/,
                       std::vector<int32_t>& /*out*/) {}
+
+  // Merged entries (DESIGN §4, Chelsea Eq. 2): an entry with log-weight > 0 stands for several
+  // tokens; the cache stores it under one of their positions (chelsea: the B token's). This gives
+  // the token positions entry `entry` of (layer, kv_head) stands for, ascending, when it is a
+  // merged entry, and an empty span for an ordinary entry (it stands for its own position only).
+  // Valid after that layer's compress_prefill or on_decode, until the cache changes. Kept on the
+  // press rather than in the cache: only a merging press pays for the member lists, and only
+  // metrics (top-B recall) read them; attention needs the log-weight alone.
+  virtual std::span<const int32_t> merged_positions(int /*layer*/, int /*kv_head*/,
+                                                    int64_t /*entry*/) const {
+    return {};
+  }
 };
 
 }  // namespace protokv

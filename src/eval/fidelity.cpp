@@ -207,6 +207,9 @@ struct RunMetrics {
   double kl_mean = 0.0, kl_max = 0.0, top1 = 0.0, ppl = 0.0, recall = kNaN;
   std::vector<double> attn_err;  // [n_layers]
   size_t kv_bytes = 0;
+  // After prefill, over every layer and KV head: entries stored, and the prompt tokens they stand
+  // for (more than the entries when a press merges: chelsea).
+  int64_t entries = 0, tokens_represented = 0;
   double kv_bytes_attended = 0.0;  // mean over decode steps (less than stored when recalling)
   double compress_ms = 0.0, prefill_ms = 0.0, decode_ms_per_token = 0.0;
 };
@@ -249,22 +252,33 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   if (const auto* scoring = dynamic_cast<const press::ScoringPress*>(session.press()))
     m.diagnostics = scoring->scorer().diagnostics();
 
+  // Kept prompt positions per (layer, KV head), sorted for lookup: an entry's own position, or
+  // every token a merged entry stands for (Press::merged_positions), so a true top-B token that
+  // was merged into an entry counts as kept.
+  std::vector<std::vector<int32_t>> kept(static_cast<size_t>(config.n_layers * config.n_kv_heads));
+  {
+    const KvCache& cache = session.cache();
+    for (int l = 0; l < config.n_layers; ++l) {
+      for (int h = 0; h < config.n_kv_heads; ++h) {
+        const auto pos = cache.layer(l).heads[static_cast<size_t>(h)].positions();
+        auto& dst = kept[static_cast<size_t>(l * config.n_kv_heads + h)];
+        for (size_t e = 0; e < pos.size(); ++e) {
+          const auto members = press.merged_positions(l, h, static_cast<int64_t>(e));
+          if (members.empty())
+            dst.push_back(pos[e]);
+          else
+            dst.insert(dst.end(), members.begin(), members.end());
+        }
+        std::sort(dst.begin(), dst.end());
+        m.entries += static_cast<int64_t>(pos.size());
+        m.tokens_represented += static_cast<int64_t>(dst.size());
+      }
+    }
+  }
   if (options.attention_metrics) {
     if (budget >= prompt_len) {
       m.recall = 1.0;  // nothing was evicted
     } else {
-      // Kept prompt positions per (layer, KV head), sorted for lookup.
-      const KvCache& cache = session.cache();
-      std::vector<std::vector<int32_t>> kept(
-          static_cast<size_t>(config.n_layers * config.n_kv_heads));
-      for (int l = 0; l < config.n_layers; ++l) {
-        for (int h = 0; h < config.n_kv_heads; ++h) {
-          const auto pos = cache.layer(l).heads[static_cast<size_t>(h)].positions();
-          auto& dst = kept[static_cast<size_t>(l * config.n_kv_heads + h)];
-          dst.assign(pos.begin(), pos.end());
-          std::sort(dst.begin(), dst.end());
-        }
-      }
       const int64_t b = std::min(budget, ref.top_count);
       double sum = 0.0;
       int64_t count = 0;
@@ -421,6 +435,8 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
             if (!m.attn_err.empty()) row.attn_err_mean.add(err_sum / m.attn_err.size());
             row.kv_bytes.add(static_cast<double>(m.kv_bytes));
             row.kv_bytes_attended.add(m.kv_bytes_attended);
+            row.entries_stored.add(static_cast<double>(m.entries));
+            row.tokens_represented.add(static_cast<double>(m.tokens_represented));
             row.compress_ms.add(m.compress_ms);
             row.prefill_ms.add(m.prefill_ms);
             row.decode_ms_per_token.add(m.decode_ms_per_token);
@@ -467,6 +483,11 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
          "share of full's top-B attended prompt positions (B = budget, per continuation query, "
          "layer and query head) kept in that head's KV head after prefill; mean over all"},
         {"kv_bytes", "keys + values held after prefill (exact)"},
+        {"entries_stored",
+         "cache entries after prefill, all layers and KV heads (mean over samples)"},
+        {"tokens_represented",
+         "prompt tokens those entries stand for: equal to entries_stored unless the press merges "
+         "(chelsea: a merged entry stands for its members; recall counts a member as kept)"},
         {"compress_ms", "time inside the press during prefill"},
         {"spread", "*_std: population std over samples; *_min/*_max over samples"}}},
       {"reference", report.paired_reference},

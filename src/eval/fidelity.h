@@ -13,7 +13,9 @@
 //    then the mean over heads and over the M continuation queries;
 //  - top-B attention recall: for every continuation query, layer and query head, the B prompt
 //    positions that full attended most (B = the budget); the share of them the press kept in that
-//    head's KV head after prefill; averaged over queries, heads and layers;
+//    head's KV head after prefill (a token merged into an entry counts as kept); averaged over
+//    queries, heads and layers;
+//  - entries stored vs prompt tokens they stand for (they differ when a press merges entries);
 //  - KV bytes after prefill and time spent in the press.
 // With teacher forcing both runs see identical tokens, so differences come from the cache alone.
 #include <cstdint>
@@ -60,7 +62,10 @@ struct FidelityRow {
   std::string error;  // non-empty: the press refused this budget (nothing measured)
   RunningStats kl_mean, top1, ppl, ppl_full, recall, attn_err_mean;
   RunningStats kv_bytes, compress_ms, prefill_ms, decode_ms_per_token;
-  RunningStats kv_bytes_attended;            // per decode step; below kv_bytes for a recall press
+  RunningStats kv_bytes_attended;  // per decode step; below kv_bytes for a recall press
+  // After prefill, all layers and KV heads: entries stored and the prompt tokens they stand for
+  // (more tokens than entries when the press merges entries: chelsea).
+  RunningStats entries_stored, tokens_represented;
   double kl_max = 0.0;                       // over every step of every sample
   std::vector<RunningStats> attn_err_layer;  // [n_layers]
   // Per sample, in sample order (for paired comparisons).

@@ -118,6 +118,8 @@ nlohmann::json to_json(const FidelityReport& report) {
     r["recall_std"] = spread(row.recall);
     r["kv_bytes"] = stat(row.kv_bytes);
     r["kv_bytes_attended"] = stat(row.kv_bytes_attended);
+    r["entries_stored"] = stat(row.entries_stored);
+    r["tokens_represented"] = stat(row.tokens_represented);
     r["compress_ms"] = stat(row.compress_ms);
     r["prefill_ms"] = stat(row.prefill_ms);
     r["decode_ms_per_token"] = stat(row.decode_ms_per_token);
@@ -165,12 +167,13 @@ std::string render_table(const FidelityReport& report) {
   table.add_column("recall");
   table.add_column("attn err");
   table.add_column("KV KiB");
+  table.add_column("tok/entry");
   table.add_column("compress ms");
   for (const auto& row : report.rows) {
     std::vector<std::string> cells = {row.press, fmt::format("{}", row.budget)};
     if (!row.error.empty()) {
       cells.push_back("n/a: " + row.error);
-      while (cells.size() < 13u + (spread ? 1u : 0u)) cells.push_back("");
+      while (cells.size() < 14u + (spread ? 1u : 0u)) cells.push_back("");
       table.add_row(std::move(cells));
       continue;
     }
@@ -186,6 +189,11 @@ std::string render_table(const FidelityReport& report) {
     cells.push_back(format_metric(mean_or_nan(row.recall), 3));
     cells.push_back(format_metric(mean_or_nan(row.attn_err_mean), 3));
     cells.push_back(fmt::format("{:.1f}", row.kv_bytes.mean() / 1024.0));
+    // Prompt tokens per stored entry: 1.00 unless the press merges (chelsea).
+    cells.push_back(
+        row.entries_stored.count() > 0 && row.entries_stored.mean() > 0.0
+            ? fmt::format("{:.2f}", row.tokens_represented.mean() / row.entries_stored.mean())
+            : "-");
     cells.push_back(fmt::format("{:.2f}", row.compress_ms.mean()));
     table.add_row(std::move(cells));
   }
@@ -198,7 +206,8 @@ std::string render_table(const FidelityReport& report) {
   out += table.render();
   out += fmt::format(
       "dKL, d top-1: paired difference against {} on the same samples, ± half-width of the 95% "
-      "t interval; * = the interval excludes 0\n",
+      "t interval; * = the interval excludes 0; tok/entry: prompt tokens per stored entry (> 1 "
+      "when entries are merged)\n",
       report.paired_reference);
   return out;
 }

@@ -12,7 +12,8 @@ namespace protokv::press {
 // Chelsea (paper 001 §5, Appendix C), chunked soft matching inside one chunk: the entries
 // [begin, end) are rows of `keys` (stride head_dim); offsets 1, 3, 5, ... from `begin` form the
 // set A, offsets 0, 2, 4, ... the set B. Every A entry links to the B entry of highest cosine
-// similarity (the lowest index on ties; a zero vector has similarity 0 with everything).
+// similarity (the lowest index on ties; a zero vector has similarity 0 with everything),
+// computed in float as the dot product of rows normalised once (norms in double).
 struct SoftLink {
   int64_t a = 0;  // entry index (absolute, in [begin, end))
   int64_t b = 0;

@@ -41,6 +41,9 @@ struct PressEntry {
   // A recall method (clusterkv): stores every entry and attends to a budget-sized selection at
   // each decode step (Press::selects), so the budget bounds the attended, not the stored, bytes.
   bool recalls = false;
+  // A merging method (chelsea): entries may stand for several tokens (log-weight > 0, keys and
+  // values are means, Press::merged_positions lists the tokens), so stored rows are not input rows.
+  bool merges = false;
 };
 
 // Every registered method, in display order.

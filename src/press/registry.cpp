@@ -5,6 +5,7 @@
 
 #include <array>
 
+#include "press/chelsea.h"
 #include "press/clusterkv.h"
 #include "press/entry.h"
 #include "press/full.h"
@@ -23,8 +24,8 @@ namespace press {
 std::span<const PressEntry* const> press_table() {
   // Display order. A new press adds its entry here (and nowhere else).
   static constexpr std::array kTable = {
-      &kFullEntry,      &kStreamingLlmEntry, &kH2oEntry,     &kSnapKvEntry,
-      &kPyramidKvEntry, &kAdaKvEntry,        &kProtoKvEntry, &kClusterKvEntry,
+      &kFullEntry,  &kStreamingLlmEntry, &kH2oEntry,       &kSnapKvEntry,  &kPyramidKvEntry,
+      &kAdaKvEntry, &kProtoKvEntry,      &kClusterKvEntry, &kChelseaEntry,
   };
   return kTable;
 }

@@ -1,0 +1,370 @@
+#include "press/chelsea.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "protokv/error.h"
+#include "protokv/press/options.h"
+#include "protokv/press/scores.h"
+
+namespace protokv::press {
+
+double ChelseaSchedule::ratio(int step) const {
+  // Appendix C; r <= 0.5 because a step can merge at most every A entry, half of the middle.
+  // "r is manually restricted to exceed 0" (the qwen values reach 0 at i = m): the paper gives no
+  // floor, so a schedule that reaches 0 stays at its last positive value.
+  int decreases = std::min(steps, std::max(0, step));
+  while (decreases > 0 && !(r_init - alpha * decreases > 0.0)) --decreases;
+  return std::min(0.5, r_init - alpha * decreases);
+}
+
+ChelseaSchedule chelsea_schedule_preset(const std::string& name) {
+  if (name == "llama2") return {0.45, 0.05, 3};
+  if (name == "llama3") return {0.35, 0.1, 2};
+  if (name == "qwen") return {0.2, 0.1, 2};
+  fail("press 'chelsea': unknown schedule '{}' (llama2, llama3, qwen)", name);
+}
+
+void MergedHead::append(const float* key, const float* value, int32_t position,
+                        std::span<const int32_t> member_positions) {
+  keys.insert(keys.end(), key, key + head_dim);
+  values.insert(values.end(), value, value + head_dim);
+  positions.push_back(position);
+  members.insert(members.end(), member_positions.begin(), member_positions.end());
+  member_offsets.push_back(static_cast<int64_t>(members.size()));
+}
+
+int64_t chelsea_merge_step(MergedHead& head, const ChelseaLayout& layout, double ratio,
+                           int64_t max_merges) {
+  const int64_t size = head.size();
+  const int d = head.head_dim;
+  const int64_t first = std::min(size, layout.sinks);
+  const int64_t last = std::max(first, size - layout.recent);
+  thread_local std::vector<SoftLink> links;
+  links.clear();
+  for (int64_t begin = first; begin < last; begin += layout.chunk)
+    link_chunk(head.keys.data(), d, begin, std::min(last, begin + layout.chunk), links);
+  // r is the share of the middle merged away (ToMe's convention, which the paper's bound
+  // 0 <= r <= 0.5 implies: merging every link removes every A, half of the middle).
+  auto count = static_cast<int64_t>(std::floor(ratio * static_cast<double>(last - first)));
+  count = std::min({count, max_merges, static_cast<int64_t>(links.size())});
+  if (count < 1 && max_merges > 0 && !links.empty()) count = 1;  // always progress
+  if (count < 1) return 0;
+  // The `count` most similar links over all chunks (NaN ranks last; ties: the lower A first).
+  const auto better = [](const SoftLink& x, const SoftLink& y) {
+    const bool x_nan = std::isnan(x.similarity), y_nan = std::isnan(y.similarity);
+    if (x_nan != y_nan) return y_nan;
+    if (!x_nan && x.similarity != y.similarity) return x.similarity > y.similarity;
+    return x.a < y.a;
+  };
+  std::partial_sort(links.begin(), links.begin() + count, links.end(), better);
+
+  // into[a] = the B entry that A entry a merges into (-1: stays); per B, its merged A entries.
+  thread_local std::vector<int64_t> into, incoming_offsets, incoming;
+  into.assign(static_cast<size_t>(size), -1);
+  incoming_offsets.assign(static_cast<size_t>(size) + 1, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const SoftLink& link = links[static_cast<size_t>(i)];
+    into[static_cast<size_t>(link.a)] = link.b;
+    ++incoming_offsets[static_cast<size_t>(link.b) + 1];
+  }
+  std::partial_sum(incoming_offsets.begin(), incoming_offsets.end(), incoming_offsets.begin());
+  incoming.assign(static_cast<size_t>(count), 0);
+  {
+    thread_local std::vector<int64_t> fill;
+    fill.assign(incoming_offsets.begin(), incoming_offsets.end() - 1);
+    for (int64_t a = 0; a < size; ++a) {  // ascending: each B's A entries in cache order
+      const int64_t b = into[static_cast<size_t>(a)];
+      if (b >= 0) incoming[static_cast<size_t>(fill[static_cast<size_t>(b)]++)] = a;
+    }
+  }
+
+  MergedHead next;
+  next.head_dim = d;
+  next.keys.reserve(static_cast<size_t>((size - count) * d));
+  next.values.reserve(static_cast<size_t>((size - count) * d));
+  next.positions.reserve(static_cast<size_t>(size - count));
+  next.member_offsets.reserve(static_cast<size_t>(size - count) + 1);
+  next.members.reserve(head.members.size());
+  thread_local std::vector<double> key_sum, value_sum;
+  thread_local std::vector<float> key_mean, value_mean;
+  thread_local std::vector<int32_t> merged_members;
+  for (int64_t e = 0; e < size; ++e) {
+    if (into[static_cast<size_t>(e)] >= 0) continue;  // merged into its B
+    const auto members_of = [&head](int64_t x) {
+      return std::span<const int32_t>(head.members)
+          .subspan(static_cast<size_t>(head.member_offsets[static_cast<size_t>(x)]),
+                   static_cast<size_t>(head.degree(x)));
+    };
+    const int64_t in_begin = incoming_offsets[static_cast<size_t>(e)];
+    const int64_t in_end = incoming_offsets[static_cast<size_t>(e) + 1];
+    if (in_begin == in_end) {
+      next.append(head.keys.data() + e * d, head.values.data() + e * d,
+                  head.positions[static_cast<size_t>(e)], members_of(e));
+      continue;
+    }
+    // Paper 001 §5.3: k = sum n_t k_t / sum n_t (values alike), in double. Exact duplicates
+    // give back their own key: n_1 k + n_2 k = (n_1 + n_2) k exactly in double.
+    key_sum.assign(static_cast<size_t>(d), 0.0);
+    value_sum.assign(static_cast<size_t>(d), 0.0);
+    merged_members.clear();
+    int64_t degree = 0;
+    const auto add = [&](int64_t x) {
+      const auto weight = static_cast<double>(head.degree(x));
+      const float* k = head.keys.data() + x * d;
+      const float* v = head.values.data() + x * d;
+      for (int c = 0; c < d; ++c) {
+        key_sum[static_cast<size_t>(c)] += weight * k[c];
+        value_sum[static_cast<size_t>(c)] += weight * v[c];
+      }
+      degree += head.degree(x);
+      const auto m = members_of(x);
+      merged_members.insert(merged_members.end(), m.begin(), m.end());
+    };
+    add(e);
+    for (int64_t i = in_begin; i < in_end; ++i) add(incoming[static_cast<size_t>(i)]);
+    key_mean.resize(static_cast<size_t>(d));
+    value_mean.resize(static_cast<size_t>(d));
+    for (int c = 0; c < d; ++c) {
+      key_mean[static_cast<size_t>(c)] =
+          static_cast<float>(key_sum[static_cast<size_t>(c)] / static_cast<double>(degree));
+      value_mean[static_cast<size_t>(c)] =
+          static_cast<float>(value_sum[static_cast<size_t>(c)] / static_cast<double>(degree));
+    }
+    std::sort(merged_members.begin(), merged_members.end());
+    next.append(key_mean.data(), value_mean.data(), head.positions[static_cast<size_t>(e)],
+                merged_members);
+  }
+  head = std::move(next);
+  return count;
+}
+
+void chelsea_compress(MergedHead& head, const ChelseaLayout& layout,
+                      const ChelseaSchedule& schedule, int64_t budget) {
+  for (int step = 0; head.size() > budget; ++step)
+    if (chelsea_merge_step(head, layout, schedule.ratio(step), head.size() - budget) == 0) break;
+}
+
+nlohmann::json ChelseaPress::config() const {
+  nlohmann::json out;
+  out["name"] = "chelsea";
+  out["sinks"] = options_.layout.sinks;
+  out["recent"] = options_.layout.recent;
+  out["chunk"] = options_.layout.chunk;
+  out["interval"] = options_.interval;
+  out["schedule"] = options_.schedule_name;
+  out["r_init"] = options_.schedule.r_init;
+  out["alpha"] = options_.schedule.alpha;
+  out["steps"] = options_.schedule.steps;
+  out["outliers"] = options_.outliers;
+  out["threshold"] = options_.threshold;
+  out["outlier_source"] = options_.outlier_heads.has_value() ? "profile"
+                          : options_.outliers > 0.0          ? "prompt, per layer"
+                                                             : "none";
+  if (options_.outlier_heads.has_value()) out["outlier_heads"] = *options_.outlier_heads;
+  out["training_free"] = true;
+  return out;
+}
+
+void ChelseaPress::begin(const SequenceInfo& info, const Budget& budget) {
+  info_ = info;
+  budget_ = budget.resolve(info.n_tokens);
+  const int64_t least = options_.layout.sinks + options_.layout.recent + 1;
+  if (budget_ < info.n_tokens && budget_ < least)
+    fail(
+        "press 'chelsea': budget {} leaves no room beside its {} sinks and {} recent entries "
+        "(needs at least {})",
+        budget_, options_.layout.sinks, options_.layout.recent, least);
+  if (options_.outlier_heads.has_value()) {
+    const auto& mask = *options_.outlier_heads;
+    bool fits = static_cast<int>(mask.size()) == info.n_layers;
+    for (const auto& layer : mask) fits = fits && static_cast<int>(layer.size()) == info.n_kv_heads;
+    if (!fits)
+      fail("press 'chelsea': the outlier-head mask is not {} layers x {} KV heads", info.n_layers,
+           info.n_kv_heads);
+  }
+  heads_.assign(static_cast<size_t>(std::max(0, info.n_layers) * std::max(0, info.n_kv_heads)),
+                HeadState{});
+}
+
+ChelseaPress::HeadState& ChelseaPress::state(int layer, int kv_head) {
+  return heads_.at(static_cast<size_t>(layer * info_.n_kv_heads + kv_head));
+}
+const ChelseaPress::HeadState& ChelseaPress::state(int layer, int kv_head) const {
+  return heads_.at(static_cast<size_t>(layer * info_.n_kv_heads + kv_head));
+}
+
+bool ChelseaPress::is_outlier(int layer, int kv_head) const {
+  return state(layer, kv_head).outlier;
+}
+double ChelseaPress::unlinked_share(int layer, int kv_head) const {
+  return state(layer, kv_head).unlinked_share;
+}
+
+void ChelseaPress::store(MergedHead& merged, HeadCache& cache, HeadState& state) {
+  const int d = merged.head_dim;
+  cache.clear();
+  cache.reserve(merged.size());
+  for (int64_t e = 0; e < merged.size(); ++e) {
+    const int64_t degree = merged.degree(e);
+    // Chelsea Eq. 2: a merged entry's logit + log(n_t); 0 for an ordinary entry.
+    const float log_weight =
+        degree > 1 ? static_cast<float>(std::log(static_cast<double>(degree))) : 0.0f;
+    cache.append(merged.keys.data() + e * d, merged.values.data() + e * d,
+                 merged.positions[static_cast<size_t>(e)], log_weight);
+  }
+  state.member_offsets = std::move(merged.member_offsets);
+  state.members = std::move(merged.members);
+}
+
+void ChelseaPress::compress_prefill(const LayerView& layer, LayerCache& out) {
+  const int64_t n = layer.n_tokens;
+  const int n_kv = layer.n_kv_heads;
+  const int d = layer.head_dim;
+  // Outlier heads (paper 001 §5.4): from the profile, or measured on this prompt as the layers
+  // arrive. A global ranking needs every layer, but each layer's cache is written now; so after
+  // layer l, round(outliers * heads of layers 0..l) heads are outliers in total, and layer l adds
+  // the difference: its heads of highest unlinked share (ties: the lower head).
+  std::vector<uint8_t> outlier(static_cast<size_t>(n_kv), 0);
+  if (options_.outlier_heads.has_value()) {
+    for (int h = 0; h < n_kv; ++h) {
+      outlier[static_cast<size_t>(h)] =
+          (*options_.outlier_heads)[static_cast<size_t>(layer.layer)][static_cast<size_t>(h)] != 0;
+      state(layer.layer, h).unlinked_share = std::numeric_limits<double>::quiet_NaN();
+    }
+  } else if (options_.outliers > 0.0) {
+    const auto quota = [&](int layers) {
+      return std::llround(options_.outliers * static_cast<double>(layers) * n_kv);
+    };
+    const int64_t wanted = quota(layer.layer + 1) - quota(layer.layer);
+    std::vector<int> order(static_cast<size_t>(n_kv));
+    for (int h = 0; h < n_kv; ++h) {
+      state(layer.layer, h).unlinked_share =
+          chelsea_unlinked_share(layer.k_head(h), n, d, options_.layout, options_.threshold);
+      order[static_cast<size_t>(h)] = h;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return state(layer.layer, x).unlinked_share > state(layer.layer, y).unlinked_share;
+    });
+    for (int64_t i = 0; i < std::min<int64_t>(wanted, n_kv); ++i)
+      outlier[static_cast<size_t>(order[static_cast<size_t>(i)])] = 1;
+  }
+
+#pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
+  for (int h = 0; h < n_kv; ++h) {
+    HeadState& s = state(layer.layer, h);
+    HeadCache& cache = out.heads[static_cast<size_t>(h)];
+    s.outlier = outlier[static_cast<size_t>(h)] != 0;
+    MergedHead merged;
+    merged.head_dim = d;
+    merged.keys.assign(layer.k_head(h), layer.k_head(h) + n * d);
+    merged.values.assign(layer.v_head(h), layer.v_head(h) + n * d);
+    merged.positions.assign(layer.positions, layer.positions + n);
+    merged.members = merged.positions;
+    merged.member_offsets.resize(static_cast<size_t>(n) + 1);
+    std::iota(merged.member_offsets.begin(), merged.member_offsets.end(), int64_t{0});
+    if (!s.outlier) chelsea_compress(merged, options_.layout, options_.schedule, budget_);
+    s.merging = !s.outlier && n > budget_;  // only a compressed prefill merges during decode
+    store(merged, cache, s);
+  }
+}
+
+void ChelseaPress::on_decode(const DecodeStep& step) {
+  const int layer = step.layer;
+  if (layer < 0 || static_cast<size_t>((layer + 1) * info_.n_kv_heads) > heads_.size()) return;
+  LayerCache& cache = *step.cache;
+  const int n_kv = static_cast<int>(cache.heads.size());
+  // Algorithm 1: once a head holds B + g entries, Chelsea compresses it back to B. The heads of a
+  // layer reach it at the same step; each head's work is independent.
+  const bool parallel =
+      (budget_ + options_.interval) * info_.head_dim * n_kv >= kParallelMinElements;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int h = 0; h < n_kv; ++h) {
+    HeadState& s = state(layer, h);
+    HeadCache& head = cache.heads[static_cast<size_t>(h)];
+    if (!s.merging || head.size() < budget_ + options_.interval) continue;
+    const int d = head.head_dim();
+    const int64_t size = head.size();
+    const int64_t tracked = static_cast<int64_t>(s.member_offsets.size()) - 1;
+    MergedHead merged;
+    merged.head_dim = d;
+    merged.keys.assign(head.keys(), head.keys() + size * d);
+    merged.values.assign(head.values(), head.values() + size * d);
+    merged.positions.assign(head.positions().begin(), head.positions().end());
+    merged.member_offsets = std::move(s.member_offsets);
+    merged.members = std::move(s.members);
+    for (int64_t e = tracked; e < size; ++e) {  // decoded since: each stands for itself
+      merged.members.push_back(merged.positions[static_cast<size_t>(e)]);
+      merged.member_offsets.push_back(static_cast<int64_t>(merged.members.size()));
+    }
+    chelsea_compress(merged, options_.layout, options_.schedule, budget_);
+    store(merged, head, s);
+  }
+}
+
+std::span<const int32_t> ChelseaPress::merged_positions(int layer, int kv_head,
+                                                        int64_t entry) const {
+  if (layer < 0 || kv_head < 0 || kv_head >= info_.n_kv_heads ||
+      static_cast<size_t>(layer * info_.n_kv_heads + kv_head) >= heads_.size())
+    return {};
+  const HeadState& s = state(layer, kv_head);
+  if (entry < 0 || entry + 1 >= static_cast<int64_t>(s.member_offsets.size())) return {};
+  const int64_t begin = s.member_offsets[static_cast<size_t>(entry)];
+  const int64_t end = s.member_offsets[static_cast<size_t>(entry) + 1];
+  if (end - begin < 2) return {};
+  return std::span<const int32_t>(s.members).subspan(static_cast<size_t>(begin),
+                                                     static_cast<size_t>(end - begin));
+}
+
+const PressEntry kChelseaEntry{
+    .name = "chelsea",
+    .allocator_role = AllocatorRole::None,
+    .fixed_allocator = AllocatorKind::Uniform,
+    .compresses = true,
+    .help =
+        [] {
+          const ChelseaOptions o;
+          return fmt::format(
+              "training-free, merging (paper 001): per KV head keeps `sinks` first and `recent`\n"
+              "last entries; the middle, in chunks of `chunk`, is merged by Chunked Soft\n"
+              "Matching: odd offsets (A) link to their most cosine-similar even offset (B) of\n"
+              "the chunk; the top r share of the middle's links (r = r_init - alpha*min(m, i)\n"
+              "at step i, `schedule` llama2 0.45/0.05/3, llama3 0.35/0.1/2, qwen 0.2/0.1/2)\n"
+              "merge each B with its A into one entry: degree-weighted mean key and value,\n"
+              "degree = sum, logit + log(degree) (Eq. 2); steps repeat until the head holds B\n"
+              "entries (at least sinks + recent + 1), and during decode each time it reaches\n"
+              "B + `interval` (the paper gives no g). `outliers` (share of heads) keep the full\n"
+              "cache: without a profile, measured on the prompt (share of A with link\n"
+              "similarity < `threshold`) as layers arrive, a running quota per layer (an\n"
+              "approximation of the paper's global ranking).\n"
+              "sinks={} recent={} chunk={} interval={} schedule=llama3 (r_init=0.35 alpha=0.1\n"
+              "steps=2) outliers={} threshold={}.\n",
+              o.layout.sinks, o.layout.recent, o.layout.chunk, o.interval, o.outliers, o.threshold);
+        },
+    .make = [](const PressEntry&, OptionReader& options,
+               const AllocatorConfig&) -> std::unique_ptr<Press> {
+      ChelseaOptions o;
+      constexpr int64_t kLarge = int64_t{1} << 30;
+      o.layout.sinks = options.get_int("sinks", o.layout.sinks, 0, kLarge);
+      o.layout.recent = options.get_int("recent", o.layout.recent, 0, kLarge);
+      o.layout.chunk = options.get_int("chunk", o.layout.chunk, 2, kLarge);
+      o.interval = options.get_int("interval", o.interval, 1, kLarge);
+      o.schedule_name =
+          options.get_choice("schedule", o.schedule_name, {"llama2", "llama3", "qwen"});
+      const ChelseaSchedule preset = chelsea_schedule_preset(o.schedule_name);
+      o.schedule.r_init = options.get_double("r_init", preset.r_init, 0.0, 0.5);
+      o.schedule.alpha = options.get_double("alpha", preset.alpha, 0.0, 0.5);
+      o.schedule.steps = static_cast<int>(options.get_int("steps", preset.steps, 0, 1000));
+      if (!(o.schedule.r_init > 0.0)) fail("press 'chelsea': r_init must be > 0 (got 0)");
+      o.outliers = options.get_double("outliers", o.outliers, 0.0, 1.0);
+      o.threshold = options.get_double("threshold", o.threshold, -1.0, 1.0);
+      return std::make_unique<ChelseaPress>(std::move(o));
+    },
+    .merges = true,
+};
+
+}  // namespace protokv::press
