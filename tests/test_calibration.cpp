@@ -15,6 +15,7 @@
 #include "press/calibration_measures.h"
 #include "press/calibration_profile.h"
 #include "protokv/error.h"
+#include "protokv/press_registry.h"
 #include "test_engine_model.h"
 #include "test_util.h"
 
@@ -225,6 +226,24 @@ TEST(CalibrationProfile, CachedLoadReadsEachFileOnce) {
   const CalibrationProfile& again = press::load_profile_cached((dir / "." / "p.json").string());
   EXPECT_EQ(&first, &again);
   expect_equal(first, small_profile());
+}
+
+TEST(CalibrationProfile, ChelseaTakesItsOutlierHeadsFromAProfile) {
+  const testing::TempDir dir;
+  const std::string path = (dir / "chelsea.json").string();
+  const CalibrationProfile p = small_profile();
+  press::write_calibration_profile(p, path);
+  const auto press = make_press("chelsea:profile=" + path);
+  const nlohmann::json config = press->config();
+  EXPECT_EQ(config["outlier_source"], "profile");
+  EXPECT_EQ(config["profile"], path);
+  EXPECT_EQ(config["outlier_heads"].get<std::vector<std::vector<uint8_t>>>(), p.chelsea_outlier);
+  // Another model's shape is refused at prefill; the profile's choice excludes outliers=.
+  const SequenceInfo other{
+      .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .n_tokens = 500};
+  EXPECT_THROW(press->begin(other, Budget{.entries = 100}), Error);
+  EXPECT_THROW(make_press("chelsea:outliers=0.1,profile=" + path), Error);
+  EXPECT_THROW(make_press("chelsea:profile=" + (dir / "missing.json").string()), Error);
 }
 
 // The capture equals a naive double-precision forward pass: keys post-RoPE, and attention rows

@@ -407,9 +407,8 @@ TEST(Chelsea, DecodeReRunsInTheEngineKeepHeadsBelowBudgetPlusInterval) {
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
       "park with her friend Tom. One day, they found a big red ball under a tree.",
       true);
-  auto press = make_press("chelsea:sinks=4,recent=8,interval=6,outliers=0");
   SessionOptions options;
-  options.press = press.get();
+  options.press = PressSpec::parse("chelsea:sinks=4,recent=8,interval=6,outliers=0");
   options.budget.entries = 20;
   Session session(model.weights, options);
   auto logits = session.prefill(prompt);

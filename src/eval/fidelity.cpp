@@ -258,12 +258,15 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   std::vector<std::vector<int32_t>> kept(static_cast<size_t>(config.n_layers * config.n_kv_heads));
   {
     const KvCache& cache = session.cache();
+    const Press* state = session.press();  // null when the budget left nothing to compress
     for (int l = 0; l < config.n_layers; ++l) {
       for (int h = 0; h < config.n_kv_heads; ++h) {
         const auto pos = cache.layer(l).heads[static_cast<size_t>(h)].positions();
         auto& dst = kept[static_cast<size_t>(l * config.n_kv_heads + h)];
         for (size_t e = 0; e < pos.size(); ++e) {
-          const auto members = press.merged_positions(l, h, static_cast<int64_t>(e));
+          const auto members = state == nullptr
+                                   ? std::span<const int32_t>()
+                                   : state->merged_positions(l, h, static_cast<int64_t>(e));
           if (members.empty())
             dst.push_back(pos[e]);
           else

@@ -335,6 +335,11 @@ CalibrationProfile read_calibration_profile(const std::string& path) {
   return calibration_profile_from_json(j, path);
 }
 
+const CalibrationProfile* profile_option(OptionReader& options) {
+  const std::string path = options.get_string("profile", "");
+  return path.empty() ? nullptr : &load_profile_cached(path);
+}
+
 const CalibrationProfile& load_profile_cached(const std::string& path) {
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<const CalibrationProfile>> cache;

@@ -17,6 +17,7 @@
 
 #include "press/calibration_measures.h"
 #include "protokv/press.h"
+#include "protokv/press/options.h"
 
 namespace protokv::press {
 
@@ -76,6 +77,10 @@ void write_calibration_profile(const CalibrationProfile& profile, const std::str
 CalibrationProfile read_calibration_profile(const std::string& path);
 // read_calibration_profile once per path in this process (presses built per session share it).
 const CalibrationProfile& load_profile_cached(const std::string& path);
+
+// The `profile=FILE` option of a press that reads a calibration profile (load_profile_cached):
+// null when the option is not given. Throws Error as read_calibration_profile does.
+const CalibrationProfile* profile_option(OptionReader& options);
 
 // Throws Error unless the profile was made for a model of this shape (layers, query heads, KV
 // heads, head_dim); `press` names the method in the message.

@@ -166,6 +166,7 @@ nlohmann::json ChelseaPress::config() const {
                           : options_.outliers > 0.0          ? "prompt, per layer"
                                                              : "none";
   if (options_.outlier_heads.has_value()) out["outlier_heads"] = *options_.outlier_heads;
+  if (!options_.profile_path.empty()) out["profile"] = options_.profile_path;
   out["training_free"] = true;
   return out;
 }
@@ -179,6 +180,7 @@ void ChelseaPress::begin(const SequenceInfo& info, const Budget& budget) {
         "press 'chelsea': budget {} leaves no room beside its {} sinks and {} recent entries "
         "(needs at least {})",
         budget_, options_.layout.sinks, options_.layout.recent, least);
+  if (options_.profile != nullptr) check_profile_matches(*options_.profile, info, "chelsea");
   if (options_.outlier_heads.has_value()) {
     const auto& mask = *options_.outlier_heads;
     bool fits = static_cast<int>(mask.size()) == info.n_layers;
@@ -340,7 +342,8 @@ const PressEntry kChelseaEntry{
               "B + `interval` (the paper gives no g). `outliers` (share of heads) keep the full\n"
               "cache: without a profile, measured on the prompt (share of A with link\n"
               "similarity < `threshold`) as layers arrive, a running quota per layer (an\n"
-              "approximation of the paper's global ranking).\n"
+              "approximation of the paper's global ranking); `profile=FILE` (from protokv\n"
+              "calibrate) takes the profile's outlier heads, ranked over all heads instead.\n"
               "sinks={} recent={} chunk={} interval={} schedule=llama3 (r_init=0.35 alpha=0.1\n"
               "steps=2) outliers={} threshold={}.\n",
               o.layout.sinks, o.layout.recent, o.layout.chunk, o.interval, o.outliers, o.threshold);
@@ -360,6 +363,14 @@ const PressEntry kChelseaEntry{
       o.schedule.alpha = options.get_double("alpha", preset.alpha, 0.0, 0.5);
       o.schedule.steps = static_cast<int>(options.get_int("steps", preset.steps, 0, 1000));
       if (!(o.schedule.r_init > 0.0)) fail("press 'chelsea': r_init must be > 0 (got 0)");
+      o.profile_path = options.get_string("profile", "");
+      o.profile = profile_option(options);
+      if (o.profile != nullptr) {
+        // The profile's outlier heads were ranked over every head at its own threshold/fraction.
+        for (const char* key : {"outliers", "threshold"})
+          options.reject_if_given(key, "profile= (its outlier heads are already chosen)");
+        o.outlier_heads = o.profile->chelsea_outlier;
+      }
       o.outliers = options.get_double("outliers", o.outliers, 0.0, 1.0);
       o.threshold = options.get_double("threshold", o.threshold, -1.0, 1.0);
       return std::make_unique<ChelseaPress>(std::move(o));

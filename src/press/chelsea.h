@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "press/calibration_measures.h"
+#include "press/calibration_profile.h"
 #include "press/entry.h"
 #include "protokv/press.h"
 
@@ -83,6 +84,9 @@ struct ChelseaOptions {
   // The seam for a calibration profile (`protokv calibrate`): outlier_heads[layer][kv_head] != 0
   // keeps that head's full cache. Unset: measured on the prompt, layer by layer (see help).
   std::optional<std::vector<std::vector<uint8_t>>> outlier_heads;
+  // The profile outlier_heads came from (`profile=FILE`), checked against the model at begin().
+  const CalibrationProfile* profile = nullptr;
+  std::string profile_path;
 };
 
 class ChelseaPress final : public Press {

@@ -85,6 +85,11 @@ bool OptionReader::get_bool(const std::string& key, bool fallback) {
   fail("press '{}': option {}={} is not a boolean (0, 1, true, false)", press_, key, *text);
 }
 
+std::string OptionReader::get_string(const std::string& key, const std::string& fallback) {
+  const std::string* text = raw(key);
+  return text == nullptr ? fallback : *text;
+}
+
 std::string OptionReader::get_choice(const std::string& key, const std::string& fallback,
                                      const std::vector<std::string>& choices) {
   const std::string* text = raw(key);

@@ -25,6 +25,8 @@ class OptionReader {
   uint64_t get_seed(const std::string& key, uint64_t fallback);
   double get_double(const std::string& key, double fallback, double min, double max);
   bool get_bool(const std::string& key, bool fallback);
+  // The value as given (e.g. a file path; it cannot contain ',').
+  std::string get_string(const std::string& key, const std::string& fallback);
   // One of `choices` (the first is not implicitly the default: `fallback` is).
   std::string get_choice(const std::string& key, const std::string& fallback,
                          const std::vector<std::string>& choices);
