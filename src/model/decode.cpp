@@ -3,6 +3,7 @@
 // attends over all entries of its KV head (heads may hold different numbers of entries after
 // compression), then the press sees the step.
 #include <algorithm>
+#include <array>
 
 #include "kernels/kernels.h"
 #include "model/session_impl.h"
@@ -54,6 +55,21 @@ std::span<const float> Session::Impl::decode(int32_t token) {
       const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
       const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
       const float* log_weights = head.has_log_weights() ? head.log_weights().data() : nullptr;
+      // PoD: the keys of the head's distant entries are those of its block's lowest layer.
+      std::array<KeySegment, 3> segments;
+      const int segment_count =
+          head.shares_keys()
+              ? head.key_segments(cache.layer(head.key_lender()).heads[static_cast<size_t>(kv)],
+                                  segments)
+              : 0;
+      const std::span<const KeySegment> key_segments(segments.data(),
+                                                     static_cast<size_t>(segment_count));
+      if (!selecting && head.shares_keys()) {
+        kernels::attention_decode_group_segments(
+            s.q.data() + first * hd, group, key_segments, head.values(), log_weights, hd,
+            s.att.data() + first * hd, want_probs ? probs.data() + first * probs_stride : nullptr);
+        continue;
+      }
       if (!selecting) {
         kernels::attention_decode_group(s.q.data() + first * hd, group, head.keys(), head.values(),
                                         log_weights, head.size(), hd, s.att.data() + first * hd,
@@ -63,9 +79,15 @@ std::span<const float> Session::Impl::decode(int32_t token) {
       for (int64_t h = first; h < first + group; ++h) {
         std::vector<int32_t>& chosen = selections[static_cast<size_t>(h)];
         press->select(l, static_cast<int>(h), s.q.data() + h * hd, head, chosen);
-        kernels::attention_decode_gathered(s.q.data() + h * hd, head.keys(), head.values(),
-                                           log_weights, chosen, hd, s.att.data() + h * hd,
-                                           want_probs ? probs.data() + h * probs_stride : nullptr);
+        float* head_probs = want_probs ? probs.data() + h * probs_stride : nullptr;
+        if (head.shares_keys())
+          kernels::attention_decode_gathered_segments(s.q.data() + h * hd, key_segments,
+                                                      head.values(), log_weights, chosen, hd,
+                                                      s.att.data() + h * hd, head_probs);
+        else
+          kernels::attention_decode_gathered(s.q.data() + h * hd, head.keys(), head.values(),
+                                             log_weights, chosen, hd, s.att.data() + h * hd,
+                                             head_probs);
       }
     }
     // Bytes of keys and values this layer's attention read, per KV head's worth of query heads.

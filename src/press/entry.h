@@ -41,6 +41,9 @@ struct PressEntry {
   // A recall method (clusterkv): stores every entry and attends to a budget-sized selection at
   // each decode step (Press::selects), so the budget bounds the attended, not the stored, bytes.
   bool recalls = false;
+  // A key-sharing method (pod): keeps every entry's value, but a layer may hold the keys of some
+  // entries only, reading the others from a lower layer (HeadCache::shares_keys).
+  bool shares_keys = false;
 };
 
 // Every registered method, in display order.
