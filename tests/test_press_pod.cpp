@@ -49,7 +49,7 @@ TEST(PodKernel, SegmentedDecodeEqualsDenseDecodeOnTheConcatenatedKeys) {
           copies.emplace_back(keys.begin() + first * d, keys.begin() + (first + count) * d);
           first += count;
         }
-        for (size_t s = 0; s < 3; ++s) segments.push_back({copies[s].data(), split[s]});
+        for (size_t s = 0; s < 3; ++s) segments.push_back({copies[s].data(), split[s], nullptr});
         std::vector<float> dense(group * d), dense_probs(group * n), out(group * d, NAN),
             probs(group * n, NAN);
         kernels::attention_decode_group(isa, q.data(), group, keys.data(), values.data(),
@@ -80,10 +80,55 @@ TEST(PodKernel, OneSegmentIsBitIdenticalToTheDenseKernel) {
   std::vector<float> dense(group * d), out(group * d);
   kernels::attention_decode_group(q.data(), group, keys.data(), values.data(), nullptr, n, d,
                                   dense.data(), nullptr);
-  const KeySegment all{keys.data(), n};
+  const KeySegment all{keys.data(), n, nullptr};
   kernels::attention_decode_group_segments(q.data(), group, {&all, 1}, values.data(), nullptr, d,
                                            out.data(), nullptr);
   EXPECT_EQ(out, dense);
+}
+
+TEST(PodKernel, ASegmentWithItsOwnQueryUsesItForItsLogits) {
+  // scores=lower (paper 004 Eq. 3): the borrowed segment's logits use the lower layer's query.
+  std::mt19937 rng(44);
+  const int64_t n = 70;
+  const int d = 16, group = 2;
+  const auto q = testing::random_vector(rng, group * d, 2.0f);
+  const auto lower_q = testing::random_vector(rng, group * d, 2.0f);
+  const auto keys = testing::random_vector(rng, n * d, 2.0f);
+  const auto values = testing::random_vector(rng, n * d);
+  const std::vector<KeySegment> segments = {{keys.data(), 10, nullptr},
+                                            {keys.data() + 10 * d, 45, lower_q.data()},
+                                            {keys.data() + 55 * d, 15, nullptr}};
+  for (kernels::Isa isa : kernels::compiled_isas()) {
+    std::vector<float> out(group * d), probs(group * n);
+    kernels::attention_decode_group_segments(isa, q.data(), group, segments, values.data(), nullptr,
+                                             d, out.data(), probs.data());
+    for (int h = 0; h < group; ++h) {
+      std::vector<double> logits(n);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* query = (j >= 10 && j < 55 ? lower_q.data() : q.data()) + h * d;
+        double dot = 0.0;
+        for (int c = 0; c < d; ++c) dot += double(query[c]) * keys[j * d + c];
+        logits[j] = dot / std::sqrt(double(d));
+      }
+      const double top = *std::max_element(logits.begin(), logits.end());
+      double total = 0.0;
+      for (double& x : logits) total += (x = std::exp(x - top));
+      for (int c = 0; c < d; ++c) {
+        double expected = 0.0;
+        for (int64_t j = 0; j < n; ++j) expected += logits[j] / total * values[j * d + c];
+        EXPECT_NEAR(out[h * d + c], expected, 2e-5) << kernels::isa_name(isa);
+      }
+      // The gathered variant, one query head, every entry: the same.
+      std::vector<int32_t> all(n);
+      for (int32_t e = 0; e < n; ++e) all[static_cast<size_t>(e)] = e;
+      std::vector<KeySegment> one_head = segments;
+      one_head[1].query = lower_q.data() + h * d;
+      std::vector<float> gathered(d);
+      kernels::attention_decode_gathered_segments(isa, q.data() + h * d, one_head, values.data(),
+                                                  nullptr, all, d, gathered.data(), nullptr);
+      for (int c = 0; c < d; ++c) EXPECT_NEAR(gathered[c], out[h * d + c], 1e-5);
+    }
+  }
 }
 
 TEST(PodKernel, GatheredSegmentsEqualGatheredOnTheConcatenatedKeys) {
@@ -94,8 +139,9 @@ TEST(PodKernel, GatheredSegmentsEqualGatheredOnTheConcatenatedKeys) {
     const auto q = testing::random_vector(rng, d, 2.0f);
     const auto keys = testing::random_vector(rng, n * d, 2.0f);
     const auto values = testing::random_vector(rng, n * d);
-    const std::vector<KeySegment> segments = {
-        {keys.data(), 16}, {keys.data() + 16 * d, 50}, {keys.data() + 66 * d, 24}};
+    const std::vector<KeySegment> segments = {{keys.data(), 16, nullptr},
+                                              {keys.data() + 16 * d, 50, nullptr},
+                                              {keys.data() + 66 * d, 24, nullptr}};
     std::vector<int32_t> indices;
     for (int32_t e = 0; e < n; e += 3) indices.push_back(e);
     std::vector<float> dense(d), out(d), dense_probs(indices.size()), probs(indices.size());
@@ -319,8 +365,8 @@ TEST(PodPress, AttentionRowsAreCausalDistributions) {
 }
 
 TEST(PodPress, BadOptionsAndTablesAreOneLineErrors) {
-  for (const std::string spec :
-       {"pod:sinks=-1", "pod:delta=1.5", "pod:queries=0", "pod:tau=1.5", "pod:tau=x", "pod:gate=1"})
+  for (const std::string spec : {"pod:sinks=-1", "pod:delta=1.5", "pod:queries=0", "pod:tau=1.5",
+                                 "pod:tau=x", "pod:gate=1", "pod:scores=upper"})
     EXPECT_THROW(make_press(spec), Error) << spec;
   EXPECT_THROW(make_press("pod", "adakv"), Error);
   SyntheticLayer layer(100, 2, 1, 4);
@@ -391,12 +437,19 @@ TEST(PodEngine, SingleLayerBlocksAreBitIdenticalToTheFullCache) {
 class NaivePodObserver : public DecodeObserver {
  public:
   NaivePodObserver(const KvCache& cache, std::vector<std::vector<int>> blocks, int64_t sinks,
-                   int64_t recent)
-      : cache_(cache), blocks_(std::move(blocks)), sinks_(sinks), recent_(recent) {}
+                   int64_t recent, bool lower_query)
+      : cache_(cache),
+        blocks_(std::move(blocks)),
+        sinks_(sinks),
+        recent_(recent),
+        lower_query_(lower_query) {}
   void on_decode(const DecodeStep& step) override {
     const int n_kv = static_cast<int>(step.cache->heads.size());
     const int group = step.n_heads / n_kv;
     const int d = step.head_dim;
+    // Layers come in order within a step: keep each one's queries for the layers above.
+    queries_.resize(static_cast<size_t>(step.layer + 1));
+    queries_[static_cast<size_t>(step.layer)].assign(step.q, step.q + step.n_heads * d);
     for (int kv = 0; kv < n_kv; ++kv) {
       const HeadCache& head = step.cache->heads[static_cast<size_t>(kv)];
       const int start = blocks_[static_cast<size_t>(kv)][static_cast<size_t>(step.layer)];
@@ -404,22 +457,34 @@ class NaivePodObserver : public DecodeObserver {
       const int64_t n = head.size();
       // Before the press's on_decode of this step: the newest token's predecessor window.
       const int64_t distant_end = start == step.layer ? sinks_ : n - 1 - recent_;
-      std::vector<float> keys;
-      for (int64_t e = 0; e < n; ++e) {
-        const bool distant = e >= sinks_ && e < distant_end;
-        if (distant) {
-          ++distant_reads;
-          EXPECT_TRUE(head.key_is_shared(e));
-        }
-        const float* k = distant ? lower.key(e) : head.key(e);
-        keys.insert(keys.end(), k, k + d);
-      }
       for (int g = 0; g < group; ++g) {
         const int h = kv * group + g;
-        const auto expected = testing::ref_decode_attention(step.q + h * d, keys.data(),
-                                                            head.values(), nullptr, n, d, nullptr);
-        for (int c = 0; c < d; ++c)
-          EXPECT_NEAR(step.attention_output[h * d + c], expected[static_cast<size_t>(c)], 2e-5);
+        // Naive: logits with this layer's query, or for distant entries with scores=lower the
+        // block start's query; keys per PoD; one softmax; this layer's values.
+        std::vector<double> logits(static_cast<size_t>(n));
+        for (int64_t e = 0; e < n; ++e) {
+          const bool distant = e >= sinks_ && e < distant_end;
+          if (distant) {
+            ++distant_reads;
+            EXPECT_TRUE(head.key_is_shared(e));
+          }
+          const float* k = distant ? lower.key(e) : head.key(e);
+          const float* q =
+              (distant && lower_query_ ? queries_[static_cast<size_t>(start)].data() : step.q) +
+              h * d;
+          double dot = 0.0;
+          for (int c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
+          logits[static_cast<size_t>(e)] = dot / std::sqrt(static_cast<double>(d));
+        }
+        const double top = *std::max_element(logits.begin(), logits.end());
+        double total = 0.0;
+        for (double& x : logits) total += (x = std::exp(x - top));
+        for (int c = 0; c < d; ++c) {
+          double expected = 0.0;
+          for (int64_t e = 0; e < n; ++e)
+            expected += logits[static_cast<size_t>(e)] / total * head.value(e)[c];
+          EXPECT_NEAR(step.attention_output[h * d + c], expected, 2e-5);
+        }
       }
     }
   }
@@ -429,16 +494,25 @@ class NaivePodObserver : public DecodeObserver {
   const KvCache& cache_;
   std::vector<std::vector<int>> blocks_;
   int64_t sinks_, recent_;
+  bool lower_query_;
+  std::vector<std::vector<float>> queries_;  // [layer][n_heads * d] of the current step
 };
 
-TEST(PodEngine, DecodeReadsTheBlockStartsKeysForDistantTokensAndMemoryShrinks) {
+class PodEngineScores : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PodEngineScores, DecodeReadsTheBlockStartsKeysForDistantTokensAndMemoryShrinks) {
+  const bool lower_query = GetParam();
   const testing::RandomModel model = pod_model();
   const ModelConfig& c = model.weights.config;
   const int64_t n = 200, budget = 40, sinks = 16;
   const auto prompt = prompt_tokens(n, c.vocab_size);
   // KV head 0: all three layers one block; KV head 1: layers 1-2 one block.
   const std::vector<std::vector<int>> blocks = {{0, 0, 0}, {0, 1, 1}};
-  auto pod = pod_with_table(blocks, sinks);
+  press::PodOptions pod_options;
+  pod_options.sinks = sinks;
+  pod_options.block_start = blocks;
+  pod_options.lower_query = lower_query;
+  auto pod = std::make_unique<press::PodPress>(pod_options);
   SessionOptions options;
   options.press = pod.get();
   options.budget.entries = budget;
@@ -449,7 +523,7 @@ TEST(PodEngine, DecodeReadsTheBlockStartsKeysForDistantTokensAndMemoryShrinks) {
   // Three heads (0 at layers 1 and 2, 1 at layer 2) drop n - B keys each.
   EXPECT_EQ(session.prefill_stats().kv_bytes, full - 3 * static_cast<size_t>(n - budget) * row);
   EXPECT_EQ(session.cache().kv_bytes(), session.prefill_stats().kv_bytes);
-  NaivePodObserver observer(session.cache(), blocks, sinks, budget - sinks);
+  NaivePodObserver observer(session.cache(), blocks, sinks, budget - sinks, lower_query);
   session.set_observer(&observer);
   for (int step = 0; step < 100; ++step) {
     const auto logits = session.decode(static_cast<int32_t>(step % c.vocab_size));
@@ -474,6 +548,10 @@ TEST(PodEngine, DecodeReadsTheBlockStartsKeysForDistantTokensAndMemoryShrinks) {
   const std::vector<int32_t> more = {5, 6, 7};
   for (const float x : session.append(more)) ASSERT_TRUE(std::isfinite(x));
 }
+
+// scores=own (DESIGN: this layer's query with the lower layer's keys) and scores=lower (paper
+// Eq. 3: the lower layer's query and keys).
+INSTANTIATE_TEST_SUITE_P(Pod, PodEngineScores, ::testing::Bool());
 
 // tau = 0: every gate is >= 0, so at the sharing layers every query head attends only the
 // proximal entries (own keys), and the engine's output equals a naive softmax over them; the

@@ -12,10 +12,13 @@
 
 namespace protokv {
 
-// Keys of `count` consecutive entries, rows [count, head_dim] from `keys`.
+// Keys of `count` consecutive entries, rows [count, head_dim] from `keys`. `query`, when set,
+// replaces the attending query for these entries' logits (PoD Eq. 3 with scores=lower: the
+// block's lowest layer's query with its keys); for a group of query heads it is [group, d].
 struct KeySegment {
   const float* keys = nullptr;
   int64_t count = 0;
+  const float* query = nullptr;
 };
 
 class HeadCache {
@@ -59,15 +62,19 @@ class HeadCache {
   int64_t shared_end() const { return shared_end_; }
   bool key_is_shared(int64_t i) const { return i >= shared_begin_ && i < shared_end_; }
   // Releases the keys of entries [begin, end) of a head that shares none yet; they are read from
-  // layer `lender` from now on. Throws Error on a bad range.
-  void share_keys(int lender, int64_t begin, int64_t end);
+  // layer `lender` from now on. With `lender_query`, their logits also use the lender layer's
+  // query (its attention scores, paper 004 Eq. 3). Throws Error on a bad range.
+  void share_keys(int lender, int64_t begin, int64_t end, bool lender_query = false);
+  bool uses_lender_query() const { return lender_query_; }
   // Grows the shared range to end at `end` (decode: tokens leaving the recent window). The rows
   // are released in batches (at most max(64, held / 8) rows wait), so a step costs O(head_dim)
   // amortised instead of moving every recent key.
   void extend_shared_keys(int64_t end);
   // The keys of all entries in entry order as at most 3 consecutive segments (held, borrowed from
-  // `lender` = this KV head at layer key_lender(), held); returns how many are non-empty.
-  int key_segments(const HeadCache& lender, std::array<KeySegment, 3>& out) const;
+  // `lender` = this KV head at layer key_lender(), held); returns how many are non-empty. When the
+  // head uses the lender's query, `lender_query` (if given) is set on the borrowed segment.
+  int key_segments(const HeadCache& lender, std::array<KeySegment, 3>& out,
+                   const float* lender_query = nullptr) const;
 
   size_t kv_bytes() const;    // keys + values actually held (size * head_dim * 2 * 4)
   size_t meta_bytes() const;  // positions + log-weights
@@ -87,6 +94,7 @@ class HeadCache {
   int64_t shared_begin_ = 0;
   int64_t shared_end_ = 0;
   int64_t dead_key_rows_ = 0;
+  bool lender_query_ = false;
   std::vector<float> keys_;    // [size, head_dim]
   std::vector<float> values_;  // [size, head_dim]
   std::vector<int32_t> positions_;

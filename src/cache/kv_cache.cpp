@@ -28,6 +28,7 @@ void HeadCache::clear() {
 void HeadCache::reset_sharing() {
   key_lender_ = -1;
   shared_begin_ = shared_end_ = dead_key_rows_ = 0;
+  lender_query_ = false;
 }
 
 void HeadCache::append(const float* key, const float* value, int32_t position, float log_weight) {
@@ -86,7 +87,7 @@ void HeadCache::set_log_weight(int64_t i, float log_weight) {
   any_log_weight_ = any_log_weight_ || log_weight != 0.0f;
 }
 
-void HeadCache::share_keys(int lender, int64_t begin, int64_t end) {
+void HeadCache::share_keys(int lender, int64_t begin, int64_t end, bool lender_query) {
   if (shares_keys() || dead_key_rows_ != 0)
     fail("kv cache: the head already shares keys [{}, {})", shared_begin_, shared_end_);
   if (lender < 0 || begin < 0 || begin > end || end > size())
@@ -100,6 +101,7 @@ void HeadCache::share_keys(int lender, int64_t begin, int64_t end) {
             held.begin() + static_cast<int64_t>(begin * head_dim_));
   keys_ = std::move(held);  // a fresh vector: the shared rows' memory is released now
   key_lender_ = lender;
+  lender_query_ = lender_query;
   shared_begin_ = begin;
   shared_end_ = end;
 }
@@ -117,21 +119,24 @@ void HeadCache::extend_shared_keys(int64_t end) {
   dead_key_rows_ = 0;
 }
 
-int HeadCache::key_segments(const HeadCache& lender, std::array<KeySegment, 3>& out) const {
+int HeadCache::key_segments(const HeadCache& lender, std::array<KeySegment, 3>& out,
+                            const float* lender_query) const {
   int count = 0;
   const int64_t d = head_dim_;
   if (!shares_keys()) {
-    if (!empty()) out[count++] = {keys_.data(), size()};
+    if (!empty()) out[count++] = {keys_.data(), size(), nullptr};
     return count;
   }
   if (lender.shares_keys() || lender.size() < shared_end_ || lender.head_dim_ != head_dim_)
     fail("kv cache: layer {} cannot lend keys [{}, {}) (it holds {} entries{})", key_lender_,
          shared_begin_, shared_end_, lender.size(),
          lender.shares_keys() ? " and shares keys itself" : "");
-  if (shared_begin_ > 0) out[count++] = {keys_.data(), shared_begin_};
-  out[count++] = {lender.keys_.data() + shared_begin_ * d, shared_end_ - shared_begin_};
+  if (shared_begin_ > 0) out[count++] = {keys_.data(), shared_begin_, nullptr};
+  out[count++] = {lender.keys_.data() + shared_begin_ * d, shared_end_ - shared_begin_,
+                  lender_query_ ? lender_query : nullptr};
   if (size() > shared_end_)
-    out[count++] = {keys_.data() + (shared_begin_ + dead_key_rows_) * d, size() - shared_end_};
+    out[count++] = {keys_.data() + (shared_begin_ + dead_key_rows_) * d, size() - shared_end_,
+                    nullptr};
   return count;
 }
 

@@ -120,6 +120,8 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
           // (already run for this chunk), gathered once per chunk; the entries that leave the
           // recent window during the chunk keep their own keys until the press drops them after
           // it (on_decode below), so the chunk sees slightly more own keys than decode would.
+          // The chunk kernel has one query per row: with scores=lower the borrowed keys meet
+          // the row's own query here, not the lender layer's.
           std::array<KeySegment, 3> segments;
           const int count = head.key_segments(
               cache.layer(head.key_lender()).heads[static_cast<size_t>(h)], segments);

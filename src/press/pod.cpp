@@ -68,6 +68,7 @@ nlohmann::json PodPress::config() const {
   out["queries"] = options_.queries;
   out["delta"] = options_.delta;
   out["blocks"] = options_.block_start ? "table" : "prompt";
+  out["scores"] = options_.lower_query ? "lower" : "own";
   out["tau"] = options_.tau ? nlohmann::json(*options_.tau) : nlohmann::json("off");
   out["prefill_attention"] = "exact";
   out["training_free"] = true;
@@ -174,7 +175,8 @@ void PodPress::compress_prefill(const LayerView& layer, LayerCache& out) {
     const int start = block_start_[static_cast<size_t>(h)][static_cast<size_t>(l)];
     // Distant entries [n_s, n - n_r): their keys stay at the block's lowest layer only.
     if (start != l) {
-      out.heads[static_cast<size_t>(h)].share_keys(start, options_.sinks, n - recent_);
+      out.heads[static_cast<size_t>(h)].share_keys(start, options_.sinks, n - recent_,
+                                                   options_.lower_query);
       layer_shares_[static_cast<size_t>(l)] = 1;
     }
   }
@@ -237,8 +239,9 @@ const PressEntry kPodEntry{
               "training-free PoD (paper 004 post-trains; we do not): every entry keeps its value;\n"
               "per KV head the first `sinks` and the last B - sinks tokens keep their keys at\n"
               "every layer, the distant ones in between only at the lowest layer of the head's\n"
-              "block of layers, whose keys the block's other layers use with their own query\n"
-              "(one softmax over proximal + distant logits = paper Eq. 4's gate). Keys leaving\n"
+              "block of layers, whose keys the block's other layers use (with their own query\n"
+              "by default, see scores=); one softmax over proximal + distant logits = paper\n"
+              "Eq. 4's gate. Keys leaving\n"
               "the recent window during decode are dropped at those layers. Blocks: calibrated\n"
               "on the prompt itself (no profile yet): attention rows of the last `queries`\n"
               "queries, similarity 1 - JS divergence (mean over a KV head's query heads),\n"
@@ -246,7 +249,9 @@ const PressEntry kPodEntry{
               "the sharing layers; values stay for all tokens. Prefill attention stays exact.\n"
               "tau=T (off by default): at a sharing layer a query head skips the distant\n"
               "entries when its gate (attention share of the proximal entries) at the block's\n"
-              "lowest layer, same step, is >= T. sinks={} queries={} delta={}.\n",
+              "lowest layer, same step, is >= T. scores=own|lower (own): distant logits with\n"
+              "this layer's query (DESIGN) or the lowest layer's query too, i.e. its attention\n"
+              "scores (paper Eq. 3). sinks={} queries={} delta={}.\n",
               PodOptions::kDefaultSinks, PodOptions::kDefaultQueries, PodOptions::kDefaultDelta);
         },
     .make = [](const PressEntry&, OptionReader& options,
@@ -256,6 +261,7 @@ const PressEntry kPodEntry{
       o.queries = options.get_int("queries", o.queries, 1, int64_t{1} << 20);
       o.delta = options.get_double("delta", o.delta, 0.0, 1.0);
       if (options.given("tau")) o.tau = options.get_double("tau", 1.0, 0.0, 1.0);
+      o.lower_query = options.get_choice("scores", "own", {"own", "lower"}) == "lower";
       return std::make_unique<PodPress>(o);
     },
     .shares_keys = true,

@@ -36,6 +36,9 @@ struct PodOptions {
   // distant entries when the gate of Eq. 4 (its share of attention on the proximal entries) at
   // the block's lowest layer, this decode step, is >= tau. Empty: never skip.
   std::optional<double> tau;
+  // Distant logits: this layer's query with the block's lowest layer's keys (DESIGN §5, default)
+  // or that layer's query and keys, i.e. its attention scores (paper 004 Eq. 3, scores=lower).
+  bool lower_query = false;
   // [kv_head][layer] -> lowest layer of that layer's block (a calibration profile). Empty: the
   // blocks are calibrated on the prompt. Seam for `profile=FILE`.
   std::optional<std::vector<std::vector<int>>> block_start;
