@@ -615,7 +615,7 @@ TEST(PodEngine, GateThresholdZeroSkipsEveryDistantPartAtSharingLayers) {
   EXPECT_EQ(pod.config()["tau"], 0.0);
 }
 
-TEST(PodEngine, CalibratedOnThePromptGeneratesAndChunkedPrefillAgrees) {
+TEST(PodEngine, CalibratedOnThePromptGeneratesWithOneOrSeveralPrefillChunks) {
   const testing::RandomModel model = pod_model();
   const auto prompt = prompt_tokens(150, model.weights.config.vocab_size);
   auto pod = make_press("pod:delta=0");  // every head one block: the most sharing
