@@ -14,6 +14,7 @@
 #include "eval/calibration.h"
 #include "press/calibration_measures.h"
 #include "press/calibration_profile.h"
+#include "press/pod.h"
 #include "protokv/error.h"
 #include "protokv/press_registry.h"
 #include "test_engine_model.h"
@@ -244,6 +245,24 @@ TEST(CalibrationProfile, ChelseaTakesItsOutlierHeadsFromAProfile) {
   EXPECT_THROW(press->begin(other, Budget{.entries = 100}), Error);
   EXPECT_THROW(make_press("chelsea:outliers=0.1,profile=" + path), Error);
   EXPECT_THROW(make_press("chelsea:profile=" + (dir / "missing.json").string()), Error);
+}
+
+TEST(CalibrationProfile, PodTakesItsLayerBlocksFromAProfile) {
+  const testing::TempDir dir;
+  const std::string path = (dir / "pod.json").string();
+  const CalibrationProfile p = small_profile();
+  press::write_calibration_profile(p, path);
+  auto press = make_press("pod:profile=" + path);
+  EXPECT_EQ(press->config()["blocks"], "profile");
+  EXPECT_EQ(press->config()["profile"], path);
+  const SequenceInfo info{
+      .n_layers = 3, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .n_tokens = 500};
+  press->begin(info, Budget{.entries = 100});
+  EXPECT_EQ(dynamic_cast<const press::PodPress&>(*press).block_starts(), p.pod_block_start);
+  SequenceInfo other = info;
+  other.n_kv_heads = 1;
+  EXPECT_THROW(press->begin(other, Budget{.entries = 100}), Error);
+  EXPECT_THROW(make_press("pod:delta=0.3,profile=" + path), Error);
 }
 
 // The capture equals a naive double-precision forward pass: keys post-RoPE, and attention rows

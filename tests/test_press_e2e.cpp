@@ -80,6 +80,8 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
       {"protokv", "pyramid"},
       {"clusterkv:sinks=4", ""},
       {"chelsea:sinks=4,recent=8,outliers=0", ""},
+      {"pod:sinks=4", ""},
+      {"pod:delta=0,sinks=8", ""},
   };
   // Under sanitizers (slow), the smallest and largest budgets and fewer decode steps.
   const bool sanitized = std::getenv("PROTOKV_SANITIZED") != nullptr;
@@ -98,7 +100,26 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
       // Entries per layer (every KV head together) that the budget promises.
       int64_t expected_entries = 0;
       const bool recalls = c.spec.starts_with("clusterkv");
-      if (c.spec == "full" || recalls) {  // clusterkv stores everything, attends to the budget
+      const bool shares_keys = c.spec.starts_with("pod");
+      if (shares_keys) {
+        // Every entry's value stays; heads that share keys hold B keys, the others all.
+        expected_entries = config.n_layers * config.n_kv_heads * kPromptTokens;
+        size_t expected_bytes = 0;
+        int sharing = 0;
+        for (int l = 0; l < config.n_layers; ++l)
+          for (const HeadCache& head : session.cache().layer(l).heads) {
+            sharing += head.shares_keys() ? 1 : 0;
+            expected_bytes +=
+                static_cast<size_t>(kPromptTokens + (head.shares_keys() ? budget : kPromptTokens)) *
+                entry_bytes / 2;
+          }
+        // With delta = 0 every layer above the first shares its keys.
+        if (c.spec != "pod:sinks=4") {
+          EXPECT_EQ(sharing, (config.n_layers - 1) * config.n_kv_heads);
+        }
+        EXPECT_EQ(session.cache().kv_bytes(), expected_bytes);
+      } else if (c.spec == "full" ||
+                 recalls) {  // clusterkv stores everything, attends to the budget
         expected_entries = config.n_layers * config.n_kv_heads * kPromptTokens;
       } else if (c.spec == "pyramidkv" || c.alloc == "pyramid") {
         for (const int64_t keep :
@@ -107,7 +128,9 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
       } else {
         expected_entries = static_cast<int64_t>(config.n_layers) * config.n_kv_heads * budget;
       }
-      EXPECT_EQ(session.cache().kv_bytes(), static_cast<size_t>(expected_entries) * entry_bytes);
+      if (!shares_keys) {
+        EXPECT_EQ(session.cache().kv_bytes(), static_cast<size_t>(expected_entries) * entry_bytes);
+      }
       EXPECT_EQ(session.prefill_stats().kv_bytes, session.cache().kv_bytes());
       EXPECT_EQ(session.cache().total_entries(), expected_entries);
 
@@ -131,6 +154,9 @@ TEST(PressEndToEnd, EveryMethodGeneratesAndKvBytesMatchTheBudget) {
                                                      (config.n_layers - 2) * (budget + kSteps));
         EXPECT_EQ(attended, static_cast<size_t>(entries) * entry_bytes);
         EXPECT_LT(attended, session.cache().kv_bytes());
+      } else if (shares_keys) {
+        // PoD attends every entry (distant keys read from the block's lowest layer).
+        EXPECT_EQ(attended, static_cast<size_t>(expected_entries + growth) * entry_bytes);
       } else if (c.spec != "h2o:decode=1") {
         EXPECT_EQ(attended, session.cache().kv_bytes());
       }
@@ -151,8 +177,8 @@ TEST(PressEndToEnd, BudgetCoveringThePromptIsBitIdenticalToNoPress) {
     expected_steps.emplace_back(logits.begin(), logits.end());
     token = argmax(logits);
   }
-  for (const std::string spec :
-       {"snapkv", "protokv", "h2o:decode=1", "streaming_llm", "adakv", "clusterkv", "chelsea"}) {
+  for (const std::string spec : {"snapkv", "protokv", "h2o:decode=1", "streaming_llm", "adakv",
+                                 "clusterkv", "chelsea", "pod"}) {
     SCOPED_TRACE(spec);
     SessionOptions options;
     options.press = PressSpec::parse(spec);

@@ -30,8 +30,9 @@ struct MethodCase {
   int64_t window;
   int64_t sinks = 0;
   int beta = 20;
-  bool recalls = false;  // stores everything, attends to the budget (clusterkv)
-  bool merges = false;   // entries may stand for several tokens (chelsea)
+  bool recalls = false;      // stores everything, attends to the budget (clusterkv)
+  bool merges = false;       // entries may stand for several tokens (chelsea)
+  bool shares_keys = false;  // every value, B keys at layers that share keys (pod)
 };
 
 void PrintTo(const MethodCase& c, std::ostream* os) {
@@ -55,7 +56,7 @@ std::vector<MethodCase> all_methods() {
     const auto config = make_press(entry->name)->config();
     cases.push_back({std::string(entry->name), "", entry->fixed_allocator,
                      config.value("window", int64_t{0}), config.value("sinks", int64_t{0}), 20,
-                     entry->recalls});
+                     entry->recalls, entry->merges, entry->shares_keys});
   }
   const std::vector<MethodCase> variants = {
       {"streaming_llm:sinks=2", "", AllocatorKind::Uniform, 0, 2},
@@ -76,6 +77,8 @@ std::vector<MethodCase> all_methods() {
       {"protokv:chunk_len=4,max_chunks=20,pool_type=avg,gqa=max", "", AllocatorKind::Uniform, 8},
       {"protokv", "adakv", AllocatorKind::AdaKv, 8},
       {"protokv:select=clusters", "pyramid", AllocatorKind::Pyramid, 8},
+      {"pod:delta=0", "", AllocatorKind::Uniform, 0, 16, 20, false, false, true},
+      {"pod:sinks=4,queries=3", "", AllocatorKind::Uniform, 0, 4, 20, false, false, true},
   };
   cases.insert(cases.end(), variants.begin(), variants.end());
   return cases;
@@ -139,6 +142,32 @@ TEST_P(EveryMethod, KeepsExactlyTheBudgetWithWindowSortedRowsAndExactBytes) {
         EXPECT_LT(*unique.rbegin(), kTokens);
         for (int32_t e = 0; e < method.sinks; ++e) EXPECT_TRUE(unique.count(e));
       }
+      continue;
+    }
+    if (method.shares_keys) {
+      // Every entry keeps its value and its row; a head that shares keys holds B of them (the
+      // sinks and the last B - sinks) and reads the distant ones from a lower layer.
+      size_t expected_bytes = 0;
+      for (int h = 0; h < kKvHeads; ++h) {
+        const HeadCache& head = cache.heads[static_cast<size_t>(h)];
+        ASSERT_EQ(head.size(), kTokens) << method.spec;
+        for (int64_t e = 0; e < kTokens; ++e) {
+          ASSERT_EQ(head.positions()[static_cast<size_t>(e)], e);
+          ASSERT_EQ(head.value(e)[0], layer.v[static_cast<size_t>((h * kTokens + e) * kDim)]);
+          if (!head.key_is_shared(e)) {
+            ASSERT_EQ(head.key(e)[kDim - 1],
+                      layer.k[static_cast<size_t>((h * kTokens + e) * kDim + kDim - 1)]);
+          }
+        }
+        if (head.shares_keys()) {
+          EXPECT_EQ(head.shared_begin(), method.sinks);
+          EXPECT_EQ(head.shared_end(), kTokens - (kBudget - method.sinks));
+          EXPECT_LT(head.key_lender(), l);
+        }
+        expected_bytes +=
+            static_cast<size_t>((kTokens + (head.shares_keys() ? kBudget : kTokens)) * kDim * 4);
+      }
+      EXPECT_EQ(cache.kv_bytes(), expected_bytes);
       continue;
     }
     int64_t total = 0;
@@ -245,21 +274,36 @@ TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoT
     if (entry->compresses)
       specs.emplace_back(std::string(entry->name) + (entry->recalls ? ":full_layers=1" : ""));
   for (const std::string& spec : specs) {
-    const bool recalls = press::find_press_entry(split_press_spec_name(spec))->recalls;
+    const press::PressEntry* entry = press::find_press_entry(split_press_spec_name(spec));
+    const bool recalls = entry->recalls;
     std::vector<std::vector<int32_t>> kept[2];
     for (const int threads : {1, 2}) {
       set_threads(threads);
       auto press = make_press(spec);
       press->begin(layer.info(), testing::entries(96));
+      if (entry->shares_keys) {
+        // A key-sharing press groups layers bottom-up (pod): the same tensors as layer 0 first,
+        // so that layer 1 (identical attention) shares layer 0's keys.
+        SyntheticLayer lower = layer;
+        lower.layer = 0;
+        LayerCache lower_cache = lower.empty_cache();
+        press->compress_prefill(lower.view(), lower_cache);
+      }
       LayerCache cache = layer.empty_cache();
       press->compress_prefill(layer.view(), cache);
       for (int h = 0; h < kKvHeads; ++h) {
-        if (press::find_press_entry(split_press_spec_name(spec))->merges)
-          testing::expect_valid_merged_head(layer, cache.heads[static_cast<size_t>(h)], h, 1, 0,
-                                            *press);
+        const HeadCache& head = cache.heads[static_cast<size_t>(h)];
+        if (entry->shares_keys) {
+          EXPECT_TRUE(head.shares_keys()) << spec;
+          kept[threads - 1].push_back({static_cast<int32_t>(head.shared_begin()),
+                                       static_cast<int32_t>(head.shared_end()), head.key_lender()});
+          continue;
+        }
+        if (entry->merges)
+          testing::expect_valid_merged_head(layer, head, h, 1, 0, *press);
         else
-          testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 1);
-        kept[threads - 1].push_back(testing::kept_positions(cache.heads[static_cast<size_t>(h)]));
+          testing::expect_valid_head(layer, head, h, 1);
+        kept[threads - 1].push_back(testing::kept_positions(head));
       }
       if (!recalls) continue;
       ASSERT_TRUE(press->selects(1)) << spec;
@@ -272,7 +316,7 @@ TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoT
       }
     }
     EXPECT_EQ(kept[0], kept[1]) << spec;
-    if (!recalls) {
+    if (!recalls && !entry->shares_keys) {
       EXPECT_LT(kept[0][0].size(), static_cast<size_t>(kTokens)) << spec;
     }
   }

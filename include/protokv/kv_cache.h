@@ -2,12 +2,24 @@
 // KV cache (docs/DESIGN.md §4): per layer, per KV head, ragged. Each head holds its own entries:
 // post-RoPE keys, values, the original token position and a log-weight added to the attention logit
 // (0 for an ordinary entry, log(#merged tokens) for a merged one, Chelsea Eq. 2). Storage is F32.
+// A head may hold its values for every entry but its keys for some entries only: the keys of a
+// range of entries are then read from the same KV head of a lower layer (PoD, DESIGN §5 pod).
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 namespace protokv {
+
+// Keys of `count` consecutive entries, rows [count, head_dim] from `keys`. `query`, when set,
+// replaces the attending query for these entries' logits (PoD Eq. 3 with scores=lower: the
+// block's lowest layer's query with its keys); for a group of query heads it is [group, d].
+struct KeySegment {
+  const float* keys = nullptr;
+  int64_t count = 0;
+  const float* query = nullptr;
+};
 
 class HeadCache {
  public:
@@ -17,11 +29,13 @@ class HeadCache {
   int64_t size() const { return static_cast<int64_t>(positions_.size()); }
   bool empty() const { return positions_.empty(); }
 
-  const float* key(int64_t i) const { return keys_.data() + i * head_dim_; }
+  // The key of entry i; only for an entry whose key this head holds (!key_is_shared(i)).
+  const float* key(int64_t i) const { return keys_.data() + key_row(i) * head_dim_; }
   const float* value(int64_t i) const { return values_.data() + i * head_dim_; }
-  float* mutable_key(int64_t i) { return keys_.data() + i * head_dim_; }
+  float* mutable_key(int64_t i) { return keys_.data() + key_row(i) * head_dim_; }
   float* mutable_value(int64_t i) { return values_.data() + i * head_dim_; }
-  const float* keys() const { return keys_.data(); }      // [size, head_dim]
+  // [size, head_dim] when the head holds every key (!shares_keys()); use key_segments() otherwise.
+  const float* keys() const { return keys_.data(); }
   const float* values() const { return values_.data(); }  // [size, head_dim]
   std::span<const int32_t> positions() const { return positions_; }
   std::span<const float> log_weights() const { return log_weights_; }
@@ -39,12 +53,48 @@ class HeadCache {
   void set_log_weight(int64_t i, float log_weight);
   void release_unused();
 
+  // Shared keys (PoD, DESIGN §5 pod): the keys of entries [shared_begin, shared_end) are not held
+  // here but read from the same entries of this KV head at layer key_lender(), which holds all of
+  // its keys (the lowest layer of the head's block). Values, positions and log-weights stay.
+  bool shares_keys() const { return shared_end_ > shared_begin_; }
+  int key_lender() const { return key_lender_; }  // -1 when every key is held
+  int64_t shared_begin() const { return shared_begin_; }
+  int64_t shared_end() const { return shared_end_; }
+  bool key_is_shared(int64_t i) const { return i >= shared_begin_ && i < shared_end_; }
+  // Releases the keys of entries [begin, end) of a head that shares none yet; they are read from
+  // layer `lender` from now on. With `lender_query`, their logits also use the lender layer's
+  // query (its attention scores, paper 004 Eq. 3). Throws Error on a bad range.
+  void share_keys(int lender, int64_t begin, int64_t end, bool lender_query = false);
+  bool uses_lender_query() const { return lender_query_; }
+  // Grows the shared range to end at `end` (decode: tokens leaving the recent window). The rows
+  // are released in batches (at most max(64, held / 8) rows wait), so a step costs O(head_dim)
+  // amortised instead of moving every recent key.
+  void extend_shared_keys(int64_t end);
+  // The keys of all entries in entry order as at most 3 consecutive segments (held, borrowed from
+  // `lender` = this KV head at layer key_lender(), held); returns how many are non-empty. When the
+  // head uses the lender's query, `lender_query` (if given) is set on the borrowed segment.
+  int key_segments(const HeadCache& lender, std::array<KeySegment, 3>& out,
+                   const float* lender_query = nullptr) const;
+
   size_t kv_bytes() const;    // keys + values actually held (size * head_dim * 2 * 4)
   size_t meta_bytes() const;  // positions + log-weights
   size_t capacity_bytes() const;
 
  private:
+  // Row of keys_ holding entry i's key.
+  int64_t key_row(int64_t i) const {
+    return i < shared_end_ ? i : i - (shared_end_ - shared_begin_) + dead_key_rows_;
+  }
+  void reset_sharing();
+
   int head_dim_;
+  // Shared keys: entries [shared_begin_, shared_end_) have no key here; the first dead_key_rows_
+  // rows after row shared_begin_ are keys of shared entries not yet released (batched release).
+  int key_lender_ = -1;
+  int64_t shared_begin_ = 0;
+  int64_t shared_end_ = 0;
+  int64_t dead_key_rows_ = 0;
+  bool lender_query_ = false;
   std::vector<float> keys_;    // [size, head_dim]
   std::vector<float> values_;  // [size, head_dim]
   std::vector<int32_t> positions_;

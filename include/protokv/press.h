@@ -121,8 +121,10 @@ class Press {
   // smaller than its window + sinks). `budget` is already validated.
   virtual void begin(const SequenceInfo& info, const Budget& budget) = 0;
 
-  // Writes the entries to keep for this layer into `out` (its heads are empty on entry).
-  // Only called when the resolved budget is smaller than the prompt.
+  // Writes the entries to keep for this layer into `out` (its heads are empty on entry). A head
+  // may release the keys of a range of entries and read them from a lower layer of the same
+  // sequence (HeadCache::share_keys, PoD). Only called when the resolved budget is smaller than
+  // the prompt.
   virtual void compress_prefill(const LayerView& layer, LayerCache& out) = 0;
 
   // Once per layer of every decode step, after that layer's attention (and for each row that

@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "protokv/error.h"
+
 namespace protokv {
 
 void HeadCache::reserve(int64_t n) {
-  keys_.reserve(static_cast<size_t>(n * head_dim_));
+  // Shared entries hold no key: reserving them would bring the released memory back.
+  const int64_t key_rows = std::max<int64_t>(0, n - (shared_end_ - shared_begin_) + dead_key_rows_);
+  keys_.reserve(static_cast<size_t>(key_rows * head_dim_));
   values_.reserve(static_cast<size_t>(n * head_dim_));
   positions_.reserve(static_cast<size_t>(n));
   log_weights_.reserve(static_cast<size_t>(n));
@@ -18,6 +22,13 @@ void HeadCache::clear() {
   positions_.clear();
   log_weights_.clear();
   any_log_weight_ = false;
+  reset_sharing();
+}
+
+void HeadCache::reset_sharing() {
+  key_lender_ = -1;
+  shared_begin_ = shared_end_ = dead_key_rows_ = 0;
+  lender_query_ = false;
 }
 
 void HeadCache::append(const float* key, const float* value, int32_t position, float log_weight) {
@@ -46,9 +57,11 @@ void HeadCache::assign_rows(const float* keys, const float* values, const int32_
   log_weights_.assign(n, 0.0f);
   log_weights_.shrink_to_fit();
   any_log_weight_ = false;
+  reset_sharing();
 }
 
 void HeadCache::keep(std::span<const int32_t> indices) {
+  if (shares_keys()) fail("kv cache: cannot keep a subset of a head that shares keys");
   const size_t n = indices.size();
   const size_t d = static_cast<size_t>(head_dim_);
   std::vector<float> new_keys(n * d), new_values(n * d), new_log_weights(n);
@@ -72,6 +85,59 @@ void HeadCache::keep(std::span<const int32_t> indices) {
 void HeadCache::set_log_weight(int64_t i, float log_weight) {
   log_weights_[static_cast<size_t>(i)] = log_weight;
   any_log_weight_ = any_log_weight_ || log_weight != 0.0f;
+}
+
+void HeadCache::share_keys(int lender, int64_t begin, int64_t end, bool lender_query) {
+  if (shares_keys() || dead_key_rows_ != 0)
+    fail("kv cache: the head already shares keys [{}, {})", shared_begin_, shared_end_);
+  if (lender < 0 || begin < 0 || begin > end || end > size())
+    fail("kv cache: cannot share the keys of entries [{}, {}) of {} from layer {}", begin, end,
+         size(), lender);
+  if (begin == end) return;
+  const size_t d = static_cast<size_t>(head_dim_);
+  std::vector<float> held(keys_.size() - static_cast<size_t>(end - begin) * d);
+  std::copy(keys_.begin(), keys_.begin() + static_cast<int64_t>(begin * head_dim_), held.begin());
+  std::copy(keys_.begin() + static_cast<int64_t>(end * head_dim_), keys_.end(),
+            held.begin() + static_cast<int64_t>(begin * head_dim_));
+  keys_ = std::move(held);  // a fresh vector: the shared rows' memory is released now
+  key_lender_ = lender;
+  lender_query_ = lender_query;
+  shared_begin_ = begin;
+  shared_end_ = end;
+}
+
+void HeadCache::extend_shared_keys(int64_t end) {
+  if (!shares_keys() || end < shared_end_ || end > size())
+    fail("kv cache: cannot extend shared keys [{}, {}) to end at {} of {}", shared_begin_,
+         shared_end_, end, size());
+  dead_key_rows_ += end - shared_end_;
+  shared_end_ = end;
+  const int64_t held = static_cast<int64_t>(keys_.size()) / head_dim_ - dead_key_rows_;
+  if (dead_key_rows_ < std::max<int64_t>(64, held / 8)) return;
+  const auto first = keys_.begin() + static_cast<int64_t>(shared_begin_ * head_dim_);
+  keys_.erase(first, first + static_cast<int64_t>(dead_key_rows_ * head_dim_));
+  dead_key_rows_ = 0;
+}
+
+int HeadCache::key_segments(const HeadCache& lender, std::array<KeySegment, 3>& out,
+                            const float* lender_query) const {
+  int count = 0;
+  const int64_t d = head_dim_;
+  if (!shares_keys()) {
+    if (!empty()) out[count++] = {keys_.data(), size(), nullptr};
+    return count;
+  }
+  if (lender.shares_keys() || lender.size() < shared_end_ || lender.head_dim_ != head_dim_)
+    fail("kv cache: layer {} cannot lend keys [{}, {}) (it holds {} entries{})", key_lender_,
+         shared_begin_, shared_end_, lender.size(),
+         lender.shares_keys() ? " and shares keys itself" : "");
+  if (shared_begin_ > 0) out[count++] = {keys_.data(), shared_begin_, nullptr};
+  out[count++] = {lender.keys_.data() + shared_begin_ * d, shared_end_ - shared_begin_,
+                  lender_query_ ? lender_query : nullptr};
+  if (size() > shared_end_)
+    out[count++] = {keys_.data() + (shared_begin_ + dead_key_rows_) * d, size() - shared_end_,
+                    nullptr};
+  return count;
 }
 
 void HeadCache::release_unused() {

@@ -6,39 +6,56 @@
 
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "protokv/error.h"
 
 namespace protokv::kernels {
 namespace {
 
+// Keys come as consecutive segments (one for a dense head; PoD's shared keys give three):
+// entry j of segment s is entry (entries of the segments before s) + j. values [n, d]. A
+// segment with its own query ([group, d]) uses it instead of q for its logits.
 template <class Ops>
-void decode_group_impl(const float* q, int group, const float* keys, const float* values,
-                       const float* log_weights, int64_t n, int d, float* out, float* probs) {
+void decode_group_impl(const float* q, int group, std::span<const KeySegment> segments,
+                       const float* values, const float* log_weights, int64_t n, int d, float* out,
+                       float* probs) {
   std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
   if (n <= 0) return;
   // Reused across calls (decode runs this per head, layer and token).
   thread_local std::vector<float> scratch;
   const size_t score_floats = probs ? 0 : static_cast<size_t>(group) * n;
-  scratch.resize(static_cast<size_t>(group) * d + score_floats);
-  float* scaled_q = scratch.data();                                            // [group, d]
-  float* scores = probs ? probs : scaled_q + static_cast<int64_t>(group) * d;  // [group, n]
+  const int64_t q_floats = static_cast<int64_t>(group) * d;
+  scratch.resize(static_cast<size_t>(2 * q_floats) + score_floats);
+  float* scaled_q = scratch.data();                      // [group, d]
+  float* segment_q = scaled_q + q_floats;                // [group, d]: a segment's own query
+  float* scores = probs ? probs : segment_q + q_floats;  // [group, n]
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  for (int64_t i = 0; i < static_cast<int64_t>(group) * d; ++i) scaled_q[i] = q[i] * scale;
+  for (int64_t i = 0; i < q_floats; ++i) scaled_q[i] = q[i] * scale;
 
   // Keys and values are walked in blocks of ~32 KB that stay in L1 while every head of the
   // group uses them: each is read from memory once per group.
   const int64_t block = std::max<int64_t>(8, (int64_t{32} << 10) / (4 * std::max(d, 1)));
-  for (int64_t j0 = 0; j0 < n; j0 += block) {
-    const int64_t count = std::min(block, n - j0);
-    const float* key_block = keys + j0 * d;
-    for (int h = 0; h < group; ++h) {
-      float* s = scores + h * n + j0;
-      int64_t j = 0;
-      for (; j + 4 <= count; j += 4) Ops::dot4(scaled_q + h * d, key_block + j * d, d, d, s + j);
-      for (; j < count; ++j) s[j] = Ops::dot(scaled_q + h * d, key_block + j * d, d);
-      if (log_weights)  // Chelsea Eq. 2
-        for (j = 0; j < count; ++j) s[j] += log_weights[j0 + j];
+  int64_t segment_first = 0;  // entry index of the segment's first key
+  for (const KeySegment& segment : segments) {
+    const float* query = scaled_q;
+    if (segment.query != nullptr) {
+      for (int64_t i = 0; i < q_floats; ++i) segment_q[i] = segment.query[i] * scale;
+      query = segment_q;
     }
+    for (int64_t s0 = 0; s0 < segment.count; s0 += block) {
+      const int64_t count = std::min(block, segment.count - s0);
+      const int64_t j0 = segment_first + s0;
+      const float* key_block = segment.keys + s0 * d;
+      for (int h = 0; h < group; ++h) {
+        float* s = scores + h * n + j0;
+        int64_t j = 0;
+        for (; j + 4 <= count; j += 4) Ops::dot4(query + h * d, key_block + j * d, d, d, s + j);
+        for (; j < count; ++j) s[j] = Ops::dot(query + h * d, key_block + j * d, d);
+        if (log_weights)  // Chelsea Eq. 2
+          for (j = 0; j < count; ++j) s[j] += log_weights[j0 + j];
+      }
+    }
+    segment_first += segment.count;
   }
   for (int h = 0; h < group; ++h) softmax_with<Ops>(scores + h * n, n);
   for (int64_t j0 = 0; j0 < n; j0 += block) {
@@ -50,23 +67,36 @@ void decode_group_impl(const float* q, int group, const float* keys, const float
 
 // One query over the cached entries `indices` (cache rows, any order, repeats allowed): the dense
 // kernel's arithmetic on the gathered subset. Scores use the same SIMD dot and softmax; values are
-// accumulated row by row with the SIMD axpy (the rows are not contiguous).
+// accumulated row by row with the SIMD axpy (the rows are not contiguous). Row r's key is row r of
+// the concatenated key segments (one for a contiguous cache, PoD's shared keys give three), dotted
+// with the segment's own query when it has one ([d] here).
 template <class Ops>
-void decode_gathered_impl(const float* q, const float* keys, const float* values,
+void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, const float* values,
                           const float* log_weights, std::span<const int32_t> indices, int d,
                           float* out, float* probs) {
   std::fill(out, out + d, 0.0f);
   const auto n = static_cast<int64_t>(indices.size());
   if (n <= 0) return;
   thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<size_t>(d) + (probs ? 0 : static_cast<size_t>(n)));
-  float* scaled_q = scratch.data();
-  float* scores = probs ? probs : scaled_q + d;
+  const auto n_segments = static_cast<int64_t>(segments.size());
+  scratch.resize(static_cast<size_t>((n_segments + 1) * d) + (probs ? 0 : static_cast<size_t>(n)));
+  float* scaled_q = scratch.data();  // [n_segments + 1, d]: q, then each segment's own
+  float* scores = probs ? probs : scaled_q + (n_segments + 1) * d;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (int i = 0; i < d; ++i) scaled_q[i] = q[i] * scale;
+  for (int64_t s = 0; s < n_segments; ++s)
+    if (segments[static_cast<size_t>(s)].query != nullptr)
+      for (int i = 0; i < d; ++i)
+        scaled_q[(s + 1) * d + i] = segments[static_cast<size_t>(s)].query[i] * scale;
   for (int64_t j = 0; j < n; ++j) {
     const int64_t row = indices[static_cast<size_t>(j)];
-    scores[j] = Ops::dot(scaled_q, keys + row * d, d);
+    int64_t local = row, s = 0;
+    while (s < n_segments && local >= segments[static_cast<size_t>(s)].count)
+      local -= segments[static_cast<size_t>(s++)].count;
+    if (s == n_segments) fail("gathered decode attention: entry {} beyond the keys", row);
+    const KeySegment& segment = segments[static_cast<size_t>(s)];
+    const float* query = segment.query != nullptr ? scaled_q + (s + 1) * d : scaled_q;
+    scores[j] = Ops::dot(query, segment.keys + local * d, d);
     if (log_weights) scores[j] += log_weights[row];  // Chelsea Eq. 2
   }
   softmax_with<Ops>(scores, n);
@@ -80,32 +110,78 @@ void decode_gathered_impl(const float* q, const float* keys, const float* values
 void attention_decode_group(Isa isa, const float* q, int group, const float* keys,
                             const float* values, const float* log_weights, int64_t n, int d,
                             float* out, float* probs) {
+  const KeySegment all{keys, n, nullptr};
   with_isa(isa, [&](auto ops) {
-    decode_group_impl<decltype(ops)>(q, group, keys, values, log_weights, n, d, out, probs);
+    decode_group_impl<decltype(ops)>(q, group, {&all, 1}, values, log_weights, n, d, out, probs);
   });
 }
 
 void attention_decode_group(const float* q, int group, const float* keys, const float* values,
                             const float* log_weights, int64_t n, int d, float* out, float* probs) {
-  decode_group_impl<BestOps>(q, group, keys, values, log_weights, n, d, out, probs);
+  const KeySegment all{keys, n, nullptr};
+  decode_group_impl<BestOps>(q, group, {&all, 1}, values, log_weights, n, d, out, probs);
 }
 
 void attention_decode(const float* q, const float* keys, const float* values,
                       const float* log_weights, int64_t n, int d, float* out, float* probs) {
-  decode_group_impl<BestOps>(q, 1, keys, values, log_weights, n, d, out, probs);
+  const KeySegment all{keys, n, nullptr};
+  decode_group_impl<BestOps>(q, 1, {&all, 1}, values, log_weights, n, d, out, probs);
+}
+
+namespace {
+int64_t segment_entries(std::span<const KeySegment> segments) {
+  int64_t n = 0;
+  for (const KeySegment& segment : segments) n += segment.count;
+  return n;
+}
+}  // namespace
+
+void attention_decode_group_segments(Isa isa, const float* q, int group,
+                                     std::span<const KeySegment> keys, const float* values,
+                                     const float* log_weights, int d, float* out, float* probs) {
+  const int64_t n = segment_entries(keys);
+  with_isa(isa, [&](auto ops) {
+    decode_group_impl<decltype(ops)>(q, group, keys, values, log_weights, n, d, out, probs);
+  });
+}
+
+void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
+                                     const float* values, const float* log_weights, int d,
+                                     float* out, float* probs) {
+  decode_group_impl<BestOps>(q, group, keys, values, log_weights, segment_entries(keys), d, out,
+                             probs);
 }
 
 void attention_decode_gathered(Isa isa, const float* q, const float* keys, const float* values,
                                const float* log_weights, std::span<const int32_t> indices, int d,
                                float* out, float* probs) {
+  // One segment as long as any cache: row r is keys + r * d.
+  const KeySegment all{keys, int64_t{1} << 62, nullptr};
   with_isa(isa, [&](auto ops) {
-    decode_gathered_impl<decltype(ops)>(q, keys, values, log_weights, indices, d, out, probs);
+    decode_gathered_impl<decltype(ops)>(q, {&all, 1}, values, log_weights, indices, d, out, probs);
   });
 }
 
 void attention_decode_gathered(const float* q, const float* keys, const float* values,
                                const float* log_weights, std::span<const int32_t> indices, int d,
                                float* out, float* probs) {
+  const KeySegment all{keys, int64_t{1} << 62, nullptr};
+  decode_gathered_impl<BestOps>(q, {&all, 1}, values, log_weights, indices, d, out, probs);
+}
+
+void attention_decode_gathered_segments(Isa isa, const float* q, std::span<const KeySegment> keys,
+                                        const float* values, const float* log_weights,
+                                        std::span<const int32_t> indices, int d, float* out,
+                                        float* probs) {
+  with_isa(isa, [&](auto ops) {
+    decode_gathered_impl<decltype(ops)>(q, keys, values, log_weights, indices, d, out, probs);
+  });
+}
+
+void attention_decode_gathered_segments(const float* q, std::span<const KeySegment> keys,
+                                        const float* values, const float* log_weights,
+                                        std::span<const int32_t> indices, int d, float* out,
+                                        float* probs) {
   decode_gathered_impl<BestOps>(q, keys, values, log_weights, indices, d, out, probs);
 }
 

@@ -66,5 +66,12 @@ void attention_decode_group(Isa isa, const float* q, int group, const float* key
 void attention_decode_gathered(Isa isa, const float* q, const float* keys, const float* values,
                                const float* log_weights, std::span<const int32_t> indices, int d,
                                float* out, float* probs);
+void attention_decode_gathered_segments(Isa isa, const float* q, std::span<const KeySegment> keys,
+                                        const float* values, const float* log_weights,
+                                        std::span<const int32_t> indices, int d, float* out,
+                                        float* probs);
+void attention_decode_group_segments(Isa isa, const float* q, int group,
+                                     std::span<const KeySegment> keys, const float* values,
+                                     const float* log_weights, int d, float* out, float* probs);
 
 }  // namespace protokv::kernels

@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "protokv/kv_cache.h"  // KeySegment
 #include "protokv/tensor.h"
 
 namespace protokv::kernels {
@@ -135,11 +136,27 @@ void attention_decode(const float* q, const float* keys, const float* values,
 void attention_decode_group(const float* q, int group, const float* keys, const float* values,
                             const float* log_weights, int64_t n, int d, float* out, float* probs);
 
+// attention_decode_group over keys given as consecutive segments (PoD, DESIGN §5 pod: a head
+// whose distant entries' keys are read from a lower layer): the entries are the segments' rows
+// in order, n = the sum of their counts; values [n, d], log_weights [n] and probs [group, n] as
+// attention_decode_group. Equal to attention_decode_group on the concatenated keys (the same
+// per-entry dot products; only the 4-wide grouping at segment ends may differ in rounding).
+void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
+                                     const float* values, const float* log_weights, int d,
+                                     float* out, float* probs);
+
 // One query q [d] over the cached entries `indices` of keys/values [*, d] (a recall press's
 // selection, DESIGN §4): what attention_decode computes on those rows gathered, without copying
 // them. probs [indices.size()] (nullable) in the order of `indices`. Single-threaded.
 void attention_decode_gathered(const float* q, const float* keys, const float* values,
                                const float* log_weights, std::span<const int32_t> indices, int d,
                                float* out, float* probs);
+// attention_decode_gathered where entry e's key is row e of the concatenated `keys` segments
+// (PoD with a selection: its gate threshold skips the distant entries). Values and log-weights
+// stay indexed by entry. Same arithmetic as attention_decode_gathered on the concatenation.
+void attention_decode_gathered_segments(const float* q, std::span<const KeySegment> keys,
+                                        const float* values, const float* log_weights,
+                                        std::span<const int32_t> indices, int d, float* out,
+                                        float* probs);
 
 }  // namespace protokv::kernels

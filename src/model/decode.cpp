@@ -3,6 +3,7 @@
 // attends over all entries of its KV head (heads may hold different numbers of entries after
 // compression), then the press sees the step.
 #include <algorithm>
+#include <array>
 
 #include "kernels/kernels.h"
 #include "model/session_impl.h"
@@ -29,11 +30,14 @@ std::span<const float> Session::Impl::decode(int32_t token) {
   size_t attended_bytes = 0;
 
   embed(std::span<const int32_t>(&token, 1), s);
+  const int64_t q_dim = static_cast<int64_t>(n_heads) * hd;
+  step_queries.resize(static_cast<size_t>(config.n_layers * q_dim));
 
   for (int l = 0; l < config.n_layers; ++l) {
     const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
     LayerCache& layer_cache = cache.layer(l);
     attention_inputs(lw, 1, &pos, s);
+    std::copy(s.q.begin(), s.q.begin() + q_dim, step_queries.begin() + l * q_dim);
 
     int64_t longest = 0;
     for (int h = 0; h < n_kv; ++h) {
@@ -54,6 +58,24 @@ std::span<const float> Session::Impl::decode(int32_t token) {
       const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
       const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
       const float* log_weights = head.has_log_weights() ? head.log_weights().data() : nullptr;
+      // PoD: the keys of the head's distant entries are those of its block's lowest layer (and
+      // with scores=lower, their logits use that layer's query too, paper 004 Eq. 3).
+      std::array<KeySegment, 3> segments;
+      const float* lender_queries =
+          head.shares_keys() ? step_queries.data() + head.key_lender() * q_dim : nullptr;
+      const int segment_count =
+          head.shares_keys()
+              ? head.key_segments(cache.layer(head.key_lender()).heads[static_cast<size_t>(kv)],
+                                  segments, lender_queries + first * hd)
+              : 0;
+      const std::span<const KeySegment> key_segments(segments.data(),
+                                                     static_cast<size_t>(segment_count));
+      if (!selecting && head.shares_keys()) {
+        kernels::attention_decode_group_segments(
+            s.q.data() + first * hd, group, key_segments, head.values(), log_weights, hd,
+            s.att.data() + first * hd, want_probs ? probs.data() + first * probs_stride : nullptr);
+        continue;
+      }
       if (!selecting) {
         kernels::attention_decode_group(s.q.data() + first * hd, group, head.keys(), head.values(),
                                         log_weights, head.size(), hd, s.att.data() + first * hd,
@@ -63,9 +85,18 @@ std::span<const float> Session::Impl::decode(int32_t token) {
       for (int64_t h = first; h < first + group; ++h) {
         std::vector<int32_t>& chosen = selections[static_cast<size_t>(h)];
         press->select(l, static_cast<int>(h), s.q.data() + h * hd, head, chosen);
-        kernels::attention_decode_gathered(s.q.data() + h * hd, head.keys(), head.values(),
-                                           log_weights, chosen, hd, s.att.data() + h * hd,
-                                           want_probs ? probs.data() + h * probs_stride : nullptr);
+        float* head_probs = want_probs ? probs.data() + h * probs_stride : nullptr;
+        // The lender's query of this very query head (the group segment holds the group's).
+        for (KeySegment& segment : segments)
+          if (segment.query != nullptr) segment.query = lender_queries + h * hd;
+        if (head.shares_keys())
+          kernels::attention_decode_gathered_segments(s.q.data() + h * hd, key_segments,
+                                                      head.values(), log_weights, chosen, hd,
+                                                      s.att.data() + h * hd, head_probs);
+        else
+          kernels::attention_decode_gathered(s.q.data() + h * hd, head.keys(), head.values(),
+                                             log_weights, chosen, hd, s.att.data() + h * hd,
+                                             head_probs);
       }
     }
     // Bytes of keys and values this layer's attention read, per KV head's worth of query heads.

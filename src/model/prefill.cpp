@@ -9,6 +9,7 @@
 // chunk (equal to float rounding); the peak is then the whole uncompressed cache plus every
 // layer's queries.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -61,6 +62,8 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
   std::vector<float> v_heads(to_press ? static_cast<size_t>(n * kv_dim) : 0);  // [n_kv, n, hd]
   std::vector<float> q_heads(to_press ? static_cast<size_t>(n * q_dim) : 0);   // [n_heads, n, hd]
   std::vector<kernels::KvHeadRows> kv_rows(static_cast<size_t>(n_kv));
+  // Keys of heads that share keys (PoD), gathered for the chunk's attention (append only).
+  std::vector<std::vector<float>> gathered_keys(static_cast<size_t>(n_kv));
 
   embed(tokens, b);
   const size_t chunk_layer_kv_bytes = static_cast<size_t>(2 * n * kv_dim) * sizeof(float);
@@ -111,9 +114,28 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
           head.append(b.k.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
                       b.v.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
                       positions[static_cast<size_t>(i)]);
+        const float* keys = head.keys();
+        if (head.shares_keys()) {
+          // PoD: the chunk's rows read the distant entries' keys from the block's lowest layer
+          // (already run for this chunk), gathered once per chunk; the entries that leave the
+          // recent window during the chunk keep their own keys until the press drops them after
+          // it (on_decode below), so the chunk sees slightly more own keys than decode would.
+          // The chunk kernel has one query per row: with scores=lower the borrowed keys meet
+          // the row's own query here, not the lender layer's.
+          std::array<KeySegment, 3> segments;
+          const int count = head.key_segments(
+              cache.layer(head.key_lender()).heads[static_cast<size_t>(h)], segments);
+          std::vector<float>& gathered = gathered_keys[static_cast<size_t>(h)];
+          gathered.clear();
+          for (int i = 0; i < count; ++i)
+            gathered.insert(gathered.end(), segments[static_cast<size_t>(i)].keys,
+                            segments[static_cast<size_t>(i)].keys +
+                                segments[static_cast<size_t>(i)].count * hd);
+          keys = gathered.data();
+        }
         kv_rows[static_cast<size_t>(h)] = {
-            head.keys(), head.values(), hd,
-            head.has_log_weights() ? head.log_weights().data() : nullptr, head_past};
+            keys, head.values(), hd, head.has_log_weights() ? head.log_weights().data() : nullptr,
+            head_past};
       }
       kv_bytes_now += chunk_layer_kv_bytes;
       if (kind != ChunkKind::kAppend)  // the stats describe the prompt's prefill

@@ -94,6 +94,9 @@ struct Session::Impl {
   int64_t probs_stride = 0;
   // Entries each query head attends when a recall press selects (decode scratch, reused).
   std::vector<std::vector<int32_t>> selections;  // [n_heads]
+  // This decode step's post-RoPE queries of every layer: PoD's scores=lower reads the block's
+  // lowest layer's query at the layers above it.
+  std::vector<float> step_queries;  // [n_layers, n_heads * head_dim]
 };
 
 // x[i] += bias[i] when a bias is present (Qwen2 q/k/v biases).

@@ -44,6 +44,9 @@ struct PressEntry {
   // A merging method (chelsea): entries may stand for several tokens (log-weight > 0, keys and
   // values are means, Press::merged_positions lists the tokens), so stored rows are not input rows.
   bool merges = false;
+  // A key-sharing method (pod): keeps every entry's value, but a layer may hold the keys of some
+  // entries only, reading the others from a lower layer (HeadCache::shares_keys).
+  bool shares_keys = false;
 };
 
 // Every registered method, in display order.

@@ -10,6 +10,7 @@
 #include "press/entry.h"
 #include "press/full.h"
 #include "press/h2o.h"
+#include "press/pod.h"
 #include "press/protokv.h"
 #include "press/snapkv.h"
 #include "press/streaming_llm.h"
@@ -25,7 +26,7 @@ std::span<const PressEntry* const> press_table() {
   // Display order. A new press adds its entry here (and nowhere else).
   static constexpr std::array kTable = {
       &kFullEntry,  &kStreamingLlmEntry, &kH2oEntry,       &kSnapKvEntry,  &kPyramidKvEntry,
-      &kAdaKvEntry, &kProtoKvEntry,      &kClusterKvEntry, &kChelseaEntry,
+      &kAdaKvEntry, &kProtoKvEntry,      &kClusterKvEntry, &kChelseaEntry, &kPodEntry,
   };
   return kTable;
 }
