@@ -153,6 +153,67 @@ def previous_token_init(model, a):
         layer.wo.weight[:, 0 : 2 * hd] = torch.randn(a.dim, 2 * hd) / math.sqrt(2 * hd)
 
 
+def induction_init(model, a, slow_pair=8, seed=0):
+    """Structured start (optional, stronger than previous_token_init): a whole induction
+    circuit wired at initialisation, which training then reshapes into key matching.
+    Subspaces of the residual: A = dims [0, dim - 1 - hd) the token embedding, B = the next hd
+    dims the previous token's identity, dim - 1 a constant channel.
+    Layer 0, query head 0: attends to the previous token (constant channel through RoPE, as
+    previous_token_init) and writes R e(t - 1) into B (R: random hd x |A| projection).
+    Layer 1, query head 0: query R e(t), key B, both on the slow RoPE pairs (>= slow_pair,
+    which turn < 1 radian over a few hundred tokens), so it attends to the positions that
+    follow an earlier occurrence of the current token; its value R2 e(s) goes back into A as
+    R2^T R2 e(s), and the classifier starts tied to the embedding, so that token's logit rises."""
+    g = torch.Generator().manual_seed(seed)
+    d, hd = a.dim, a.dim // a.n_heads
+    const = d - 1
+    A = slice(0, d - 1 - hd)
+    B = slice(d - 1 - hd, d - 1)
+    na = d - 1 - hd
+    inv = a.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+
+    def rot(vec, steps):
+        out = vec.clone()
+        for i in range(hd // 2):
+            c, sn = math.cos(steps * inv[i]), math.sin(steps * inv[i])
+            out[2 * i] = vec[2 * i] * c - vec[2 * i + 1] * sn
+            out[2 * i + 1] = vec[2 * i] * sn + vec[2 * i + 1] * c
+        return out
+
+    with torch.no_grad():
+        emb = model.tok_embeddings.weight
+        emb.zero_()
+        emb[:, A] = torch.randn(emb.shape[0], na, generator=g) / math.sqrt(na)
+        emb[:, const] = 1.0
+        model.output.weight.zero_()
+        model.output.weight[:, A] = emb[:, A] * 2.0
+        R = torch.randn(hd, na, generator=g) / math.sqrt(na) * math.sqrt(hd)  # |R e| ~ |e| sqrt(hd / na)
+        R2 = torch.randn(hd, na, generator=g) / math.sqrt(na) * math.sqrt(hd)
+        # Layer 0, head 0: previous token (score peaks at offset 1), value R e -> B.
+        l0 = model.layers[0]
+        u = torch.zeros(hd)
+        u[0:6:2] = 1.0
+        scale = 3.0 / math.sqrt(d) * hd**0.25 * math.sqrt(2.0)  # const channel ~ sqrt(d / 2) after the norm
+        for w in (l0.wq.weight[0:hd], l0.wk.weight[0:hd], l0.wv.weight[0:hd]):
+            w.zero_()
+        l0.wq.weight[0:hd, const] = scale * u
+        l0.wk.weight[0:hd, const] = scale * rot(u, 1)
+        l0.wv.weight[0:hd, A] = R
+        l0.wo.weight[:, 0 : 2 * hd] = 0.0  # heads 0 and 1 share KV head 0; only head 0 writes
+        l0.wo.weight[B, 0:hd] = torch.eye(hd)
+        # Layer 1, head 0: match R e(t) against B on the slow pairs; copy R2 e(s) into A.
+        l1 = model.layers[1]
+        slow = torch.arange(2 * slow_pair, hd)
+        for w in (l1.wq.weight[0:hd], l1.wk.weight[0:hd], l1.wv.weight[0:hd]):
+            w.zero_()
+        beta = 2.0
+        l1.wq.weight[slow, A] = R[slow] * beta
+        l1.wk.weight[slow, B.start + slow] = beta
+        l1.wv.weight[0:hd, A] = R2
+        l1.wo.weight[:, 0 : 2 * hd] = 0.0
+        l1.wo.weight[A, 0:hd] = R2.t() * 2.0
+
+
 def export_llama2c(model, a, path):
     """llama2.c legacy checkpoint (run.c's memory_map_weights order), separate classifier
     (negative vocab size), F32."""
@@ -277,6 +338,8 @@ def main():
     p.add_argument("--rope-theta", type=float, default=ROPE_THETA)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine",
+                   help="after warm-up: cosine to 10%% over the run's time, or constant (probes)")
     p.add_argument("--answer-weight", type=float, default=1.0)
     p.add_argument("--lm-weight", type=float, default=1.0, help="weight of the mean loss on non-answer tokens")
     p.add_argument("--mix", default="", help="document shares, e.g. copy=0.3,mqar=0.3,niah=0.4 (kinds: "
@@ -286,6 +349,7 @@ def main():
     p.add_argument("--eval-every", type=int, default=0, help="held-out probes every N steps (0: never)")
     p.add_argument("--eval-ctx", type=int, default=256)
     p.add_argument("--prev-token-init", action="store_true", help="structured start, see previous_token_init")
+    p.add_argument("--induction-init", action="store_true", help="structured start, see induction_init")
     p.add_argument("--copy-share", type=float, default=0.0, help="share of induction-drill documents")
     p.add_argument("--schedule-scale", type=float, default=1.0, help="context lengths x this (probes)")
     a = p.parse_args()
@@ -301,6 +365,8 @@ def main():
     model = Llama(a)
     if a.prev_token_init:
         previous_token_init(model, a)
+    if a.induction_init:
+        induction_init(model, a)
     if a.init_from:
         model.load_state_dict(torch.load(a.init_from, map_location="cpu")["model"])
     held = None
@@ -328,7 +394,9 @@ def main():
         rows = [data.row(ctx) for _ in range(batch)]
         x = torch.tensor([r[0] for r in rows], device=a.device)
         ans = torch.tensor([r[1] for r in rows], device=a.device)[:, 1:]
-        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        lr = a.lr * min(1.0, (step + 1) / a.warmup)
+        if a.lr_schedule == "cosine":
+            lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr
         logits = model(x[:, :-1])
