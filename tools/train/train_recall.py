@@ -11,7 +11,9 @@ whatever the machine's speed; the model is exported every --checkpoint-minutes a
 checkpoint (`recall.bin`), which `protokv convert recall.bin tok512.bin -o model.gguf` turns into
 a GGUF (llama2.c files use Meta RoPE order, as this model); `set_rope_base.py model.gguf 500000`
 then writes the RoPE base (llama.rope.freq_base), which llama2.c files cannot carry.
-Each log line: step, minutes, context, tokens seen, LM loss, answer loss, answer-token accuracy.
+Each log line: step, minutes, context, tokens seen, LM loss, answer loss, answer-token accuracy;
+with --eval-every, held-out probes (see HeldOut). The recipe that makes retrieval emerge on a CPU
+(--induction-init, then a length curriculum) and its two commands are in models/protokv-recall.md.
 """
 
 import argparse
