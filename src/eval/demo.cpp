@@ -108,13 +108,17 @@ namespace {
 // The answer as shown: the greedy text up to its first '.' (the needle's sentence ends there),
 // without surrounding spaces, at most 20 characters ("4829103." from " 4829103. The special").
 std::string short_answer(const std::string& text) {
-  const size_t period = text.find('.');
-  std::string line =
-      text.substr(0, std::min(text.find('\n'), period == std::string::npos ? period : period + 1));
   const auto not_space = [](unsigned char c) { return !std::isspace(c); };
-  line.erase(line.begin(), std::find_if(line.begin(), line.end(), not_space));
+  std::string line(std::find_if(text.begin(), text.end(), not_space), text.end());
+  const size_t period = line.find('.');
+  line =
+      line.substr(0, std::min(line.find('\n'), period == std::string::npos ? period : period + 1));
   line.erase(std::find_if(line.rbegin(), line.rend(), not_space).base(), line.end());
-  if (line.size() > 20) line = line.substr(0, 17) + "...";
+  if (line.size() > 20) {
+    size_t cut = 17;  // not inside a UTF-8 sequence
+    while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;
+    line = line.substr(0, cut) + "...";
+  }
   return line;
 }
 
