@@ -141,9 +141,11 @@ double decode_ms_per_token(const LongctxRecord& r) {
 }
 
 std::string press_list(const RecallDemoReport& report) {
+  std::vector<std::string> seen;
   std::string list;
   for (const auto& row : report.rows) {
-    if (list.find(row.press) != std::string::npos) continue;
+    if (std::find(seen.begin(), seen.end(), row.press) != seen.end()) continue;
+    seen.push_back(row.press);
     list += (list.empty() ? "" : ",") + row.press;
   }
   return list;
@@ -234,9 +236,8 @@ std::string render_recall_demo(const RecallDemoReport& report) {
   out += "protokv demo — what does a compressed KV cache still remember?\n";
   out += fmt::format("model:     {}\n", report.model_description);
   out += fmt::format(
-      "prompt:    {} tokens (the length where this model answers every `eval niah` depth with "
-      "the full cache): RULER's noise haystack \"{}\" repeated, with one planted fact at token "
-      "{} ({:g}% depth):\n",
+      "prompt:    {} tokens in `eval niah`'s layout: RULER's noise haystack \"{}\" repeated, with "
+      "one planted fact at token {} ({:g}% depth):\n",
       length, kRulerNoise, report.sample.meta.value("needle_token", int64_t{0}), o.depth);
   out += fmt::format("             \"{}\"\n", report.needle_text);
   std::string question = report.question_text;
