@@ -90,6 +90,7 @@ nlohmann::json LongctxRecord::to_json() const {
   j["decode_ms"] = decode_ms;
   j["kv_bytes"] = kv_bytes;
   j["peak_kv_bytes"] = peak_kv_bytes;
+  j["attended_kv_bytes"] = attended_kv_bytes;
   j["meta"] = meta;
   return j;
 }
@@ -108,6 +109,7 @@ LongctxRecord LongctxRecord::from_json(const nlohmann::json& j) {
   r.decode_ms = j.value("decode_ms", 0.0);
   r.kv_bytes = j.value("kv_bytes", size_t{0});
   r.peak_kv_bytes = j.value("peak_kv_bytes", size_t{0});
+  r.attended_kv_bytes = j.value("attended_kv_bytes", size_t{0});
   r.meta = j.value("meta", nlohmann::json::object());
   r.resumed = true;
   return r;
@@ -388,6 +390,8 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
           if (i + 1 < sample.max_new_tokens) logits = session.decode(next);
         }
         rec.decode_ms = decode_timer.ms();
+        if (generated.size() > 1)
+          rec.attended_kv_bytes = session.prefill_stats().decode_attended_kv_bytes;
         rec.generated_tokens = static_cast<int64_t>(generated.size());
         rec.prediction = decode_prediction(tokenizer, generated);
         rec.score = scorer(sample, rec.prediction);

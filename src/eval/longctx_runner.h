@@ -84,7 +84,10 @@ struct LongctxRecord {
   double prefill_ms = 0.0;
   size_t kv_bytes = 0;       // after prefill (and after the question in query-agnostic mode)
   size_t peak_kv_bytes = 0;  // prefill's peak
-  double decode_ms = 0.0;    // question feeding + generation
+  // What the last decode step's attention read (PrefillStats::decode_attended_kv_bytes): below
+  // kv_bytes for a recall press (clusterkv); 0 when no decode step ran.
+  size_t attended_kv_bytes = 0;
+  double decode_ms = 0.0;  // question feeding + generation
   nlohmann::json meta;
   bool resumed = false;
   nlohmann::json to_json() const;

@@ -25,10 +25,6 @@ std::string replace_all(std::string text, const std::string& from, const std::st
   return text;
 }
 
-std::string fill(const std::string& templ, const std::string& key, const std::string& value) {
-  return replace_all(replace_all(templ, "{key}", key), "{value}", value);
-}
-
 // Repeats `unit` (joined by `separator` tokens) until at least `min_tokens` tokens.
 std::vector<int32_t> repeat_tokens(const std::vector<int32_t>& unit,
                                    const std::vector<int32_t>& separator, int64_t min_tokens) {
@@ -41,6 +37,11 @@ std::vector<int32_t> repeat_tokens(const std::vector<int32_t>& unit,
 }
 
 }  // namespace
+
+std::string fill_niah_template(const std::string& templ, const std::string& key,
+                               const std::string& value) {
+  return replace_all(replace_all(templ, "{key}", key), "{value}", value);
+}
 
 std::vector<int64_t> default_niah_lengths(int64_t context_length, int max_new_tokens) {
   const int64_t hi = context_length - max_new_tokens;
@@ -154,8 +155,8 @@ std::vector<LongctxSample> make_niah_samples(const Tokenizer& tokenizer,
         sample.meta = {{"length", length},  {"depth", depth}, {"sample", s},   {"length_index", li},
                        {"depth_index", di}, {"key", key},     {"value", value}};
         const std::vector<int32_t> needle =
-            tokenizer.encode(fill(options.needle, key, value), false);
-        sample.question = tokenizer.encode(fill(options.question, key, value), false);
+            tokenizer.encode(fill_niah_template(options.needle, key, value), false);
+        sample.question = tokenizer.encode(fill_niah_template(options.question, key, value), false);
         const int64_t n = length - 1 - static_cast<int64_t>(needle.size() + sample.question.size());
         if (n < 1) {
           sample.error = fmt::format(

@@ -39,6 +39,10 @@ struct NiahOptions {
   uint64_t seed = 42;
 };
 
+// A needle or question template with {key} and {value} replaced.
+std::string fill_niah_template(const std::string& templ, const std::string& key,
+                               const std::string& value);
+
 // Default lengths: geometric from min(512, hi / 4) to hi = context - max_new_tokens, in 4 to 8
 // steps (one per doubling, at least 4), rounded to integers.
 std::vector<int64_t> default_niah_lengths(int64_t context_length, int max_new_tokens);

@@ -46,10 +46,32 @@ def read_word_lists(cpp_path):
     return lists
 
 
+# Document kinds and their default shares (the recipe of the first shipped model, which did
+# not retrieve); --mix in train_recall.py overrides them.
+DEFAULT_MIX = {"niah": 0.38, "ruler": 0.42, "vt": 0.10, "lm": 0.10}
+DOC_KINDS = ("copy", "mqar", "dense", "niah", "ruler", "vt", "lm")
+
+
+def parse_mix(text):
+    """"copy=0.3,mqar=0.2,niah=0.5" -> shares normalised to 1."""
+    mix = {}
+    for part in text.split(","):
+        name, _, share = part.partition("=")
+        name = name.strip()
+        if name not in DOC_KINDS:
+            raise ValueError(f"unknown document kind '{name}' (kinds: {', '.join(DOC_KINDS)})")
+        mix[name] = float(share)
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError("mix shares must sum to more than 0")
+    return {k: v / total for k, v in mix.items()}
+
+
 class RecallData:
-    def __init__(self, tok, words_cpp, stories_path, seed, copy_share=0.0):
+    def __init__(self, tok, words_cpp, stories_path, seed, copy_share=0.0, mix=None):
         self.tok = tok
         self.copy_share = copy_share
+        self.mix = mix  # None: the original draw order (copy_share, then DEFAULT_MIX)
         self.rng = random.Random(seed)
         w = read_word_lists(words_cpp)
         self.keys = sorted({f"{a}-{n}" for a in w["kAdjectives"] for n in w["kNouns"]})
@@ -59,6 +81,10 @@ class RecallData:
         self.noise_unit = tok.encode(RULER_NOISE)
         self.newline = tok.encode("\n")[-1:]
         self.dot_ids = {i for i, p in enumerate(tok.pieces) if b"." in p}
+        # Single-token keys and values for the MQAR drill: the non-byte, non-digit pieces.
+        self.digit_ids = [i for i, p in enumerate(tok.pieces) if p.isdigit() and len(p) == 1]
+        byte_ids = set(tok.byte_ids.values())
+        self.word_ids = [i for i in range(3, len(tok.pieces)) if i not in byte_ids and i not in self.digit_ids]
 
     # -- random draws (RULER's value formats) --
     def number(self):
@@ -270,7 +296,62 @@ class RecallData:
             spans.append((span, True))
         return spans
 
+    def mqar_doc(self, length):
+        """Multi-query associative recall (Zoology's MQAR) with single-token keys and values:
+        BOS, k1 v1 k2 v2 ... kN vN, then the keys again in random order, each followed by its
+        value (supervised). The one-hop version of the needle question: a previous-token head
+        plus a matching head answer it, the circuit the needle questions need."""
+        rng = self.rng
+        n = max(2, min(64, (length - 1) // 4))
+        n = rng.randint(max(2, n // 2), n)
+        keys = rng.sample(self.word_ids, n)
+        values = [rng.choice(self.digit_ids) if rng.random() < 0.5 else rng.choice(self.word_ids) for _ in keys]
+        spans = [([self.tok.bos_id], False)]
+        for k, v in zip(keys, values):
+            spans.append(([k, v], False))
+        for i in rng.sample(range(n), n):
+            spans.append(([keys[i]], False))
+            spans.append(([values[i]], True))
+        return spans
+
+    def dense_doc(self, length):
+        """The `eval niah` needle and question wording with little haystack: many needles, one
+        noise or story sentence between them, and a question for every needle. The bridge from
+        MQAR (one-token keys, no filler) to needles in long filler."""
+        tok, rng = self.tok, self.rng
+        k = max(1, min(12, (length - 8) // 42))
+        k = rng.randint(max(1, k // 2), k)
+        keys = self.distinct(self.key, k)
+        values = [self.number() for _ in keys]
+        spans = [([tok.bos_id], False)]
+        for a, v in zip(keys, values):
+            if rng.random() < 0.5:
+                spans.append((tok.encode(rng.choice(self.story_sents)[:120]), False))
+            spans.append((tok.encode(NIAH_NEEDLE.format(key=a, value=v)), False))
+        for i in rng.sample(range(k), k):
+            spans.append((tok.encode(NIAH_QUESTION.format(key=keys[i])), False))
+            spans.append((self.answer_tokens("is", f" {values[i]}."), True))
+        return spans
+
+    def kind_doc(self, kind, length):
+        return {
+            "copy": self.copy_doc,
+            "mqar": self.mqar_doc,
+            "dense": self.dense_doc,
+            "niah": self.niah_doc,
+            "ruler": self.ruler_niah_doc,
+            "vt": self.vt_doc,
+            "lm": self.lm_doc,
+        }[kind](length)
+
     def document(self, length):
+        if self.mix is not None:
+            r, acc = self.rng.random(), 0.0
+            for kind, share in self.mix.items():
+                acc += share
+                if r < acc:
+                    return self.kind_doc(kind, length)
+            return self.kind_doc(kind, length)
         # (No draw when the share is 0, so default runs see the same stream as before the drill.)
         if self.copy_share > 0 and self.rng.random() < self.copy_share:
             return self.copy_doc(length)

@@ -11,7 +11,9 @@ whatever the machine's speed; the model is exported every --checkpoint-minutes a
 checkpoint (`recall.bin`), which `protokv convert recall.bin tok512.bin -o model.gguf` turns into
 a GGUF (llama2.c files use Meta RoPE order, as this model); `set_rope_base.py model.gguf 500000`
 then writes the RoPE base (llama.rope.freq_base), which llama2.c files cannot carry.
-Each log line: step, minutes, context, tokens seen, LM loss, answer loss, answer-token accuracy.
+Each log line: step, minutes, context, tokens seen, LM loss, answer loss, answer-token accuracy;
+with --eval-every, held-out probes (see HeldOut). The recipe that makes retrieval emerge on a CPU
+(--induction-init, then a length curriculum) and its two commands are in models/protokv-recall.md.
 """
 
 import argparse
@@ -28,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recall_data import RecallData  # noqa: E402
+from recall_data import DOC_KINDS, NIAH_QUESTION, RecallData, parse_mix  # noqa: E402
 from tok512 import Tok512  # noqa: E402
 
 # RoPE base: 500000 (Llama 3's). With head_dim 32, base 10000 leaves only 2 rotation pairs
@@ -153,6 +155,67 @@ def previous_token_init(model, a):
         layer.wo.weight[:, 0 : 2 * hd] = torch.randn(a.dim, 2 * hd) / math.sqrt(2 * hd)
 
 
+def induction_init(model, a, slow_pair=8, seed=0):
+    """Structured start (optional, stronger than previous_token_init): a whole induction
+    circuit wired at initialisation, which training then reshapes into key matching.
+    Subspaces of the residual: A = dims [0, dim - 1 - hd) the token embedding, B = the next hd
+    dims the previous token's identity, dim - 1 a constant channel.
+    Layer 0, query head 0: attends to the previous token (constant channel through RoPE, as
+    previous_token_init) and writes R e(t - 1) into B (R: random hd x |A| projection).
+    Layer 1, query head 0: query R e(t), key B, both on the slow RoPE pairs (>= slow_pair,
+    which turn < 1 radian over a few hundred tokens), so it attends to the positions that
+    follow an earlier occurrence of the current token; its value R2 e(s) goes back into A as
+    R2^T R2 e(s), and the classifier starts tied to the embedding, so that token's logit rises."""
+    g = torch.Generator().manual_seed(seed)
+    d, hd = a.dim, a.dim // a.n_heads
+    const = d - 1
+    A = slice(0, d - 1 - hd)
+    B = slice(d - 1 - hd, d - 1)
+    na = d - 1 - hd
+    inv = a.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+
+    def rot(vec, steps):
+        out = vec.clone()
+        for i in range(hd // 2):
+            c, sn = math.cos(steps * inv[i]), math.sin(steps * inv[i])
+            out[2 * i] = vec[2 * i] * c - vec[2 * i + 1] * sn
+            out[2 * i + 1] = vec[2 * i] * sn + vec[2 * i + 1] * c
+        return out
+
+    with torch.no_grad():
+        emb = model.tok_embeddings.weight
+        emb.zero_()
+        emb[:, A] = torch.randn(emb.shape[0], na, generator=g) / math.sqrt(na)
+        emb[:, const] = 1.0
+        model.output.weight.zero_()
+        model.output.weight[:, A] = emb[:, A] * 2.0
+        R = torch.randn(hd, na, generator=g) / math.sqrt(na) * math.sqrt(hd)  # |R e| ~ |e| sqrt(hd / na)
+        R2 = torch.randn(hd, na, generator=g) / math.sqrt(na) * math.sqrt(hd)
+        # Layer 0, head 0: previous token (score peaks at offset 1), value R e -> B.
+        l0 = model.layers[0]
+        u = torch.zeros(hd)
+        u[0:6:2] = 1.0
+        scale = 3.0 / math.sqrt(d) * hd**0.25 * math.sqrt(2.0)  # const channel ~ sqrt(d / 2) after the norm
+        for w in (l0.wq.weight[0:hd], l0.wk.weight[0:hd], l0.wv.weight[0:hd]):
+            w.zero_()
+        l0.wq.weight[0:hd, const] = scale * u
+        l0.wk.weight[0:hd, const] = scale * rot(u, 1)
+        l0.wv.weight[0:hd, A] = R
+        l0.wo.weight[:, 0 : 2 * hd] = 0.0  # heads 0 and 1 share KV head 0; only head 0 writes
+        l0.wo.weight[B, 0:hd] = torch.eye(hd)
+        # Layer 1, head 0: match R e(t) against B on the slow pairs; copy R2 e(s) into A.
+        l1 = model.layers[1]
+        slow = torch.arange(2 * slow_pair, hd)
+        for w in (l1.wq.weight[0:hd], l1.wk.weight[0:hd], l1.wv.weight[0:hd]):
+            w.zero_()
+        beta = 2.0
+        l1.wq.weight[slow, A] = R[slow] * beta
+        l1.wk.weight[slow, B.start + slow] = beta
+        l1.wv.weight[0:hd, A] = R2
+        l1.wo.weight[:, 0 : 2 * hd] = 0.0
+        l1.wo.weight[A, 0:hd] = R2.t() * 2.0
+
+
 def export_llama2c(model, a, path):
     """llama2.c legacy checkpoint (run.c's memory_map_weights order), separate classifier
     (negative vocab size), F32."""
@@ -171,12 +234,89 @@ def export_llama2c(model, a, path):
     os.replace(tmp, path)
 
 
-def schedule(frac):
-    """(context, batch) for the elapsed fraction of the run: short contexts first."""
-    for end, ctx, batch in ((0.30, 256, 8), (0.60, 512, 4), (0.82, 1024, 2), (1.01, 2048, 1)):
+DEFAULT_SCHEDULE = "256x8:0.30,512x4:0.60,1024x2:0.82,2048x1:1.0"
+
+
+def parse_schedule(text):
+    """"256x8:0.3,512x4:1.0" -> [(end fraction, context, batch)]: short contexts first."""
+    out = []
+    for part in text.split(","):
+        shape, _, end = part.partition(":")
+        ctx, _, batch = shape.partition("x")
+        out.append((float(end), int(ctx), int(batch)))
+    if not out or any(b[0] <= a[0] for a, b in zip(out, out[1:])):
+        raise ValueError(f"schedule '{text}': end fractions must increase")
+    return out
+
+
+def schedule(frac, stages):
+    """(context, batch) for the elapsed fraction of the run."""
+    for end, ctx, batch in stages:
         if frac < end:
             return ctx, batch
-    return 2048, 2
+    return stages[-1][1], stages[-1][2]
+
+
+class HeldOut:
+    """Learning-curve probes on rows the training stream never draws (seed + 7919):
+    teacher-forced accuracy on the answer tokens that carry information (digits, keys: not the
+    template's "▁", "." or ","), per document kind; and exact match of greedy answers to
+    single-needle `eval niah` questions (needle at a random depth in the eval's haystacks)."""
+
+    def __init__(self, a, tok, kinds, ctx, rows_per_kind=8, niah_rows=12):
+        data = RecallData(tok, a.words, a.stories, a.seed + 7919, mix={"niah": 1.0})
+        self.tok = tok
+        trivial = {i for i, p in enumerate(tok.pieces) if p.strip() in (b"", b".", b",")}
+        self.sets = {}
+        for kind in kinds:
+            rows = []
+            for _ in range(rows_per_kind):
+                spans = data.kind_doc(kind, ctx)
+                t = sum((x for x, _ in spans), [])[: ctx + 1]
+                f = sum(([af] * len(x) for x, af in spans), [])[: ctx + 1]
+                f = [af and tt not in trivial for tt, af in zip(t, f)]
+                rows.append((t, f))
+            self.sets[kind] = rows
+        self.niah = []
+        while len(self.niah) < niah_rows:
+            spans = data.niah_doc(ctx)
+            needles = [x for x, _ in spans if x[:3] == tok.encode("The special magic")[:3]]
+            if len(needles) != 1:
+                continue
+            # Prompt: everything up to the first answer; the expected answer is its digits.
+            t, ans = [], None
+            for x, af in spans:
+                if af:
+                    ans = x
+                    break
+                t += x
+            self.niah.append((t, ans))
+
+    @torch.no_grad()
+    def measure(self, model, device):
+        model.eval()
+        out = {}
+        for kind, rows in self.sets.items():
+            hit = n = 0
+            for t, f in rows:
+                x = torch.tensor([t], device=device)
+                pred = model(x[:, :-1]).argmax(-1)[0]
+                m = torch.tensor(f[1:], device=device)
+                hit += (pred[m] == x[0, 1:][m]).sum().item()
+                n += m.sum().item()
+            out["acc_" + kind] = round(hit / max(1, n), 4)
+        exact = 0
+        for t, ans in self.niah:
+            x = torch.tensor([t], device=device)
+            got = []
+            for _ in range(len(ans)):
+                nxt = model(x)[0, -1].argmax().item()
+                got.append(nxt)
+                x = torch.cat([x, torch.tensor([[nxt]], device=device)], 1)
+            exact += got == ans
+        out["niah_exact"] = f"{exact}/{len(self.niah)}"
+        model.train()
+        return out
 
 
 def main():
@@ -200,8 +340,18 @@ def main():
     p.add_argument("--rope-theta", type=float, default=ROPE_THETA)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine",
+                   help="after warm-up: cosine to 10%% over the run's time, or constant (probes)")
     p.add_argument("--answer-weight", type=float, default=1.0)
+    p.add_argument("--lm-weight", type=float, default=1.0, help="weight of the mean loss on non-answer tokens")
+    p.add_argument("--mix", default="", help="document shares, e.g. copy=0.3,mqar=0.3,niah=0.4 (kinds: "
+                   + ", ".join(DOC_KINDS) + "); default: the first recipe's")
+    p.add_argument("--schedule", default=DEFAULT_SCHEDULE, help="CTXxBATCH:END_FRACTION,... (timed curriculum)")
+    p.add_argument("--init-from", default="", help="state.pt to start from (continue a probe)")
+    p.add_argument("--eval-every", type=int, default=0, help="held-out probes every N steps (0: never)")
+    p.add_argument("--eval-ctx", type=int, default=256)
     p.add_argument("--prev-token-init", action="store_true", help="structured start, see previous_token_init")
+    p.add_argument("--induction-init", action="store_true", help="structured start, see induction_init")
     p.add_argument("--copy-share", type=float, default=0.0, help="share of induction-drill documents")
     p.add_argument("--schedule-scale", type=float, default=1.0, help="context lengths x this (probes)")
     a = p.parse_args()
@@ -211,10 +361,20 @@ def main():
     random.seed(a.seed)
     os.makedirs(a.out, exist_ok=True)
     tok = Tok512(a.tokenizer)
-    data = RecallData(tok, a.words, a.stories, a.seed, a.copy_share)
+    mix = parse_mix(a.mix) if a.mix else None
+    stages = parse_schedule(a.schedule)
+    data = RecallData(tok, a.words, a.stories, a.seed, a.copy_share, mix)
     model = Llama(a)
     if a.prev_token_init:
         previous_token_init(model, a)
+    if a.induction_init:
+        induction_init(model, a)
+    if a.init_from:
+        model.load_state_dict(torch.load(a.init_from, map_location="cpu")["model"])
+    held = None
+    if a.eval_every:
+        kinds = sorted(set(mix or {}) - {"lm"} | {"niah"})
+        held = HeldOut(a, tok, kinds, a.eval_ctx)
     model = model.to(a.device)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -231,19 +391,21 @@ def main():
         frac = elapsed / (a.minutes * 60)
         if frac >= 1.0 or (a.max_steps and step >= a.max_steps):
             break
-        ctx, batch = schedule(frac)
+        ctx, batch = schedule(frac, stages)
         ctx = max(64, int(ctx * a.schedule_scale))
         rows = [data.row(ctx) for _ in range(batch)]
         x = torch.tensor([r[0] for r in rows], device=a.device)
         ans = torch.tensor([r[1] for r in rows], device=a.device)[:, 1:]
-        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        lr = a.lr * min(1.0, (step + 1) / a.warmup)
+        if a.lr_schedule == "cosine":
+            lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr
         logits = model(x[:, :-1])
         ce = F.cross_entropy(logits.reshape(-1, a.vocab), x[:, 1:].reshape(-1), reduction="none").view_as(ans.float())
         lm_loss = ce[~ans].mean()
         ans_loss = ce[ans].mean() if ans.any() else torch.zeros(())
-        loss = lm_loss + a.answer_weight * ans_loss
+        loss = a.lm_weight * lm_loss + a.answer_weight * ans_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -257,6 +419,8 @@ def main():
             rec = {"step": step, "min": round((time.time() - t0) / 60, 2), "ctx": ctx, "tokens": seen,
                    "lm_loss": round(lm_loss.item(), 4), "ans_loss": round(ans_loss.item(), 4),
                    "ans_acc": round(acc, 4), "lr": round(lr, 6)}
+            if held and (step % a.eval_every == 0 or step == 1):
+                rec.update(held.measure(model, a.device))
             log.write(json.dumps(rec) + "\n")
             log.flush()
             print(rec, flush=True)
