@@ -43,20 +43,20 @@ TEST(TrainedModel, GreedyContinuationMatchesTheTrainingFramework) {
                            "' -p 'Once upon a time' -n 24 --temp 0 --json -t 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
-  const std::vector<int32_t> torch_greedy = {432, 383, 438, 261, 378, 432, 383, 438,
-                                             261, 378, 432, 383, 438, 261, 378, 432,
-                                             383, 438, 261, 378, 432, 383, 438, 261};
+  const std::vector<int32_t> torch_greedy = {432, 383, 286, 261, 376, 298, 315, 421,
+                                             395, 317, 426, 338, 401, 396, 267, 337,
+                                             410, 428, 428, 411, 386, 261, 306, 328};
   EXPECT_EQ(j["generated_tokens"].get<std::vector<int32_t>>(), torch_greedy) << r.out;
-  EXPECT_EQ(j["text"], ", thereL a time, thereL a time, thereL a time, thereL a time, thereL a");
+  EXPECT_EQ(j["text"], ", there was a little girl named Lily. She loved to play ggeher all day");
 }
 
 // The model's job: with the full cache it answers a single-needle question of `eval niah`
-// (needle at half depth in RULER's noise haystack, 512 and 1024 tokens) with the needle's exact
+// (needle at half depth in RULER's noise haystack, 512 and 2032 tokens) with the needle's exact
 // 7-digit value.
 TEST(TrainedModel, AnswersANeedleQuestionWithTheFullCache) {
   const testing::CommandResult r =
       testing::run_protokv("eval niah -m '" + recall_model_path().string() +
-                           "' --lengths 512,1024 --depths 50 --samples 1 --json --quiet -t 1");
+                           "' --lengths 512,2032 --depths 50 --samples 1 --json --quiet -t 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["cells"]["full"].size(), 2u) << r.out;

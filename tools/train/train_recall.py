@@ -348,7 +348,7 @@ def main():
                    + ", ".join(DOC_KINDS) + "); default: the first recipe's")
     p.add_argument("--schedule", default=DEFAULT_SCHEDULE, help="CTXxBATCH:END_FRACTION,... (timed curriculum)")
     p.add_argument("--init-from", default="", help="state.pt to start from (continue a probe)")
-    p.add_argument("--eval-every", type=int, default=0, help="held-out probes every N steps (0: never)")
+    p.add_argument("--eval-every", type=int, default=0, help="held-out probes every N steps, a multiple of 10 (0: never)")
     p.add_argument("--eval-ctx", type=int, default=256)
     p.add_argument("--prev-token-init", action="store_true", help="structured start, see previous_token_init")
     p.add_argument("--induction-init", action="store_true", help="structured start, see induction_init")
