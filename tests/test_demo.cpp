@@ -34,7 +34,7 @@ TEST(RecallDemo, JsonHasEveryPressAtBothBudgetsWithCheckedAnswers) {
   const auto r = run_protokv("demo --json --quiet -t 1 --budget 32,128");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["prompt_tokens"], 1024);
+  EXPECT_EQ(j["prompt_tokens"], 2032);
   const std::string value = j["value"];
   EXPECT_EQ(value.size(), 7u);
   EXPECT_NE(j["needle"].get<std::string>().find(value), std::string::npos);
@@ -74,7 +74,7 @@ TEST(RecallDemo, TableMarksEachAnswerAndEndsWithTheHeatMapCommand) {
   const auto r = run_protokv("demo --quiet -t 1 -m '" + recall_model_path().string() +
                              "' --press snapkv --budget 16,64");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("1024 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2032 tokens"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("The special magic number for"), std::string::npos) << r.out;
   // Rows: full, snapkv@16, snapkv@64, each with a mark.
   int marks = 0;

@@ -25,7 +25,7 @@ struct DemoArgs {
   bool synthetic = false;
   bool tiny = false;
   std::string model_path;
-  int64_t length = 1024;
+  int64_t length = 2032;
   double depth = 50.0;
   uint64_t seed = 42;
   std::vector<std::string> presses;
@@ -85,7 +85,7 @@ void register_demo(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "demo",
       "What a compressed KV cache still remembers: the shipped recall model "
-      "(models/protokv-recall.gguf) reads a 1024-token prompt with one planted fact; the full "
+      "(models/protokv-recall.gguf) reads a 2032-token prompt with one planted fact; the full "
       "cache "
       "and every registered press at budgets 32 and 128 entries per head answer its question; "
       "prints each answer with ✓/✗, KV bytes, compression and decode time, then the command for "

@@ -44,7 +44,7 @@ struct RecallDemoOptions {
   std::string model_path;  // resolved by the caller (the CLI: models/protokv-recall.gguf)
   // Prompt length in tokens (BOS + haystack + needle + question): the length at which the shipped
   // model answers every `eval niah` depth with the full cache (models/protokv-recall.md).
-  int64_t length = 1024;
+  int64_t length = 2032;
   double depth = 50.0;  // percent of the haystack before the needle
   std::vector<int64_t> budgets = {32, 128};
   // Empty: full, then every registered press (press_table()) at every budget.

@@ -335,9 +335,13 @@ CalibrationProfile read_calibration_profile(const std::string& path) {
   return calibration_profile_from_json(j, path);
 }
 
-const CalibrationProfile* profile_option(OptionReader& options) {
+const CalibrationProfile* profile_option(OptionReader& options,
+                                         std::initializer_list<const char*> decided) {
   const std::string path = options.get_string("profile", "");
-  return path.empty() ? nullptr : &load_profile_cached(path);
+  if (path.empty()) return nullptr;
+  for (const char* key : decided)
+    options.reject_if_given(key, "profile= (the calibration profile decides it)");
+  return &load_profile_cached(path);
 }
 
 const CalibrationProfile& load_profile_cached(const std::string& path) {

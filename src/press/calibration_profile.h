@@ -11,6 +11,7 @@
 // The JSON form is versioned; reading it validates every field and its shape against the model
 // identity it records, and throws Error with one line naming the file and the field.
 #include <cstdint>
+#include <initializer_list>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -79,8 +80,10 @@ CalibrationProfile read_calibration_profile(const std::string& path);
 const CalibrationProfile& load_profile_cached(const std::string& path);
 
 // The `profile=FILE` option of a press that reads a calibration profile (load_profile_cached):
-// null when the option is not given. Throws Error as read_calibration_profile does.
-const CalibrationProfile* profile_option(OptionReader& options);
+// null when the option is not given. With a profile, the options in `decided` (what the profile
+// already settled, e.g. a threshold) are errors. Throws Error as read_calibration_profile does.
+const CalibrationProfile* profile_option(OptionReader& options,
+                                         std::initializer_list<const char*> decided);
 
 // Throws Error unless the profile was made for a model of this shape (layers, query heads, KV
 // heads, head_dim); `press` names the method in the message.

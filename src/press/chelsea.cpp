@@ -364,13 +364,9 @@ const PressEntry kChelseaEntry{
       o.schedule.steps = static_cast<int>(options.get_int("steps", preset.steps, 0, 1000));
       if (!(o.schedule.r_init > 0.0)) fail("press 'chelsea': r_init must be > 0 (got 0)");
       o.profile_path = options.get_string("profile", "");
-      o.profile = profile_option(options);
-      if (o.profile != nullptr) {
-        // The profile's outlier heads were ranked over every head at its own threshold/fraction.
-        for (const char* key : {"outliers", "threshold"})
-          options.reject_if_given(key, "profile= (its outlier heads are already chosen)");
-        o.outlier_heads = o.profile->chelsea_outlier;
-      }
+      // The profile's outlier heads were ranked over every head at its own threshold/fraction.
+      o.profile = profile_option(options, {"outliers", "threshold"});
+      if (o.profile != nullptr) o.outlier_heads = o.profile->chelsea_outlier;
       o.outliers = options.get_double("outliers", o.outliers, 0.0, 1.0);
       o.threshold = options.get_double("threshold", o.threshold, -1.0, 1.0);
       return std::make_unique<ChelseaPress>(std::move(o));

@@ -264,13 +264,9 @@ const PressEntry kPodEntry{
       o.sinks = options.get_int("sinks", o.sinks, 0, int64_t{1} << 30);
       o.queries = options.get_int("queries", o.queries, 1, int64_t{1} << 20);
       o.profile_path = options.get_string("profile", "");
-      o.profile = profile_option(options);
-      if (o.profile != nullptr) {
-        // The profile's blocks were grouped offline at its own delta and query rows.
-        for (const char* key : {"delta", "queries"})
-          options.reject_if_given(key, "profile= (its layer blocks are already grouped)");
-        o.block_start = o.profile->pod_block_start;
-      }
+      // The profile's blocks were grouped offline at its own delta and query rows.
+      o.profile = profile_option(options, {"delta", "queries"});
+      if (o.profile != nullptr) o.block_start = o.profile->pod_block_start;
       o.delta = options.get_double("delta", o.delta, 0.0, 1.0);
       if (options.given("tau")) o.tau = options.get_double("tau", 1.0, 0.0, 1.0);
       // Paper 004 Eq. 3 (a^D = Q_la K_la^T) by default: DESIGN's own-query reading degrades a
