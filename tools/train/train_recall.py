@@ -55,6 +55,18 @@ def rope_tables(head_dim, n, rope_theta=ROPE_THETA):
     return torch.cos(ang), torch.sin(ang)  # [n, head_dim / 2]
 
 
+def rotate_by_positions(vec, steps, rope_theta=ROPE_THETA):
+    """vec [head_dim] rotated as RoPE (Meta order) rotates a vector `steps` positions on."""
+    head_dim = vec.shape[0]
+    inv = rope_theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    out = vec.clone()
+    for i in range(head_dim // 2):
+        c, sn = math.cos(steps * inv[i]), math.sin(steps * inv[i])
+        out[2 * i] = vec[2 * i] * c - vec[2 * i + 1] * sn
+        out[2 * i + 1] = vec[2 * i] * sn + vec[2 * i + 1] * c
+    return out
+
+
 def apply_rope(x, cos, sin):
     # Meta order: rotate the pairs (2i, 2i + 1), as llama2.c and protokv's rope_neox = false.
     x0, x1 = x[..., 0::2], x[..., 1::2]
@@ -129,15 +141,9 @@ def previous_token_init(model, a):
     const = a.dim - 1  # the constant channel
     with torch.no_grad():
         model.tok_embeddings.weight[:, const] = 1.0
-        inv = a.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
 
         def rot(vec, steps):
-            out = vec.clone()
-            for i in range(hd // 2):
-                c, sn = math.cos(steps * inv[i]), math.sin(steps * inv[i])
-                out[2 * i] = vec[2 * i] * c - vec[2 * i + 1] * sn
-                out[2 * i + 1] = vec[2 * i] * sn + vec[2 * i + 1] * c
-            return out
+            return rotate_by_positions(vec, steps, a.rope_theta)
 
         u = torch.zeros(hd)
         u[0:6:2] = 1.0  # pairs 0, 1, 2
@@ -172,15 +178,9 @@ def induction_init(model, a, slow_pair=8, seed=0):
     A = slice(0, d - 1 - hd)
     B = slice(d - 1 - hd, d - 1)
     na = d - 1 - hd
-    inv = a.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
 
     def rot(vec, steps):
-        out = vec.clone()
-        for i in range(hd // 2):
-            c, sn = math.cos(steps * inv[i]), math.sin(steps * inv[i])
-            out[2 * i] = vec[2 * i] * c - vec[2 * i + 1] * sn
-            out[2 * i + 1] = vec[2 * i] * sn + vec[2 * i + 1] * c
-        return out
+        return rotate_by_positions(vec, steps, a.rope_theta)
 
     with torch.no_grad():
         emb = model.tok_embeddings.weight
