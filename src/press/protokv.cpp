@@ -277,13 +277,28 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
   for (int h = 0; h < layer.n_kv_heads; ++h) {
     // The token's own score: pooled window attention (Eq. 4-5) or its window logit sum (psi).
     float* own = out.head_tie(h);
-    if (config_.score == ClusterScore::Mean)
-      window_scores_kv_head(layer, h, window_config, own);
-    else
+    const ClusteringConfig clustering = config_.clustering(n_prefix, layer.layer, h);
+    // The chunk pass (Eq. 10-11 statistics) runs inside the window GEMM's loop over key blocks,
+    // on each block's chunks while the GEMM has just read them: one read of the keys for both.
+    const bool fused_pass = config_.score == ClusterScore::Mean && n_prefix >= 1 &&
+                            clustering.prototypes == PrototypeSet::Hybrid &&
+                            clustering.deviation == Deviation::Chunk;
+    thread_local ChunkPassStream pass;
+    if (config_.score == ClusterScore::Mean) {
+      KeyBlockVisitor visit;
+      if (fused_pass) {
+        pass.start(layer.k_head(h), n_prefix, d,
+                   std::clamp<int64_t>(clustering.chunks, 1, n_prefix));
+        visit = [&](int64_t, int64_t end) { pass.advance(std::min(end, n_prefix)); };
+      }
+      window_scores_kv_head(layer, h, window_config, own, visit);
+    } else {
       window_logit_sums(layer, h, window, own);
-
+    }
+    ChunkPassResult precomputed;
+    if (fused_pass) precomputed = pass.result();
     Clustering clusters =
-        cluster_keys(layer.k_head(h), n_prefix, d, config_.clustering(n_prefix, layer.layer, h));
+        cluster_keys(layer.k_head(h), n_prefix, d, clustering, fused_pass ? &precomputed : nullptr);
     const int count = std::max(1, clusters.n_prototypes());
     std::vector<double> sum(static_cast<size_t>(count), 0.0);
     std::vector<int64_t> size(static_cast<size_t>(count), 0);

@@ -109,12 +109,12 @@ namespace {
 // (per-channel sums in row order, variance terms fused as (k - mu)^2 + var, the channel sum of
 // the variances in channel order), so the results are bit-identical to it.
 template <int kVectors>
-void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, float* norms, float* chunk_sums,
-                       float* delta) {
+void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin, int64_t m_end,
+                       float* norms, float* chunk_sums, float* delta) {
   constexpr int d = 16 * kVectors;
   using Ops = kernels::Avx512Ops;
   alignas(64) float mu[d], var[d];
-  for (int64_t m = 0; m < k; ++m) {
+  for (int64_t m = m_begin; m < m_end; ++m) {
     const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
     __m512 sum[kVectors];
     for (auto& v : sum) v = _mm512_setzero_ps();
@@ -171,26 +171,36 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, float* norms, fl
 
 void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
                 float* delta) {
+  chunk_pass_range(keys, n, d, k, 0, k, norms, chunk_sums, delta);
+}
+
+void chunk_pass_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
+                      int64_t m_end, float* norms, float* chunk_sums, float* delta) {
 #if defined(PROTOKV_HAVE_AVX512)
   switch (d) {
     case 64:
-      return chunk_pass_avx512<4>(keys, n, k, norms, chunk_sums, delta);
+      return chunk_pass_avx512<4>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta);
     case 128:
-      return chunk_pass_avx512<8>(keys, n, k, norms, chunk_sums, delta);
+      return chunk_pass_avx512<8>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta);
     case 256:
-      return chunk_pass_avx512<16>(keys, n, k, norms, chunk_sums, delta);
+      return chunk_pass_avx512<16>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta);
     default:
       break;
   }
 #endif
-  chunk_pass_generic(keys, n, d, k, norms, chunk_sums, delta);
+  chunk_pass_generic_range(keys, n, d, k, m_begin, m_end, norms, chunk_sums, delta);
 }
 
 void chunk_pass_generic(const float* keys, int64_t n, int d, int64_t k, float* norms,
                         float* chunk_sums, float* delta) {
+  chunk_pass_generic_range(keys, n, d, k, 0, k, norms, chunk_sums, delta);
+}
+
+void chunk_pass_generic_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
+                              int64_t m_end, float* norms, float* chunk_sums, float* delta) {
   // Per-channel accumulators keep every inner loop a plain vectorisable loop over channels.
   std::vector<float> mean(static_cast<size_t>(d)), variance(static_cast<size_t>(d));
-  for (int64_t m = 0; m < k; ++m) {
+  for (int64_t m = m_begin; m < m_end; ++m) {
     const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
     float* __restrict sum = chunk_sums + m * d;
     std::fill(sum, sum + d, 0.0f);
@@ -706,7 +716,34 @@ void assign_locally(const float* keys, int64_t n, int d, const Clustering& clust
   }
 }
 
-Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config) {
+void ChunkPassStream::start(const float* keys, int64_t n, int d, int64_t k) {
+  PROTOKV_CHECK(n >= 1 && k >= 1 && k <= n, "chunk pass: {} chunks of {} keys", k, n);
+  keys_ = keys;
+  n_ = n;
+  d_ = d;
+  k_ = k;
+  done_ = 0;
+  // Reused across heads: every entry is written by the chunk pass before it is read.
+  norms_.resize(static_cast<size_t>(n));
+  sums_.resize(static_cast<size_t>(k * d));
+  delta_.resize(static_cast<size_t>(n));
+}
+
+void ChunkPassStream::advance(int64_t keys_ready) {
+  int64_t end = done_;
+  while (end < k_ && chunk_begin(end + 1, n_, k_) <= keys_ready) ++end;
+  if (end == done_) return;
+  chunk_pass_range(keys_, n_, d_, k_, done_, end, norms_.data(), sums_.data(), delta_.data());
+  done_ = end;
+}
+
+ChunkPassResult ChunkPassStream::result() {
+  advance(n_);  // any chunk the visits left out
+  return ChunkPassResult{norms_.data(), sums_.data(), delta_.data(), k_};
+}
+
+Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config,
+                        const ChunkPassResult* precomputed) {
   Clustering out;
   out.head_dim = d;
   // Workspaces reused across calls (one set per thread): every entry is written before it is
@@ -722,18 +759,34 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   switch (config.prototypes) {
     case PrototypeSet::Hybrid: {
       // Algorithm 1 lines 1-7: deviation, irregular set O, regular prototypes.
-      sums.resize(static_cast<size_t>(k * d));  // [k, d] chunk sums
-      deviation.resize(static_cast<size_t>(n));
       const bool chunk_dev = config.deviation == Deviation::Chunk;
-      chunk_pass(keys, n, d, k, norms.data(), sums.data(), chunk_dev ? deviation.data() : nullptr);
-      if (!chunk_dev)
-        neighbourhood_outlier_degree(keys, norms.data(), n, d, config.kappa, deviation.data());
-      out.irregular = top_indices(deviation.data(), n, config.irregular);
-      add_chunk_prototypes(keys, n, d, k, sums.data(), out.irregular, out);
+      const float* key_norm = nullptr;
+      const float* delta = nullptr;
+      float* chunk_sums = nullptr;
+      if (precomputed != nullptr && chunk_dev) {
+        // The same chunk pass, already run while the window GEMM had the keys in cache.
+        PROTOKV_CHECK(precomputed->chunks == k, "precomputed chunk pass has {} chunks, not {}",
+                      precomputed->chunks, k);
+        key_norm = precomputed->norms;
+        delta = precomputed->delta;
+        chunk_sums = precomputed->chunk_sums;
+      } else {
+        sums.resize(static_cast<size_t>(k * d));  // [k, d] chunk sums
+        deviation.resize(static_cast<size_t>(n));
+        chunk_pass(keys, n, d, k, norms.data(), sums.data(),
+                   chunk_dev ? deviation.data() : nullptr);
+        if (!chunk_dev)
+          neighbourhood_outlier_degree(keys, norms.data(), n, d, config.kappa, deviation.data());
+        key_norm = norms.data();
+        delta = deviation.data();
+        chunk_sums = sums.data();
+      }
+      out.irregular = top_indices(delta, n, config.irregular);
+      add_chunk_prototypes(keys, n, d, k, chunk_sums, out.irregular, out);
       out.n_regular = out.n_prototypes();
       out.n_chunks = k;
       // Lines 8-13: only the irregular tokens are hashed.
-      add_bucket_prototypes(keys, norms.data(), out.irregular, d, config.lsh_bits, config.gamma,
+      add_bucket_prototypes(keys, key_norm, out.irregular, d, config.lsh_bits, config.gamma,
                             config.lsh_seed, out);
       break;
     }

@@ -62,6 +62,40 @@ void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, fl
 void chunk_pass_generic(const float* keys, int64_t n, int d, int64_t k, float* norms,
                         float* chunk_sums, float* delta);
 
+// chunk_pass over the chunks [m_begin, m_end) of k only: each chunk's results depend on its own
+// rows alone, so running the chunks in several ranges gives exactly chunk_pass's results.
+void chunk_pass_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
+                      int64_t m_end, float* norms, float* chunk_sums, float* delta);
+void chunk_pass_generic_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
+                              int64_t m_end, float* norms, float* chunk_sums, float* delta);
+
+// The results of chunk_pass with deviations (norms [n], chunk_sums [chunks, d], delta [n]).
+// cluster_keys may subtract from chunk_sums (Eq. 11 without the irregular keys).
+struct ChunkPassResult {
+  const float* norms = nullptr;
+  float* chunk_sums = nullptr;
+  const float* delta = nullptr;
+  int64_t chunks = 0;
+};
+
+// chunk_pass run piecewise while another pass streams the keys (ProtoKV's window GEMM, block by
+// block): advance(e) runs every chunk that ends at or before key e and has not run yet, so each
+// chunk's rows are read while the window GEMM has just brought them into cache. Buffers are reused
+// across start() calls.
+class ChunkPassStream {
+ public:
+  void start(const float* keys, int64_t n, int d, int64_t k);
+  void advance(int64_t keys_ready);
+  // Runs the chunks not run yet, then the whole pass's results (valid until the next start()).
+  ChunkPassResult result();
+
+ private:
+  const float* keys_ = nullptr;
+  int64_t n_ = 0, k_ = 0, done_ = 0;
+  int d_ = 0;
+  std::vector<float> norms_, sums_, delta_;
+};
+
 // ProtoKV Eq. 10: delta_t = (1 - cos(k_t, mu_m)) / ||sigma_m||_2 over k chunks; out [n].
 // A chunk whose keys are all equal (sigma = 0) gives delta = 0.
 void chunk_deviation(const float* keys, int64_t n, int d, int64_t k, float* delta);
@@ -106,6 +140,10 @@ void assign_locally(const float* keys, int64_t n, int d, const Clustering& clust
 
 // Builds the prototypes of `config.prototypes` from keys [n, d] (raw, post-RoPE) and assigns every
 // token. With no usable prototype (all keys zero) every token lands in cluster 0.
-Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config);
+// `precomputed`, if given, is chunk_pass's result for these keys with config.chunks chunks (used
+// for prototypes=hybrid with deviation=chunk; ignored otherwise): the same clustering, without
+// reading the keys for the pass again.
+Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config,
+                        const ChunkPassResult* precomputed = nullptr);
 
 }  // namespace protokv::press

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/serial_blas.h"
 #include "protokv/error.h"
 #include "protokv/press/options.h"
 #include "protokv/press/scores.h"
@@ -112,24 +113,38 @@ void reduce_group(const float* rows, int group, int64_t n, GqaReduce reduce, flo
   }
 }
 
-void window_attention_sums(const LayerView& layer, int kv_head, int64_t window, float* out) {
+void window_attention_sums(const LayerView& layer, int kv_head, int64_t window, float* out,
+                           const KeyBlockVisitor& visit_keys) {
   const int64_t n = layer.n_tokens;
   const int64_t n_prefix = n - window;
   const int d = layer.head_dim;
   const int group = layer.group_size();
   const int64_t rows = static_cast<int64_t>(group) * window;
 
+  // Workspaces reused across calls (one set per thread): every entry is written before it is
+  // read, so no call pays for fresh zeroed pages.
+  thread_local std::vector<float> queries, logits;
   // The group's window queries stacked: [group * window, d].
-  std::vector<float> queries(static_cast<size_t>(rows * d));
+  queries.resize(static_cast<size_t>(rows * d));
   for (int g = 0; g < group; ++g) {
     const float* q = layer.q_head(kv_head * group + g) + n_prefix * d;
     std::copy(q, q + window * d, queries.data() + static_cast<int64_t>(g) * window * d);
   }
-  // Logits of every window query against every key: [group * window, n].
-  std::vector<float> logits(static_cast<size_t>(rows * n));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
-              d, 1.0f / std::sqrt(static_cast<float>(d)), queries.data(), d, layer.k_head(kv_head),
-              d, 0.0f, logits.data(), static_cast<int>(n));
+  // Logits of every window query against every key: [group * window, n], one block of keys at a
+  // time (each logit is the same dot as in one GEMM over all keys: the blocks split the key
+  // dimension only, never the head dimension). One BLAS thread per call: the heads run in
+  // parallel above worth_parallel's size, and OpenBLAS's threads would split each block between
+  // them, which changes the rounding of some logits with the thread count.
+  const kernels::SerialBlasScope serial_blas;
+  logits.resize(static_cast<size_t>(rows * n));
+  const float* keys = layer.k_head(kv_head);
+  for (int64_t begin = 0; begin < n; begin += kWindowKeyBlock) {
+    const int64_t count = std::min(kWindowKeyBlock, n - begin);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                static_cast<int>(count), d, 1.0f / std::sqrt(static_cast<float>(d)), queries.data(),
+                d, keys + begin * d, d, 0.0f, logits.data() + begin, static_cast<int>(n));
+    if (visit_keys) visit_keys(begin, begin + count);
+  }
 
   std::fill(out, out + static_cast<int64_t>(group) * n_prefix, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
@@ -144,11 +159,12 @@ void window_attention_sums(const LayerView& layer, int kv_head, int64_t window, 
 }
 
 void window_scores_kv_head(const LayerView& layer, int kv_head, const WindowScoreConfig& config,
-                           float* out) {
+                           float* out, const KeyBlockVisitor& visit_keys) {
   const int64_t n_prefix = layer.n_tokens - config.window;
   const int group = layer.group_size();
-  std::vector<float> sums(static_cast<size_t>(group * n_prefix));  // [group, n_prefix]
-  window_attention_sums(layer, kv_head, config.window, sums.data());
+  thread_local std::vector<float> sums;  // [group, n_prefix], reused: fully written below
+  sums.resize(static_cast<size_t>(group * n_prefix));
+  window_attention_sums(layer, kv_head, config.window, sums.data(), visit_keys);
   pool_and_reduce(sums.data(), group, n_prefix, config, out);
 }
 

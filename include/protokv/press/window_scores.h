@@ -3,6 +3,7 @@
 // `window` prompt queries pay to each prefix key, pooled along the sequence (SnapKV Eq. 5) and
 // reduced over the query heads that share a KV head (GQA), so that selection is per KV head.
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
@@ -56,11 +57,19 @@ void pool_and_reduce(const float* sums, int group, int64_t n, const WindowScoreC
 //   s_g(j) = sum_i softmax_fp32(q_i . k_j / sqrt(d))  over the last w queries i of head g,
 // softmax over the whole causal row (keys 0 .. position of i), for prefix keys j < n - w.
 // out: [group, n - w] (query heads of the group in order).
-void window_attention_sums(const LayerView& layer, int kv_head, int64_t window, float* out);
+// The logits are computed block by block over the keys (kWindowKeyBlock keys per GEMM call, the
+// same per-element sums as one single-threaded GEMM over all keys; BLAS runs on the calling
+// thread, so the result does not depend on the thread count); `visit_keys`, if given, is called
+// with each block [begin, end) of key rows right after its GEMM, while those rows are still in
+// cache, so that a caller can compute its own per-key statistics without reading the keys again.
+using KeyBlockVisitor = std::function<void(int64_t begin, int64_t end)>;
+inline constexpr int64_t kWindowKeyBlock = 256;
+void window_attention_sums(const LayerView& layer, int kv_head, int64_t window, float* out,
+                           const KeyBlockVisitor& visit_keys = {});
 
 // Pooled, GQA-reduced window scores of KV head `kv_head`: out [n - w].
 void window_scores_kv_head(const LayerView& layer, int kv_head, const WindowScoreConfig& config,
-                           float* out);
+                           float* out, const KeyBlockVisitor& visit_keys = {});
 
 // All KV heads, in parallel: out [n_kv_heads, n - w].
 void window_scores(const LayerView& layer, const WindowScoreConfig& config, float* out);
