@@ -18,7 +18,7 @@ ruler_samples=${RULER_SAMPLES:-10}
 niah_samples=${NIAH_SAMPLES:-2}
 budgets=${BUDGETS:-32,128}
 readme=${README:-README.md}
-limit=${LIMIT:+--limit $LIMIT}  # smoke test only: the first LIMIT samples of each eval
+limit=${LIMIT:+ --limit $LIMIT}  # smoke test only: the first LIMIT samples of each eval
 presses=full,streaming_llm,h2o,snapkv,pyramidkv,adakv,protokv,clusterkv,chelsea,pod
 
 [ -x "$protokv" ] || { echo "longctx_tables: no protokv binary at $protokv (build it first)" >&2; exit 1; }
@@ -27,8 +27,8 @@ presses=full,streaming_llm,h2o,snapkv,pyramidkv,adakv,protokv,clusterkv,chelsea,
 rm -rf "$out/niah" "$out/ruler"
 mkdir -p "$out"
 
-niah_cmd="protokv eval niah -m $model --press $presses --budget $budgets --lengths 512,1024,2032 --depths 0,10,20,30,40,50,60,70,80,90,100 --samples $niah_samples -t $threads --out niah"
-ruler_cmd="protokv eval ruler -m $model --press $presses --budget $budgets --lengths 2048 --samples $ruler_samples -t $threads --out ruler"
+niah_cmd="protokv eval niah -m $model --press $presses --budget $budgets --lengths 512,1024,2032 --depths 0,10,20,30,40,50,60,70,80,90,100 --samples $niah_samples -t $threads$limit --out niah"
+ruler_cmd="protokv eval ruler -m $model --press $presses --budget $budgets --lengths 2048 --samples $ruler_samples -t $threads$limit --out ruler"
 printf '%s\n%s\n' "$niah_cmd" "$ruler_cmd" >"$out/commands.txt"
 
 run() {  # $1: name, rest: the command with "protokv" and "--out NAME" as written in commands.txt
@@ -36,8 +36,7 @@ run() {  # $1: name, rest: the command with "protokv" and "--out NAME" as writte
   shift
   shift  # "protokv"
   start=$(date +%s)
-  # shellcheck disable=SC2086 # $limit: empty or two words
-  "$protokv" "$@" $limit --quiet --out "$out/$name" >"$out/$name.txt" 2>"$out/$name.log" || {
+  "$protokv" "$@" --quiet --out "$out/$name" >"$out/$name.txt" 2>"$out/$name.log" || {
     echo "longctx_tables: $name failed, see $out/$name.log" >&2
     exit 1
   }
