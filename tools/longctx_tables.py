@@ -234,7 +234,8 @@ def main():
     p("")
     short = {t: t.replace("niah_", "").replace("single_", "s").replace("multikey_", "mk")
              .replace("multivalue", "mv").replace("multiquery", "mq") for t in tasks}
-    p("| run | " + " | ".join(short[t] for t in tasks) + " | avg | Δ avg vs full (95%) | KV kept |")
+    p("| run | " + " | ".join(short[t] for t in tasks)
+      + " | avg | Δ avg vs full (95%) | KV kept |")
     p("| --- | " + " | ".join("---:" for _ in tasks) + " | ---: | ---: | ---: |")
     ruler_labels = run_labels(ruler)
     rfull = scored(ruler_rec["full"])
@@ -279,7 +280,7 @@ def main():
     p("")
     p("Task names: s1–s3 `niah_single_1..3`, mk1–mk3 `niah_multikey_1..3`, mv "
       "`niah_multivalue`, mq `niah_multiquery`, vt, cwe, fwe. KV kept: KV bytes at answer time "
-      "as a share of the full cache's (clusterkv stores everything and attends a subset). † keeps "
+      "as a share of the full cache's (clusterkv stores everything, attends a subset). † keeps "
       f"at least {100 * KEEPS_ALL:.0f}% of the full cache on this model: no eviction to rank, "
       "see below.")
     p("")
@@ -329,7 +330,8 @@ def main():
         elif half is not None and gap - half > 0:
             verdict = "holds (the gap's 95% interval excludes 0)"
         else:
-            verdict = "is reached by the means, but the gap's 95% interval includes 0: not established"
+            verdict = ("is reached by the means, but the gap's 95% interval includes 0: "
+                       "not established")
         if gap == 0:
             p(f"- budget {b} ({100 * b / longest:.1f}%): every evicting press scored the same "
               f"on every task (NIAH: {100 * mh:.0f}%) — the ≥ 20-point bar does NOT hold at "

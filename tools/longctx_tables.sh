@@ -6,7 +6,8 @@
 # RULER_SAMPLES samples each), every registered press at budgets 32 and 128, one thread, then
 # tools/longctx_tables.py. Environment: PROTOKV (binary, default build/protokv), THREADS (1),
 # RULER_SAMPLES (10), NIAH_SAMPLES (2), BUDGETS (32,128), README (README.md; "-": print the block
-# instead of editing the README), LIMIT (smoke test: only the first N samples of each eval). About 2 + 5 minutes of CPU on the development machine.
+# instead of editing the README), LIMIT (smoke test: only the first N samples of each eval).
+# Measured here: 116 s + 327 s of CPU (NIAH + RULER, -t 1; 6.5 + 25 min wall on a loaded machine).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,7 +22,10 @@ readme=${README:-README.md}
 limit=${LIMIT:+ --limit $LIMIT}  # smoke test only: the first LIMIT samples of each eval
 presses=full,streaming_llm,h2o,snapkv,pyramidkv,adakv,protokv,clusterkv,chelsea,pod
 
-[ -x "$protokv" ] || { echo "longctx_tables: no protokv binary at $protokv (build it first)" >&2; exit 1; }
+[ -x "$protokv" ] || {
+  echo "longctx_tables: no protokv binary at $protokv (build it first)" >&2
+  exit 1
+}
 [ -f "$model" ] || { echo "longctx_tables: no model file $model" >&2; exit 1; }
 # Fresh folders: a samples.jsonl of an older model must never be reused.
 rm -rf "$out/niah" "$out/ruler"
