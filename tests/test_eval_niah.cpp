@@ -86,6 +86,41 @@ TEST(LongctxRunner, SummaryPairsOnlySamplesBothScored) {
   EXPECT_DOUBLE_EQ(s[1].diff_mean, -0.5);
 }
 
+TEST(LongctxRunner, GroupSummaryPairsWithinTheGroup) {
+  // The per-task / per-length differences of `eval ruler` and `eval niah`: summarize() with a
+  // group filter pairs each run with the reference on that group's samples only.
+  std::vector<eval::LongctxRecord> records;
+  auto add = [&](const std::string& run, const std::string& id, const std::string& task,
+                 double score) {
+    eval::LongctxRecord r;
+    r.run = run;
+    r.id = id;
+    r.score = score;
+    r.meta = {{"task", task}};
+    records.push_back(r);
+  };
+  for (const char* id : {"a1", "a2", "a3"}) add("full", id, "a", 1);
+  add("full", "b1", "b", 0);
+  add("full", "b2", "b", 1);
+  add("snapkv@8", "a1", "a", 1);
+  add("snapkv@8", "a2", "a", 0);
+  add("snapkv@8", "a3", "a", 0);
+  add("snapkv@8", "b1", "b", 1);
+  add("snapkv@8", "b2", "b", 1);
+  const auto runs = eval::make_run_specs({"full", "snapkv"}, {8}, {});
+  const auto in_task = [](const std::string& task) {
+    return [task](const eval::LongctxRecord& r) { return r.meta.value("task", "") == task; };
+  };
+  const auto a = eval::summarize(records, runs, "full", in_task("a"));
+  EXPECT_EQ(a[1].paired, 3);
+  EXPECT_NEAR(a[1].diff_mean, -2.0 / 3.0, 1e-12);
+  // d = {0, -1, -1}: sd = sqrt(1/3), half-width t(0.975, 2) * sd / sqrt(3) = 4.303 / 3.
+  EXPECT_NEAR(a[1].diff_ci95, 4.303 / 3.0, 1e-12);
+  const auto b = eval::summarize(records, runs, "full", in_task("b"));
+  EXPECT_EQ(b[1].paired, 2);
+  EXPECT_DOUBLE_EQ(b[1].diff_mean, 0.5);
+}
+
 TEST(LongctxRunner, PredictionsAreMadeValidUtf8) {
   EXPECT_EQ(eval::sanitize_utf8("ok \xC3\xA9"), "ok \xC3\xA9");
   EXPECT_EQ(eval::sanitize_utf8("a\xFF b"), "a\xEF\xBF\xBD b");
@@ -218,6 +253,14 @@ TEST(NiahCli, RunsEndToEndAndResumes) {
   EXPECT_EQ(results["summary"][0]["scored"].get<int>(), 4);
   EXPECT_TRUE(results["summary"][1].contains("diff_vs_reference"));
   EXPECT_TRUE(std::filesystem::exists(dir / "heatmap_streaming_llm@32.svg"));
+  // Per length: the paired difference against full, none for full itself.
+  const auto& by_length = results["per_length_paired"];
+  EXPECT_FALSE(by_length.contains("full"));
+  for (const char* length : {"128", "256"}) {
+    const auto& d = by_length["streaming_llm@32"][length];
+    EXPECT_EQ(d["paired"].get<int>(), 2) << d;
+    EXPECT_TRUE(d.contains("diff") && d.contains("ci95")) << d;
+  }
   const auto config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
   EXPECT_EQ(config["niah"]["lengths"].size(), 2u);
   EXPECT_EQ(config["mode"], "query-aware");

@@ -155,6 +155,19 @@ TEST(RulerCli, RunsEndToEnd) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j["per_task"]["snapkv@64"].contains("fwe"));
   EXPECT_TRUE(j["per_task"]["full"].contains("average"));
+  // Per task: the paired difference against full, consistent with the per-task scores (every
+  // sample scored by both runs).
+  EXPECT_FALSE(j["per_task_paired"].contains("full"));
+  for (const char* task : {"niah_single_1", "fwe"}) {
+    const auto& d = j["per_task_paired"]["snapkv@64"][task];
+    ASSERT_TRUE(d.is_object()) << j["per_task_paired"];
+    EXPECT_EQ(d["paired"].get<int>(), 1);
+    EXPECT_TRUE(d["ci95"].is_null());  // one pair: no interval
+    EXPECT_NEAR(
+        d["diff"].get<double>(),
+        j["per_task"]["snapkv@64"][task].get<double>() - j["per_task"]["full"][task].get<double>(),
+        1e-9);
+  }
   r = testing::run_protokv("eval ruler " + model + " --tasks nope");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("unknown RULER task 'nope'"), std::string::npos) << r.err;

@@ -2,6 +2,8 @@
 // (press, budget) on the same samples (eval/longctx_runner.h).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +166,49 @@ nlohmann::json summaries_json(const std::vector<eval::LongctxSummary>& summaries
   return j;
 }
 
+// Rows: runs other than the reference; columns: per group (task, length, dataset...), the paired
+// difference against the reference on the samples both scored, in points, with its 95% Student-t
+// interval ("+x.x ± y.y"; no interval with one pair, "-" with none). `out[run][group]` gets
+// {"diff", "ci95", "paired"} in points (ci95: the half-width; null without an interval).
+std::string paired_group_table(const std::vector<eval::LongctxRecord>& records,
+                               const std::vector<eval::LongctxRunSpec>& runs,
+                               const std::vector<std::string>& groups, const std::string& group_key,
+                               const std::string& reference, nlohmann::json& out) {
+  out = nlohmann::json::object();
+  const bool has_reference =
+      std::any_of(runs.begin(), runs.end(), [&](const auto& r) { return r.label() == reference; });
+  if (!has_reference) return "";
+  eval::Table table;
+  table.add_column("Δ vs " + reference + " (95%)", eval::Table::Align::kLeft);
+  for (const auto& g : groups) table.add_column(g);
+  std::vector<std::vector<eval::LongctxSummary>> per_group;  // [group][run]
+  for (const auto& g : groups)
+    per_group.push_back(eval::summarize(
+        records, runs, reference,
+        [&](const eval::LongctxRecord& r) { return r.meta.value(group_key, std::string()) == g; }));
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::string label = runs[i].label();
+    if (label == reference) continue;
+    std::vector<std::string> row = {label};
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const auto& s = per_group[k][i];
+      if (s.paired == 0) {
+        row.push_back("-");
+        out[label][groups[k]] = nullptr;
+        continue;
+      }
+      const bool interval = std::isfinite(s.diff_ci95);
+      row.push_back(interval ? format_diff(s) : fmt::format("{:+.1f}", 100.0 * s.diff_mean));
+      out[label][groups[k]] = {
+          {"diff", 100.0 * s.diff_mean},
+          {"ci95", interval ? nlohmann::json(100.0 * s.diff_ci95) : nlohmann::json()},
+          {"paired", s.paired}};
+    }
+    table.add_row(row);
+  }
+  return table.render();
+}
+
 // Skipped samples, one line each, so a bad sample is visible without reading the JSONL.
 void report_errors(const std::vector<eval::LongctxRecord>& records, FILE* out) {
   std::map<std::string, int> seen;
@@ -282,7 +327,7 @@ void run_niah(NiahArgs& args) {
                       {"haystack", haystack_desc},
                       {"scoring", "exact containment of the needle's value"}};
 
-  const eval::LongctxResult result =
+  eval::LongctxResult result =
       eval::run_longctx(p.model.weights, tok, samples, eval::niah_score, p.options);
   const auto summaries = eval::summarize(result.records, p.options.runs, p.options.reference);
   nlohmann::json results;
@@ -325,6 +370,14 @@ void run_niah(NiahArgs& args) {
     }
   }
   results["cells"] = grids;
+  std::vector<std::string> length_names;
+  for (int64_t L : o.lengths) length_names.push_back(std::to_string(L));
+  for (auto& r : result.records)
+    r.meta["length_name"] = std::to_string(r.meta.value("length", int64_t{0}));
+  nlohmann::json per_length_paired;
+  report += paired_group_table(result.records, p.options.runs, length_names, "length_name",
+                               p.options.reference, per_length_paired);
+  results["per_length_paired"] = per_length_paired;
   finish(args.common, p, result, results, report);
 }
 
@@ -443,8 +496,13 @@ void run_ruler(RulerArgs& args) {
       fmt::format("eval ruler: {}, lengths {}, {} sample(s) per task, mode {}\n", p.model.path,
                   fmt::join(o.lengths, ","), o.samples, args.common.mode);
   report += group_table(result.records, p.options.runs, o.tasks, "task", per_task);
+  nlohmann::json per_task_paired;
+  const std::string task_diffs = paired_group_table(result.records, p.options.runs, o.tasks, "task",
+                                                    p.options.reference, per_task_paired);
+  if (!task_diffs.empty()) report += "\n" + task_diffs;
   report += "\n" + summary_table(summaries, "score (all)");
   results["per_task"] = per_task;
+  results["per_task_paired"] = per_task_paired;
   if (o.lengths.size() > 1) {
     std::vector<std::string> lengths;
     for (int64_t L : o.lengths) lengths.push_back(std::to_string(L));
@@ -454,6 +512,10 @@ void run_ruler(RulerArgs& args) {
     report += "\nby length:\n" +
               group_table(result.records, p.options.runs, lengths, "length_name", per_length);
     results["per_length"] = per_length;
+    nlohmann::json per_length_paired;
+    report += paired_group_table(result.records, p.options.runs, lengths, "length_name",
+                                 p.options.reference, per_length_paired);
+    results["per_length_paired"] = per_length_paired;
   }
   finish(args.common, p, result, results, report);
 }

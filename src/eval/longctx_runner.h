@@ -101,7 +101,8 @@ struct LongctxSummary {
   int64_t skipped = 0;
   double mean_score = 0.0;  // in [0, 1]
   // Paired with the reference on the samples both scored: mean(run - reference) and the
-  // half-width of its normal 95% interval (1.96 * sd / sqrt(n), sd with n - 1); n = 0: none.
+  // half-width of its 95% Student-t interval (t(0.975, n - 1) * sd / sqrt(n), sd with n - 1;
+  // NaN for n = 1); n = 0: none.
   int64_t paired = 0;
   double diff_mean = 0.0;
   double diff_ci95 = 0.0;
