@@ -356,6 +356,11 @@ TEST(CliBench, E2eReportsEveryContext) {
   EXPECT_GT(j["machine"]["sgemm_gflops"].get<double>(), 0.0);
   EXPECT_GT(j["machine"]["copy_gbs_read_plus_write"].get<double>(), 0.0);
   EXPECT_GT(j["results"][0]["prefill_gflops"].get<double>(), 0.0);
+  // Decode CPU time per token: measured, positive, and a single thread cannot use more CPU than
+  // wall time (small slack for the two clocks being read at slightly different instants).
+  const double cpu_ms = j["results"][1]["decode_cpu_ms_per_token"].get<double>();
+  EXPECT_GT(cpu_ms, 0.0);
+  EXPECT_LE(cpu_ms, j["results"][1]["decode_ms_per_token"].get<double>() * 1.05 + 0.05);
 
   const auto chunked = run_protokv("bench e2e " + m +
                                    " -c 100 -n 2 -t 1 --json --gemm-size 64 --copy-mib 8 "
@@ -369,6 +374,7 @@ TEST(CliBench, E2eReportsEveryContext) {
       run_protokv("bench e2e " + m + " -c 16 -n 2 -t 1 --gemm-size 128 --copy-mib 8");
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("decode ms/t"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("dec CPU ms/t"), std::string::npos) << table.out;
 
   testing::expect_run_fails_with_one_line("bench e2e " + m + " -c 200",
                                           "longer than the model's context");

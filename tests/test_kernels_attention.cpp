@@ -238,6 +238,124 @@ TEST(KernelsAttention, GatheredDecodeEqualsDenseDecodeOnTheSubset) {
   }
 }
 
+// Non-overlapping spans of consecutive rows of [0, n) (lengths 1 to 13, the last row always in
+// one), in shuffled span order: the layout a cluster-contiguous recall (ClusterKV) hands over.
+std::vector<int32_t> shuffled_spans(std::mt19937& rng, int64_t n) {
+  std::vector<std::pair<int32_t, int32_t>> spans;  // [begin, end)
+  std::uniform_int_distribution<int32_t> length(1, 13), gap(0, 6);
+  for (int32_t begin = gap(rng); begin < n; begin += length(rng) + gap(rng)) {
+    const int32_t end = std::min<int32_t>(static_cast<int32_t>(n), begin + length(rng));
+    spans.emplace_back(begin, end);
+    begin = end;
+  }
+  if (spans.empty() || spans.back().second != n)
+    spans.emplace_back(static_cast<int32_t>(n) - 1, static_cast<int32_t>(n));
+  std::shuffle(spans.begin(), spans.end(), rng);
+  std::vector<int32_t> indices;
+  for (auto [begin, end] : spans)
+    for (int32_t e = begin; e < end; ++e) indices.push_back(e);
+  return indices;
+}
+
+TEST(KernelsAttention, GatheredDecodeOverContiguousSpansEqualsDenseDecodeOnTheSubset) {
+  // Runs of consecutive rows take the kernel's span path (4-row dots, weighted row sums), single
+  // rows the row path: both against the dense kernel on the copied rows and the reference.
+  std::mt19937 rng(37);
+  for (Isa isa : compiled_isas()) {
+    for (auto [n, d] : {std::pair<int64_t, int>{1, 64}, {97, 8}, {300, 64}, {700, 130}, {40, 3}}) {
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " n=" << n << " d=" << d);
+      const auto q = random_vector(rng, d, 2.0f);
+      const auto keys = random_vector(rng, n * d, 2.0f);
+      const auto values = random_vector(rng, n * d);
+      const auto log_weights = random_vector(rng, n, 0.5f);
+      const std::vector<int32_t> indices = shuffled_spans(rng, n);
+      const auto m = static_cast<int64_t>(indices.size());
+      std::vector<float> sub_k, sub_v, sub_lw;
+      for (int32_t i : indices) {
+        sub_k.insert(sub_k.end(), keys.begin() + i * d, keys.begin() + (i + 1) * d);
+        sub_v.insert(sub_v.end(), values.begin() + i * d, values.begin() + (i + 1) * d);
+        sub_lw.push_back(log_weights[static_cast<size_t>(i)]);
+      }
+      for (const bool weighted : {false, true}) {
+        const float* lw = weighted ? log_weights.data() : nullptr;
+        std::vector<float> dense(d, NAN), dense_probs(m, NAN), gathered(d, NAN), probs(m, NAN);
+        attention_decode_group(isa, q.data(), 1, sub_k.data(), sub_v.data(),
+                               weighted ? sub_lw.data() : nullptr, m, d, dense.data(),
+                               dense_probs.data());
+        attention_decode_gathered(isa, q.data(), keys.data(), values.data(), lw, indices, d,
+                                  gathered.data(), probs.data());
+        std::vector<double> expected_probs;
+        const auto expected =
+            ref_decode_attention(q.data(), sub_k.data(), sub_v.data(),
+                                 weighted ? sub_lw.data() : nullptr, m, d, &expected_probs);
+        for (int i = 0; i < d; ++i) {
+          ASSERT_NEAR(gathered[i], dense[i], 1e-5);
+          ASSERT_NEAR(gathered[i], expected[i], kAttentionTolerance);
+        }
+        for (int64_t j = 0; j < m; ++j) {
+          ASSERT_NEAR(probs[j], dense_probs[j], 1e-6);
+          ASSERT_NEAR(probs[j], expected_probs[static_cast<size_t>(j)], 1e-6);
+        }
+        // Without probabilities the kernel keeps its scores in scratch: the same output.
+        std::vector<float> no_probs(d, NAN);
+        attention_decode_gathered(isa, q.data(), keys.data(), values.data(), lw, indices, d,
+                                  no_probs.data(), nullptr);
+        EXPECT_EQ(no_probs, gathered);
+      }
+    }
+  }
+}
+
+TEST(KernelsAttention, GatheredSegmentsSplitRunsAtSegmentBoundaries) {
+  // Runs that cross from one key segment into the next (PoD's held / borrowed / held keys, the
+  // middle one with its own query) are read from each segment's own rows.
+  std::mt19937 rng(41);
+  const int64_t n = 120;
+  const int d = 16;
+  const auto q = random_vector(rng, d, 2.0f);
+  const auto lender_q = random_vector(rng, d, 2.0f);
+  const auto keys = random_vector(rng, n * d, 2.0f);
+  const auto values = random_vector(rng, n * d);
+  // The borrowed segment's keys live in another buffer.
+  const std::vector<float> lender_keys(keys.begin() + 30 * d, keys.begin() + 80 * d);
+  const std::vector<KeySegment> segments = {{keys.data(), 30, nullptr},
+                                            {lender_keys.data(), 50, lender_q.data()},
+                                            {keys.data() + 80 * d, 40, nullptr}};
+  std::vector<int32_t> indices;
+  for (int32_t e = 25; e < 35; ++e) indices.push_back(e);    // crosses 30
+  for (int32_t e = 76; e < 90; ++e) indices.push_back(e);    // crosses 80
+  for (int32_t e = 100; e < 120; ++e) indices.push_back(e);  // ends at the last row
+  indices.push_back(3);
+  const auto m = static_cast<int64_t>(indices.size());
+  // Reference: each row's logit with its segment's query.
+  std::vector<double> logits(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j) {
+    const int32_t row = indices[static_cast<size_t>(j)];
+    const float* query = row >= 30 && row < 80 ? lender_q.data() : q.data();
+    double dot = 0.0;
+    for (int c = 0; c < d; ++c) dot += double{query[c]} * keys[static_cast<size_t>(row * d + c)];
+    logits[static_cast<size_t>(j)] = dot / std::sqrt(double{d});
+  }
+  const double top = *std::max_element(logits.begin(), logits.end());
+  double total = 0.0;
+  for (double& x : logits) total += (x = std::exp(x - top));
+  for (Isa isa : compiled_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    std::vector<float> out(d, NAN), probs(m, NAN);
+    attention_decode_gathered_segments(isa, q.data(), segments, values.data(), nullptr, indices, d,
+                                       out.data(), probs.data());
+    for (int64_t j = 0; j < m; ++j)
+      ASSERT_NEAR(probs[j], logits[static_cast<size_t>(j)] / total, 1e-6);
+    for (int c = 0; c < d; ++c) {
+      double expected = 0.0;
+      for (int64_t j = 0; j < m; ++j)
+        expected += logits[static_cast<size_t>(j)] / total *
+                    values[static_cast<size_t>(indices[static_cast<size_t>(j)] * d + c)];
+      ASSERT_NEAR(out[c], expected, kAttentionTolerance);
+    }
+  }
+}
+
 TEST(KernelsAttention, DecodeOverNoEntriesGivesZeros) {
   std::vector<float> q(8, 1.0f), out(8, NAN);
   attention_decode(q.data(), nullptr, nullptr, nullptr, 0, 8, out.data(), nullptr);

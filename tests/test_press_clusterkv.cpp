@@ -1,6 +1,8 @@
 // ClusterKV (paper 003, DESIGN §5): cosine k-means and cluster recall against brute-force
 // computations in double precision, more than 256 clusters, exact truncation of the last
-// cluster, and the press's selection and decode-time re-clustering.
+// cluster, exact partial ranking, and the press's cluster-contiguous storage, selection (the
+// recalled token positions equal a brute-force recall over the unpermuted keys) and decode-time
+// re-clustering.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <set>
 #include <vector>
 
+#include "core/rng.h"
 #include "press/clusterkv.h"
 #include "protokv/error.h"
 #include "test_press_util.h"
@@ -217,6 +220,147 @@ TEST(ClusterKv, RecallTakesWholeClustersInScoreOrder) {
   EXPECT_EQ(got, (std::vector<int32_t>{12, 14, 17, 18, 10, 13}));  // cluster 2, then 2 of 0
 }
 
+TEST(ClusterKv, RankingPastThePartialSortEqualsBruteForce) {
+  // 1000 one-member clusters and one of 5000: the mean size (6) suggests ~300 clusters for a
+  // budget of 900, but when the big cluster ranks low, 900 small ones are needed, so the ranking
+  // must extend past its partial sort. Repeated centroids tie (the lower cluster first).
+  const int d = 4;
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ClusterIndex index;
+  index.head_dim = d;
+  KMeans kmeans;
+  for (int c = 0; c < 1001; ++c)
+    for (int i = 0; i < d; ++i)
+      kmeans.centroids.push_back(c % 7 == 3 && c > 3 ? kmeans.centroids[static_cast<size_t>(i)]
+                                                     : normal(rng));
+  for (int c = 0; c < 1000; ++c) kmeans.labels.push_back(c);
+  kmeans.labels.insert(kmeans.labels.end(), 5000, 1000);
+  index.add(kmeans, 16);
+  std::vector<float> scores;
+  std::vector<int32_t> order, got;
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> q(d);
+    for (float& x : q) x = normal(rng);
+    for (int64_t budget : {1, 17, 900, 3000, 5999, 6000, 7000}) {
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << " budget " << budget);
+      got.clear();
+      press::recall_clusters(index, q.data(), budget, scores, order, got);
+      ASSERT_EQ(got, reference_recall(index, q, budget));
+    }
+  }
+}
+
+TEST(ClusterKv, ContiguousIndexStoresEachClusterAsOneBlock) {
+  KMeans kmeans;
+  kmeans.centroids = {1, 0, -1, 0, 0, 1};
+  kmeans.labels = {0, 1, 2, 0, 2, 0, 1, 2, 2};  // rows of entries 10..18
+  ClusterIndex index;
+  index.head_dim = 2;
+  const std::vector<int32_t> order = index.add_contiguous(kmeans, 10);
+  // Rows in cluster order, ascending inside each cluster; members are the entries in order.
+  EXPECT_EQ(order, (std::vector<int32_t>{0, 3, 5, 1, 6, 2, 4, 7, 8}));
+  EXPECT_EQ(index.offsets, (std::vector<int64_t>{0, 3, 5, 9}));
+  EXPECT_EQ(index.members, (std::vector<int32_t>{10, 11, 12, 13, 14, 15, 16, 17, 18}));
+  // Appending more clusters continues the layout after the first ones.
+  KMeans more;
+  more.centroids = {0, -1, 1, 1};
+  more.labels = {1, 0, 1};
+  EXPECT_EQ(index.add_contiguous(more, 19), (std::vector<int32_t>{1, 0, 2}));
+  EXPECT_EQ(index.offsets, (std::vector<int64_t>{0, 3, 5, 9, 10, 12}));
+  EXPECT_EQ(index.members.back(), 21);
+}
+
+TEST(HeadCacheReorder, PermutesRowsPositionsAndWeightsInPlace) {
+  HeadCache head(2);
+  for (int t = 0; t < 6; ++t) {
+    const std::vector<float> k = {float(t), float(t) + 0.5f}, v = {-float(t), 10.0f * t};
+    head.append(k.data(), v.data(), 100 + t, t == 4 ? 0.25f : 0.0f);
+  }
+  const float* keys_before = head.keys();
+  head.reorder(2, std::vector<int32_t>{2, 0, 3, 1});  // entries 2..5 become 4, 2, 5, 3
+  EXPECT_EQ(head.keys(), keys_before);                // in place
+  const std::vector<int32_t> expected = {100, 101, 104, 102, 105, 103};
+  EXPECT_EQ(std::vector<int32_t>(head.positions().begin(), head.positions().end()), expected);
+  for (int64_t e = 0; e < 6; ++e) {
+    const float t = static_cast<float>(expected[static_cast<size_t>(e)] - 100);
+    EXPECT_EQ(head.key(e)[0], t);
+    EXPECT_EQ(head.key(e)[1], t + 0.5f);
+    EXPECT_EQ(head.value(e)[0], -t);
+    EXPECT_EQ(head.value(e)[1], 10.0f * t);
+    EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], t == 4 ? 0.25f : 0.0f);
+  }
+  EXPECT_THROW(head.reorder(3, std::vector<int32_t>{0, 1, 2, 3}), Error);  // past the end
+  EXPECT_THROW(head.reorder(0, std::vector<int32_t>{0, 0}), Error);        // not a permutation
+  EXPECT_THROW(head.reorder(0, std::vector<int32_t>{0, 2}), Error);
+}
+
+// Token positions of `entries` of `head`, sorted.
+std::vector<int32_t> sorted_positions(const HeadCache& head, std::span<const int32_t> entries) {
+  std::vector<int32_t> out;
+  for (int32_t e : entries) out.push_back(head.positions()[static_cast<size_t>(e)]);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(ClusterKv, StoredClusterContiguousAndRecallEqualsBruteForceOnTheTokenKeys) {
+  // The press's k-means of each head, recomputed here on the keys in token order (the same seeded
+  // initial rows), and a brute-force recall over it give token positions; the press, whose cache
+  // holds the entries in cluster order, must attend exactly those positions (plus the sinks).
+  testing::SyntheticLayer layer(700, 4, 2, 8);
+  layer.n_layers = 4;
+  layer.layer = 3;
+  layer.fill_random(5);
+  press::ClusterKvOptions options;
+  options.clusters = 37;
+  options.iterations = 6;
+  press::ClusterKvPress press(options);
+  const int64_t budget = 150, sinks = options.sinks, clustered = 700 - 16;
+  press.begin(layer.info(), testing::entries(budget));
+  LayerCache cache = layer.empty_cache();
+  press.compress_prefill(layer.view(), cache);
+  for (int h = 0; h < 2; ++h) {
+    SCOPED_TRACE(h);
+    const HeadCache& head = cache.heads[static_cast<size_t>(h)];
+    testing::expect_valid_recall_head(layer, head, h);
+    const auto initial = press::sample_initial_rows(
+        clustered, options.clusters, stream_seed(options.seed, static_cast<uint64_t>(3 * 2 + h)));
+    const KMeans kmeans = press::cosine_kmeans(layer.k.data() + (h * 700 + sinks) * 8, clustered, 8,
+                                               initial, options.iterations);
+    ClusterIndex by_token;  // members = token positions
+    by_token.head_dim = 8;
+    by_token.add(kmeans, static_cast<int32_t>(sinks));
+    const ClusterIndex& stored = press.index(3, h);
+    EXPECT_EQ(stored.centroids, by_token.centroids);
+    EXPECT_EQ(stored.offsets, by_token.offsets);
+    // Sinks first, then cluster c's members as the block [sinks + offsets[c], sinks +
+    // offsets[c + 1]), ascending positions inside it.
+    for (int64_t e = 0; e < sinks; ++e) EXPECT_EQ(head.positions()[static_cast<size_t>(e)], e);
+    for (int64_t m = 0; m < clustered; ++m) {
+      EXPECT_EQ(stored.members[static_cast<size_t>(m)], sinks + m);
+      EXPECT_EQ(head.positions()[static_cast<size_t>(sinks + m)],
+                by_token.members[static_cast<size_t>(m)]);
+    }
+    for (int qh = 2 * h; qh < 2 * h + 2; ++qh) {
+      for (int64_t t : {699, 350, 20}) {
+        const float* q = layer.query(qh, t);
+        std::vector<int32_t> selected;
+        press.select(3, qh, q, head, selected);
+        ASSERT_EQ(static_cast<int64_t>(selected.size()), budget);
+        // Ascending entries: spans walked forwards.
+        EXPECT_TRUE(std::is_sorted(selected.begin(), selected.end()));
+        std::vector<int32_t> want(static_cast<size_t>(sinks));
+        std::iota(want.begin(), want.end(), 0);
+        const auto recalled =
+            reference_recall(by_token, std::vector<float>(q, q + 8), budget - sinks);
+        want.insert(want.end(), recalled.begin(), recalled.end());
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(sorted_positions(head, selected), want) << "query head " << qh << " row " << t;
+      }
+    }
+  }
+}
+
 TEST(ClusterKv, PressKeepsEverythingAndSelectsSinksRecallAndNewTokens) {
   testing::SyntheticLayer layer(400, 4, 2, 8);
   layer.n_layers = 4;
@@ -239,7 +383,7 @@ TEST(ClusterKv, PressKeepsEverythingAndSelectsSinksRecallAndNewTokens) {
   ASSERT_TRUE(press.selects(2));
   for (int h = 0; h < 2; ++h) {
     ASSERT_EQ(cache.heads[h].size(), 400);  // recallable: every entry stored
-    testing::expect_valid_head(layer, cache.heads[h], h, 0);
+    testing::expect_valid_recall_head(layer, cache.heads[h], h);
     EXPECT_EQ(press.index(2, h).clusters(), 10);
     EXPECT_EQ(press.index(2, h).offsets.back(), 400 - 16);
   }
@@ -255,8 +399,9 @@ TEST(ClusterKv, PressKeepsEverythingAndSelectsSinksRecallAndNewTokens) {
   EXPECT_EQ(std::vector<int32_t>(selected.begin() + 16, selected.end()), recalled);
 
   // Decoded tokens are attended until `recluster` of them are clustered into decode_clusters.
-  std::vector<float> row(8, 0.5f);
+  std::vector<float> row(8);
   for (int step = 0; step < 5; ++step) {
+    for (int c = 0; c < 8; ++c) row[static_cast<size_t>(c)] = std::sin(float(step * 8 + c));
     for (auto& head : cache.heads) head.append(row.data(), row.data(), 400 + step);
     press.select(2, 3, q, cache.heads[1], selected);
     EXPECT_EQ(selected.back(), 400 + step);
@@ -270,6 +415,24 @@ TEST(ClusterKv, PressKeepsEverythingAndSelectsSinksRecallAndNewTokens) {
   EXPECT_EQ(press.index(2, 1).offsets.back(), 400 - 16 + 5);
   press.select(2, 3, q, cache.heads[1], selected);
   EXPECT_EQ(selected.size(), 64u);
+  // The decoded entries were reordered cluster-contiguous in place: each still holds the row of
+  // its own position, and each decode cluster is one block of entries.
+  for (const HeadCache& head : cache.heads) {
+    for (int64_t e = 400; e < 405; ++e) {
+      const int32_t step = head.positions()[static_cast<size_t>(e)] - 400;
+      ASSERT_GE(step, 0);
+      ASSERT_LT(step, 5);
+      for (int c = 0; c < 8; ++c) {
+        EXPECT_EQ(head.key(e)[c], std::sin(float(step * 8 + c)));
+        EXPECT_EQ(head.value(e)[c], std::sin(float(step * 8 + c)));
+      }
+    }
+    const std::set<int32_t> decoded(head.positions().begin() + 400, head.positions().end());
+    EXPECT_EQ(decoded, (std::set<int32_t>{400, 401, 402, 403, 404}));
+  }
+  const ClusterIndex& index = press.index(2, 1);
+  for (int64_t m = 0; m < index.offsets.back(); ++m)
+    EXPECT_EQ(index.members[static_cast<size_t>(m)], 16 + m);
 }
 
 TEST(ClusterKv, BudgetNotAboveTheSinksIsAnError) {

@@ -1,7 +1,8 @@
 // Invariants every method and allocator must satisfy on every head of every layer: the budget is
 // met exactly (or the allocator's per-head numbers, which sum to the expected total), the window
-// (and sinks) are kept, positions are unique and ascending, rows are the input rows, and the KV
-// bytes are exactly what the budget promises.
+// (and sinks) are kept, positions are unique and ascending (a recall press's clustered layers:
+// every token once, in its own order), rows are the input rows, and the KV bytes are exactly what
+// the budget promises.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -128,8 +129,13 @@ TEST_P(EveryMethod, KeepsExactlyTheBudgetWithWindowSortedRowsAndExactBytes) {
       // Every entry stored; each query head of a selecting layer attends exactly the budget,
       // distinct entries, the sinks among them.
       EXPECT_EQ(cache.kv_bytes(), static_cast<size_t>(kTokens * kKvHeads * kDim * 2 * 4));
-      for (int h = 0; h < kKvHeads; ++h)
-        testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 0);
+      // Clustered layers are stored cluster-contiguous (any order), the others in token order.
+      for (int h = 0; h < kKvHeads; ++h) {
+        if (press->selects(l))
+          testing::expect_valid_recall_head(layer, cache.heads[static_cast<size_t>(h)], h);
+        else
+          testing::expect_valid_head(layer, cache.heads[static_cast<size_t>(h)], h, 0);
+      }
       if (!press->selects(l)) continue;
       std::vector<int32_t> chosen;
       for (int qh = 0; qh < kHeads; ++qh) {
@@ -301,6 +307,8 @@ TEST(ParallelBranch, EveryPressAboveTheThresholdKeepsTheSameEntriesWithOneOrTwoT
         }
         if (entry->merges)
           testing::expect_valid_merged_head(layer, head, h, 1, 0, *press);
+        else if (recalls)
+          testing::expect_valid_recall_head(layer, head, h);
         else
           testing::expect_valid_head(layer, head, h, 1);
         kept[threads - 1].push_back(testing::kept_positions(head));

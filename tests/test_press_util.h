@@ -126,6 +126,27 @@ inline void expect_valid_head(const SyntheticLayer& layer, const HeadCache& head
   }
 }
 
+// A recall press's head (clusterkv): every token of the layer stored exactly once, in the press's
+// own order (cluster-contiguous), each entry's key, value and position those of its input row.
+inline void expect_valid_recall_head(const SyntheticLayer& layer, const HeadCache& head, int h) {
+  const auto positions = head.positions();
+  ASSERT_EQ(head.size(), layer.n) << "head " << h;
+  const std::set<int32_t> stored(positions.begin(), positions.end());
+  ASSERT_EQ(static_cast<int64_t>(stored.size()), layer.n) << "head " << h;
+  for (int64_t e = 0; e < head.size(); ++e) {
+    const int64_t t = positions[static_cast<size_t>(e)];
+    ASSERT_GE(t, 0);
+    ASSERT_LT(t, layer.n);
+    const float* k = layer.k.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
+    const float* v = layer.v.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
+    for (int c = 0; c < layer.d; ++c) {
+      ASSERT_EQ(head.key(e)[c], k[c]) << "head " << h << " position " << t;
+      ASSERT_EQ(head.value(e)[c], v[c]) << "head " << h << " position " << t;
+    }
+    EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], 0.0f);
+  }
+}
+
 // A merging press's head (chelsea): positions unique and ascending; the first `sinks` and last
 // `window` tokens kept as their own input rows; every entry's log-weight is log(degree), with
 // degree = the tokens it stands for (Press::merged_positions, or 1); and together the entries

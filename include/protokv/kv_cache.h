@@ -50,6 +50,11 @@ class HeadCache {
                    std::span<const int32_t> indices);
   // Keeps only entries `indices` of this cache (in that order) and releases memory.
   void keep(std::span<const int32_t> indices);
+  // Reorders entries [begin, begin + order.size()) in place: entry begin + i becomes the former
+  // entry begin + order[i] (order: a permutation of 0..size-1). Keys, values, positions and
+  // log-weights move together; memory is not reallocated. Throws Error for a range past the end,
+  // a non-permutation or a head that shares keys (a recall press's cluster-contiguous layout).
+  void reorder(int64_t begin, std::span<const int32_t> order);
   void set_log_weight(int64_t i, float log_weight);
   void release_unused();
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "protokv/error.h"
 
@@ -80,6 +82,38 @@ void HeadCache::keep(std::span<const int32_t> indices) {
   positions_ = std::move(new_positions);
   log_weights_ = std::move(new_log_weights);
   any_log_weight_ = any;
+}
+
+void HeadCache::reorder(int64_t begin, std::span<const int32_t> order) {
+  if (shares_keys()) fail("kv cache: cannot reorder the entries of a head that shares keys");
+  const auto count = static_cast<int64_t>(order.size());
+  if (begin < 0 || begin + count > size())
+    fail("kv cache: cannot reorder entries [{}, {}) of {}", begin, begin + count, size());
+  std::vector<char> seen(order.size(), 0);
+  for (const int32_t i : order) {
+    if (i < 0 || i >= count || seen[static_cast<size_t>(i)] != 0)
+      fail("kv cache: reorder needs a permutation of 0..{}, got {}", count - 1, i);
+    seen[static_cast<size_t>(i)] = 1;
+  }
+  const size_t d = static_cast<size_t>(head_dim_);
+  // Through copies of the range: rows of a cycle would otherwise overwrite each other.
+  auto permute_rows = [&](std::vector<float>& rows) {
+    const auto first = rows.begin() + static_cast<int64_t>(static_cast<size_t>(begin) * d);
+    const std::vector<float> old(first, first + static_cast<int64_t>(order.size() * d));
+    for (size_t i = 0; i < order.size(); ++i)
+      std::memcpy(&*first + i * d, old.data() + static_cast<size_t>(order[i]) * d,
+                  d * sizeof(float));
+  };
+  permute_rows(keys_);
+  permute_rows(values_);
+  auto permute = [&](auto& items) {
+    const auto first = items.begin() + begin;
+    const std::vector<typename std::decay_t<decltype(items)>::value_type> old(first, first + count);
+    for (size_t i = 0; i < order.size(); ++i)
+      first[static_cast<int64_t>(i)] = old[static_cast<size_t>(order[i])];
+  };
+  permute(positions_);
+  permute(log_weights_);
 }
 
 void HeadCache::set_log_weight(int64_t i, float log_weight) {

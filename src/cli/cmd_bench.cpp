@@ -10,6 +10,9 @@
 //     weights streamed: every matrix but the token embedding (one row is read), which is counted
 //     when it doubles as the classifier; KV: keys + values of every layer and KV head, read once.
 //   copy GB/s counts bytes read + written (the STREAM convention); read GB/s bytes read.
+//   decode CPU ms/token: process CPU time (all threads, CLOCK_PROCESS_CPUTIME_ID) per decode
+//     step; at -t 1 the decoding thread's own time, which waiting for a core on a loaded machine
+//     does not inflate as it does the wall-clock ms/token.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -37,6 +40,7 @@ using eval::MachineReference;
 using eval::measure_bandwidth;
 using eval::measure_sgemm_gflops;
 using eval::prefill_flops;
+using eval::process_cpu_ms;
 using eval::streamed_weight_bytes;
 
 struct E2eOptions {
@@ -66,9 +70,10 @@ struct ContextResult {
   size_t kv_bytes_peak_prefill = 0;
   int decode_steps = 0;
   double decode_ms_per_token = 0.0;
-  double decode_bytes_per_token = 0.0;  // weights + mean KV bytes attended
-  double kv_bytes_attended = 0.0;       // mean KV bytes a decode step's attention read
-  size_t kv_bytes_stored_end = 0;       // KV bytes stored after the last decode step
+  double decode_cpu_ms_per_token = 0.0;  // process CPU time per step (median over reps)
+  double decode_bytes_per_token = 0.0;   // weights + mean KV bytes attended
+  double kv_bytes_attended = 0.0;        // mean KV bytes a decode step's attention read
+  size_t kv_bytes_stored_end = 0;        // KV bytes stored after the last decode step
 };
 
 ContextResult bench_context(const LoadedModel& model, const PressSetup& setup, int64_t context,
@@ -83,7 +88,7 @@ ContextResult bench_context(const LoadedModel& model, const PressSetup& setup, i
   r.context = context;
   r.decode_steps =
       static_cast<int>(std::min<int64_t>(o.decode_steps, config.context_length - context));
-  std::vector<double> prefill_ms, compress_ms, step_ms;
+  std::vector<double> prefill_ms, compress_ms, step_ms, step_cpu_ms;
   double kv_read = 0.0;
   for (int rep = 0; rep < o.reps; ++rep) {
     SessionOptions session_options = setup.session_options();
@@ -94,24 +99,30 @@ ContextResult bench_context(const LoadedModel& model, const PressSetup& setup, i
     compress_ms.push_back(session.prefill_stats().compress_ms);
     r.kv_bytes_after_prefill = session.prefill_stats().kv_bytes;
     r.kv_bytes_peak_prefill = session.prefill_stats().peak_kv_bytes;
-    double decode_total = 0.0, kv_total = 0.0;
+    double decode_total = 0.0, decode_cpu_total = 0.0, kv_total = 0.0;
     for (int i = 0; i < r.decode_steps; ++i) {
       const int32_t next = argmax(logits);
+      const double cpu_start = process_cpu_ms();
       const Timer t;
       logits = session.decode(next);
       decode_total += t.ms();
+      decode_cpu_total += process_cpu_ms() - cpu_start;
       // Bytes attended, not stored: a recall press (clusterkv) reads a subset.
       kv_total += static_cast<double>(session.prefill_stats().decode_attended_kv_bytes);
     }
     r.kv_bytes_stored_end = session.cache().kv_bytes();
     if (r.decode_steps > 0) {
       step_ms.push_back(decode_total / r.decode_steps);
+      step_cpu_ms.push_back(decode_cpu_total / r.decode_steps);
       kv_read = kv_total / r.decode_steps;
     }
   }
   r.prefill_ms = median(prefill_ms);
   r.compress_ms = median(compress_ms);
-  if (!step_ms.empty()) r.decode_ms_per_token = median(step_ms);
+  if (!step_ms.empty()) {
+    r.decode_ms_per_token = median(step_ms);
+    r.decode_cpu_ms_per_token = median(step_cpu_ms);
+  }
   r.kv_bytes_attended = kv_read;
   r.decode_bytes_per_token = static_cast<double>(streamed_weight_bytes(model.weights)) + kv_read;
   return r;
@@ -188,6 +199,8 @@ void run_e2e(const E2eOptions& o) {
       j["decode_steps"] = r.decode_steps;
       j["decode_ms_per_token"] =
           r.decode_steps > 0 ? nlohmann::json(r.decode_ms_per_token) : nlohmann::json(nullptr);
+      j["decode_cpu_ms_per_token"] =
+          r.decode_steps > 0 ? nlohmann::json(r.decode_cpu_ms_per_token) : nlohmann::json(nullptr);
       j["decode_bytes_per_token"] = r.decode_bytes_per_token;
       j["kv_bytes_stored_end"] = r.kv_bytes_stored_end;
       j["kv_bytes_attended_per_step"] = r.kv_bytes_attended;
@@ -208,18 +221,19 @@ void run_e2e(const E2eOptions& o) {
   fmt::print(
       "machine: sgemm {}^3 {:.1f} GFLOP/s | copy {} {:.1f} GB/s (read+write), read {:.1f} GB/s\n",
       ref.sgemm_size, ref.sgemm_gflops, format_bytes(ref.copy_bytes), ref.copy_gbs, ref.read_gbs);
-  fmt::print("{:>8} {:>11} {:>10} {:>9} {:>7} {:>11} {:>7} {:>11} {:>11} {:>11} {:>10} {:>7}\n",
-             "context", "prefill ms", "tok/s", "GFLOP/s", "%sgemm", "compress ms", "%pref",
-             "KV prefill", "KV attended", "decode ms/t", "dec GB/s", "%copy");
+  fmt::print(
+      "{:>8} {:>11} {:>10} {:>9} {:>7} {:>11} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>7}\n",
+      "context", "prefill ms", "tok/s", "GFLOP/s", "%sgemm", "compress ms", "%pref", "KV prefill",
+      "KV attended", "decode ms/t", "dec CPU ms/t", "dec GB/s", "%copy");
   for (const ContextResult& r : results) {
     fmt::print(
         "{:>8} {:>11.1f} {:>10.1f} {:>9.2f} {:>6.1f}% {:>11.2f} {:>6.1f}% {:>11} {:>11} {:>11.3f} "
-        "{:>10.2f} {:>6.1f}%\n",
+        "{:>11.3f} {:>10.2f} {:>6.1f}%\n",
         r.context, r.prefill_ms, 1000.0 * static_cast<double>(r.context) / r.prefill_ms,
         prefill_gflops(r), 100.0 * prefill_gflops(r) / ref.sgemm_gflops, r.compress_ms,
         100.0 * r.compress_ms / r.prefill_ms, format_bytes(r.kv_bytes_after_prefill),
         format_bytes(static_cast<size_t>(r.kv_bytes_attended)), r.decode_ms_per_token,
-        decode_gbs(r), 100.0 * decode_gbs(r) / ref.copy_gbs);
+        r.decode_cpu_ms_per_token, decode_gbs(r), 100.0 * decode_gbs(r) / ref.copy_gbs);
   }
 }
 
@@ -230,7 +244,8 @@ void register_e2e(CLI::App& bench) {
       "Prefill tokens/s and decode ms/token per context length (random token ids), against "
       "sgemm GFLOP/s and copy bandwidth measured in the same run. Prefill FLOPs = 2 n P_proj + "
       "2 L H d n(n+1) + 2 V D; decode bytes/token = weights (without the embedding table unless "
-      "shared with the classifier) + KV bytes held; copy GB/s counts read + write.");
+      "shared with the classifier) + KV bytes held; copy GB/s counts read + write; decode CPU "
+      "ms/token is the process's CPU time (all threads) per step, robust to a loaded machine.");
   add_model_options(*cmd, options->model);
   cmd->add_option("-c,--context", options->contexts, "Context lengths, comma-separated")
       ->delimiter(',')

@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <ctime>
 #include <memory>
 
+#include "eval/engine_bench.h"
 #include "eval/progress.h"
 #include "eval/report/table.h"
 #include "eval/synthetic.h"
@@ -18,13 +18,6 @@ namespace protokv::eval {
 namespace {
 
 constexpr const char* kReference = "snapkv";
-
-// CPU time of the whole process (every thread), in ms.
-double process_cpu_ms() {
-  timespec now{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
-  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) * 1e-6;
-}
 
 }  // namespace
 

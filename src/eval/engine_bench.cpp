@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <vector>
@@ -99,6 +100,12 @@ size_t streamed_weight_bytes(const ModelWeights& w) {
   size_t bytes = w.weight_bytes();
   if (!w.config.shared_classifier) bytes -= w.token_embd.bytes();
   return bytes;
+}
+
+double process_cpu_ms() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) * 1e-6;
 }
 
 }  // namespace protokv::eval

@@ -29,4 +29,9 @@ double prefill_flops(const ModelWeights& w, int64_t n);
 // Weight bytes one decode step reads: all but the token embedding unless it is the classifier.
 size_t streamed_weight_bytes(const ModelWeights& w);
 
+// CPU time consumed so far by every thread of this process (CLOCK_PROCESS_CPUTIME_ID), in ms.
+// Unlike wall time it does not grow while the process waits for a core on a loaded machine
+// (memory stalls still count); at -t 1 it is the decoding thread's own time.
+double process_cpu_ms();
+
 }  // namespace protokv::eval

@@ -66,10 +66,11 @@ void decode_group_impl(const float* q, int group, std::span<const KeySegment> se
 }
 
 // One query over the cached entries `indices` (cache rows, any order, repeats allowed): the dense
-// kernel's arithmetic on the gathered subset. Scores use the same SIMD dot and softmax; values are
-// accumulated row by row with the SIMD axpy (the rows are not contiguous). Row r's key is row r of
-// the concatenated key segments (one for a contiguous cache, PoD's shared keys give three), dotted
-// with the segment's own query when it has one ([d] here).
+// kernel's arithmetic on the gathered subset. Row r's key is row r of the concatenated key
+// segments (one for a contiguous cache, PoD's shared keys give three), dotted with the segment's
+// own query when it has one ([d] here). Runs of consecutive indices (a recalled cluster stored
+// contiguously, ClusterKV) are read as spans with the dense kernel's 4-row dot and weighted row
+// sum, which the hardware prefetcher can stream; isolated rows use the SIMD dot and axpy.
 template <class Ops>
 void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, const float* values,
                           const float* log_weights, std::span<const int32_t> indices, int d,
@@ -88,7 +89,16 @@ void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, 
     if (segments[static_cast<size_t>(s)].query != nullptr)
       for (int i = 0; i < d; ++i)
         scaled_q[(s + 1) * d + i] = segments[static_cast<size_t>(s)].query[i] * scale;
-  for (int64_t j = 0; j < n; ++j) {
+  // Length of the run of consecutive entries starting at indices[j], capped at `limit` entries.
+  const auto run_length = [&](int64_t j, int64_t limit) {
+    const int64_t first = indices[static_cast<size_t>(j)];
+    int64_t length = 1;
+    while (length < limit && j + length < n &&
+           indices[static_cast<size_t>(j + length)] == first + length)
+      ++length;
+    return length;
+  };
+  for (int64_t j = 0; j < n;) {
     const int64_t row = indices[static_cast<size_t>(j)];
     int64_t local = row, s = 0;
     while (s < n_segments && local >= segments[static_cast<size_t>(s)].count)
@@ -96,13 +106,27 @@ void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, 
     if (s == n_segments) fail("gathered decode attention: entry {} beyond the keys", row);
     const KeySegment& segment = segments[static_cast<size_t>(s)];
     const float* query = segment.query != nullptr ? scaled_q + (s + 1) * d : scaled_q;
-    scores[j] = Ops::dot(query, segment.keys + local * d, d);
-    if (log_weights) scores[j] += log_weights[row];  // Chelsea Eq. 2
+    // A run never crosses into the next segment (its keys live elsewhere).
+    const int64_t length = run_length(j, segment.count - local);
+    const float* keys = segment.keys + local * d;
+    float* run_scores = scores + j;
+    int64_t i = 0;
+    for (; i + 4 <= length; i += 4) Ops::dot4(query, keys + i * d, d, d, run_scores + i);
+    for (; i < length; ++i) run_scores[i] = Ops::dot(query, keys + i * d, d);
+    if (log_weights)  // Chelsea Eq. 2
+      for (i = 0; i < length; ++i) run_scores[i] += log_weights[row + i];
+    j += length;
   }
   softmax_with<Ops>(scores, n);
-  for (int64_t j = 0; j < n; ++j)
-    Ops::axpy(scores[j], values + static_cast<int64_t>(indices[static_cast<size_t>(j)]) * d, out,
-              d);
+  for (int64_t j = 0; j < n;) {
+    const int64_t row = indices[static_cast<size_t>(j)];
+    const int64_t length = run_length(j, n);
+    if (length == 1)
+      Ops::axpy(scores[j], values + row * d, out, d);
+    else
+      Ops::weighted_row_sum(scores + j, values + row * d, length, d, out, d);
+    j += length;
+  }
 }
 
 }  // namespace

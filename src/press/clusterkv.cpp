@@ -100,27 +100,62 @@ void ClusterIndex::add(const KMeans& kmeans, int32_t first) {
         first + static_cast<int32_t>(j);
 }
 
-void recall_clusters(const ClusterIndex& index, const float* q, int64_t budget,
-                     std::vector<float>& scores, std::vector<int32_t>& order,
-                     std::vector<int32_t>& out) {
+std::vector<int32_t> ClusterIndex::add_contiguous(const KMeans& kmeans, int32_t first) {
+  const int64_t base = offsets.back();
+  add(kmeans, first);
+  std::vector<int32_t> order(members.begin() + base, members.end());
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] -= first;
+    members[static_cast<size_t>(base) + i] = first + static_cast<int32_t>(i);
+  }
+  return order;
+}
+
+int64_t rank_clusters(const ClusterIndex& index, const float* q, int64_t budget,
+                      std::vector<float>& scores, std::vector<int32_t>& order) {
   const int64_t clusters = index.clusters();
   const int d = index.head_dim;
   scores.resize(static_cast<size_t>(clusters));
   order.resize(static_cast<size_t>(clusters));
+  if (clusters == 0 || budget <= 0) return 0;
   for (int64_t c = 0; c < clusters; ++c) {
     const float s = kernels::dot(q, index.centroids.data() + c * d, d);
     scores[static_cast<size_t>(c)] = std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
   }
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+  // A strict total order (score descending, then index), so any exact sort gives one ranking.
+  const auto ranks_before = [&](int32_t a, int32_t b) {
     const float sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
     return sa != sb ? sa > sb : a < b;
-  });
+  };
+  // Only the ranked prefix that covers the budget is needed: sort twice the clusters that the
+  // mean cluster size suggests, and the rest only if they fall short (the partial sort leaves
+  // every cluster after the prefix ranked below it, so sorting the rest completes the order).
+  const int64_t members = std::max<int64_t>(1, index.offsets.back());
+  const int64_t guess = 2 * ((budget * clusters + members - 1) / members) + 8;
+  int64_t sorted = std::min(clusters, guess);
+  std::partial_sort(order.begin(), order.begin() + sorted, order.end(), ranks_before);
+  int64_t left = budget, taken = 0;
+  while (left > 0 && taken < clusters) {
+    if (taken == sorted) {
+      std::sort(order.begin() + sorted, order.end(), ranks_before);
+      sorted = clusters;
+    }
+    const auto c = static_cast<size_t>(order[static_cast<size_t>(taken++)]);
+    left -= index.offsets[c + 1] - index.offsets[c];
+  }
+  return taken;
+}
+
+void recall_clusters(const ClusterIndex& index, const float* q, int64_t budget,
+                     std::vector<float>& scores, std::vector<int32_t>& order,
+                     std::vector<int32_t>& out) {
+  const int64_t taken = rank_clusters(index, q, budget, scores, order);
   int64_t left = budget;
-  for (int32_t c : order) {
-    if (left <= 0) break;
-    const int64_t begin = index.offsets[static_cast<size_t>(c)];
-    const int64_t take = std::min(left, index.offsets[static_cast<size_t>(c) + 1] - begin);
+  for (int64_t i = 0; i < taken; ++i) {
+    const auto c = static_cast<size_t>(order[static_cast<size_t>(i)]);
+    const int64_t begin = index.offsets[c];
+    const int64_t take = std::min(left, index.offsets[c + 1] - begin);
     out.insert(out.end(), index.members.begin() + begin, index.members.begin() + begin + take);
     left -= take;
   }
@@ -166,28 +201,39 @@ const ClusterIndex& ClusterKvPress::index(int layer, int kv_head) const {
   return state(layer, kv_head).index;
 }
 
-void ClusterKvPress::compress_prefill(const LayerView& layer, LayerCache& out) {
-  keep_all(layer, out);  // recallable: everything stays
-  if (layer.layer < options_.full_layers) return;
+void ClusterKvPress::store_clustered(const LayerView& layer, int h, HeadCache& out) {
   const int64_t n = layer.n_tokens;
-  const int64_t clustered = n - std::min(n, options_.sinks);
-  if (clustered <= 0) return;
+  const int64_t clustered = n - options_.sinks;
   const int64_t wanted = options_.clusters > 0
                              ? options_.clusters
                              : std::max<int64_t>(1, n / ClusterKvOptions::kTokensPerCluster);
   const int64_t clusters = std::min(wanted, clustered);
   const int d = layer.head_dim;
-#pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
-  for (int h = 0; h < layer.n_kv_heads; ++h) {
-    HeadState& s = state(layer.layer, h);
-    const auto initial = sample_initial_rows(
-        clustered, clusters,
-        stream_seed(options_.seed, static_cast<uint64_t>(layer.layer * layer.n_kv_heads + h)));
-    const KMeans kmeans = cosine_kmeans(layer.k_head(h) + options_.sinks * d, clustered, d, initial,
-                                        options_.iterations);
-    s.index.add(kmeans, static_cast<int32_t>(options_.sinks));
-    s.indexed_end = n;
+  HeadState& s = state(layer.layer, h);
+  const auto initial = sample_initial_rows(
+      clustered, clusters,
+      stream_seed(options_.seed, static_cast<uint64_t>(layer.layer * layer.n_kv_heads + h)));
+  const KMeans kmeans = cosine_kmeans(layer.k_head(h) + options_.sinks * d, clustered, d, initial,
+                                      options_.iterations);
+  // Sinks first, then every cluster's members as one block: a recalled cluster is one span.
+  const auto sinks = static_cast<int32_t>(options_.sinks);
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  std::iota(rows.begin(), rows.begin() + sinks, 0);
+  const std::vector<int32_t> order = s.index.add_contiguous(kmeans, sinks);
+  for (size_t i = 0; i < order.size(); ++i) rows[static_cast<size_t>(sinks) + i] = sinks + order[i];
+  out.assign_rows(layer.k_head(h), layer.v_head(h), layer.positions, rows);
+  s.indexed_end = n;
+}
+
+void ClusterKvPress::compress_prefill(const LayerView& layer, LayerCache& out) {
+  const int64_t n = layer.n_tokens;
+  if (layer.layer < options_.full_layers || n <= options_.sinks) {
+    keep_all(layer, out);  // recallable: everything stays
+    return;
   }
+#pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
+  for (int h = 0; h < layer.n_kv_heads; ++h)
+    store_clustered(layer, h, out.heads[static_cast<size_t>(h)]);
   layer_indexed_[static_cast<size_t>(layer.layer)] = 1;
 }
 
@@ -203,12 +249,33 @@ void ClusterKvPress::select(int layer, int q_head, const float* q, const HeadCac
   out.clear();
   const int64_t sinks = std::min(options_.sinks, head.size());
   for (int64_t e = 0; e < sinks; ++e) out.push_back(static_cast<int32_t>(e));
-  recall_clusters(s.index, q, budget_ - sinks, score_scratch_[static_cast<size_t>(q_head)],
-                  order_scratch_[static_cast<size_t>(q_head)], out);
+  std::vector<int32_t>& order = order_scratch_[static_cast<size_t>(q_head)];
+  const int64_t budget = budget_ - sinks;
+  const int64_t taken =
+      rank_clusters(s.index, q, budget, score_scratch_[static_cast<size_t>(q_head)], order);
+  if (taken > 0) {
+    // The last-ranked taken cluster is the one truncated to the budget.
+    const auto last = static_cast<size_t>(order[static_cast<size_t>(taken - 1)]);
+    int64_t whole = 0;
+    for (int64_t i = 0; i + 1 < taken; ++i) {
+      const auto c = static_cast<size_t>(order[static_cast<size_t>(i)]);
+      whole += s.index.offsets[c + 1] - s.index.offsets[c];
+    }
+    const int64_t last_take =
+        std::min(budget - whole, s.index.offsets[last + 1] - s.index.offsets[last]);
+    // Clusters in index order are blocks in ascending entry order: sorting the taken clusters
+    // (not their members) lets the gathered kernel walk memory forwards, span after span.
+    std::sort(order.begin(), order.begin() + taken);
+    for (int64_t i = 0; i < taken; ++i) {
+      const auto c = static_cast<size_t>(order[static_cast<size_t>(i)]);
+      const int64_t begin = s.index.offsets[c];
+      const int64_t take = c == last ? last_take : s.index.offsets[c + 1] - begin;
+      out.insert(out.end(), s.index.members.begin() + begin,
+                 s.index.members.begin() + begin + take);
+    }
+  }
   // Tokens generated since the last re-clustering are always attended.
   for (int64_t e = s.indexed_end; e < head.size(); ++e) out.push_back(static_cast<int32_t>(e));
-  // Ascending entry order: the gathered kernel then walks memory forwards.
-  std::sort(out.begin() + sinks, out.end());
 }
 
 void ClusterKvPress::on_decode(const DecodeStep& step) {
@@ -225,8 +292,11 @@ void ClusterKvPress::on_decode(const DecodeStep& step) {
         sample_initial_rows(count, clusters,
                             stream_seed(options_.seed ^ static_cast<uint64_t>(s.indexed_end),
                                         static_cast<uint64_t>(step.layer * info_.n_kv_heads + h)));
-    s.index.add(cosine_kmeans(head.key(s.indexed_end), count, d, initial, options_.iterations),
-                static_cast<int32_t>(s.indexed_end));
+    const KMeans kmeans =
+        cosine_kmeans(head.key(s.indexed_end), count, d, initial, options_.iterations);
+    // Stored cluster-contiguous like the prompt's clusters (entries keep their positions).
+    step.cache->heads[static_cast<size_t>(h)].reorder(
+        s.indexed_end, s.index.add_contiguous(kmeans, static_cast<int32_t>(s.indexed_end)));
     s.indexed_end += count;
   }
 }

@@ -6,7 +6,9 @@
 // the budget (the last cluster truncated) and the tokens generated since the last re-clustering;
 // every `recluster` decode steps those new keys are clustered into `decode_clusters` clusters.
 // The win on CPU is that decode attention reads only B entries; the memory stays that of the full
-// cache.
+// cache. The press stores each clustered head cluster-contiguous (entries in cluster order, every
+// entry keeping its own position and post-RoPE key), so a recall reads a few contiguous spans of
+// K and V instead of B rows scattered over the whole cache.
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -46,11 +48,24 @@ struct ClusterIndex {
   int64_t clusters() const { return static_cast<int64_t>(offsets.size()) - 1; }
   // Appends the clusters of `kmeans`, whose rows are cache entries first, first + 1, ...
   void add(const KMeans& kmeans, int32_t first);
+  // The same clusters, for rows that will be stored in cluster order: returns `order`, row
+  // order[i] (0-based among the clustered rows) to be stored as entry first + i, and the members
+  // of the appended clusters are entries first, first + 1, ... (each cluster a contiguous block,
+  // its rows ascending inside it, clusters in index order).
+  std::vector<int32_t> add_contiguous(const KMeans& kmeans, int32_t first);
 };
+
+// Ranks `index`'s clusters by q·μ (descending; ties: lower cluster first; NaN last) far enough
+// to cover `budget` entries: order[0, taken) are the clusters recall takes, in rank order, the
+// last one truncated when it overflows the budget; returns taken. Exact: the taken prefix equals
+// that of a full sort (a partial sort by the same strict total order, extended to a full sort
+// when the clusters guessed from the mean cluster size do not reach the budget).
+int64_t rank_clusters(const ClusterIndex& index, const float* q, int64_t budget,
+                      std::vector<float>& scores, std::vector<int32_t>& order);
 
 // Members of `index`'s clusters taken in order of q·μ (descending; ties: lower cluster first)
 // until `budget` entries (the last cluster truncated to its first members), appended to `out`.
-// `scores`, `order` are scratch. Exact: a full sort of the cluster scores, fp32 dot products.
+// `scores`, `order` are scratch. Exact: rank_clusters, fp32 dot products.
 void recall_clusters(const ClusterIndex& index, const float* q, int64_t budget,
                      std::vector<float>& scores, std::vector<int32_t>& order,
                      std::vector<int32_t>& out);
@@ -96,6 +111,9 @@ class ClusterKvPress final : public Press {
   };
   HeadState& state(int layer, int kv_head);
   const HeadState& state(int layer, int kv_head) const;
+
+  // Stores head `h` of a clustered layer: sinks, then the clusters' members in cluster order.
+  void store_clustered(const LayerView& layer, int h, HeadCache& out);
 
   ClusterKvOptions options_;
   SequenceInfo info_;
