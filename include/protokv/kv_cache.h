@@ -50,6 +50,10 @@ class HeadCache {
                    std::span<const int32_t> indices);
   // Keeps only entries `indices` of this cache (in that order) and releases memory.
   void keep(std::span<const int32_t> indices);
+  // Keeps only entries `kept` (strictly ascending) in place, keeping the capacity: for a head that
+  // grows back during decode (Chelsea's re-runs), no allocation and no copy of the rows before
+  // the first one dropped. Throws Error for indices that are not ascending or out of range.
+  void compact(std::span<const int32_t> kept);
   void set_log_weight(int64_t i, float log_weight);
   void release_unused();
 
