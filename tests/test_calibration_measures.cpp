@@ -33,6 +33,57 @@ TEST(CalibrationMeasures, LinkChunkLinksEachOddEntryToItsMostSimilarEvenEntry) {
   EXPECT_NEAR(links[1].similarity, 3.0 / std::sqrt(10.0), 1e-6);
 }
 
+TEST(CalibrationMeasures, LinkChunkTakesTheFirstOfEqualBestMatchesAndNeverANaN) {
+  // Chunk [3, 40) of d = 2 keys: 19 B entries (more than one SIMD width, with a tail), 18 A.
+  // B number j (entry 3 + 2j): (0, 1) for j < 5, (1, 0) from j = 5, (1, 1) at j = 18.
+  constexpr int64_t kBegin = 3, kEnd = 40;
+  std::vector<float> keys(static_cast<size_t>(kEnd * 2), 0.0f);
+  const auto set = [&](int64_t e, float x, float y) {
+    keys[static_cast<size_t>(2 * e)] = x;
+    keys[static_cast<size_t>(2 * e + 1)] = y;
+  };
+  for (int64_t j = 0; j < 19; ++j)
+    if (j < 5)
+      set(kBegin + 2 * j, 0, 1);
+    else if (j < 18)
+      set(kBegin + 2 * j, 1, 0);
+    else
+      set(kBegin + 2 * j, 1, 1);
+  for (int64_t i = 0; i < 18; ++i) set(kBegin + 2 * i + 1, 3, 0);  // ties: B 5..17, similarity 1
+  set(kBegin + 3, 0, 2);                                           // ties: B 0..4
+  set(kBegin + 5, std::nanf(""), 0);                               // NaN similarities: no link
+  set(kBegin + 7, 0, 0);                                           // all 0: the first B
+  set(kBegin + 9, 2, 2);                                           // the last B alone
+  std::vector<SoftLink> links;
+  press::link_chunk(keys.data(), 2, kBegin, kEnd, links);
+  ASSERT_EQ(links.size(), 18u);
+  for (size_t i = 0; i < links.size(); ++i) {
+    SCOPED_TRACE("A number " + std::to_string(i));
+    EXPECT_EQ(links[i].a, kBegin + 2 * static_cast<int64_t>(i) + 1);
+    switch (i) {
+      case 1:
+        EXPECT_EQ(links[i].b, kBegin);
+        EXPECT_EQ(links[i].similarity, 1.0f);
+        break;
+      case 2:
+        EXPECT_EQ(links[i].b, kBegin);
+        EXPECT_EQ(links[i].similarity, -2.0f);
+        break;
+      case 3:
+        EXPECT_EQ(links[i].b, kBegin);
+        EXPECT_EQ(links[i].similarity, 0.0f);
+        break;
+      case 4:
+        EXPECT_EQ(links[i].b, kBegin + 36);
+        EXPECT_NEAR(links[i].similarity, 1.0, 1e-6);
+        break;
+      default:
+        EXPECT_EQ(links[i].b, kBegin + 10);
+        EXPECT_EQ(links[i].similarity, 1.0f);
+    }
+  }
+}
+
 TEST(CalibrationMeasures, UnlinkedShareCountsOnlyTheMatchedMiddleInChunks) {
   // 2 sinks, 2 recent, chunks of 4 over entries [2, 10): chunk [2, 6) and [6, 10).
   // d = 1 keys: signs decide similarity (+1 or -1).

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -396,6 +397,110 @@ TEST(Chelsea, DecodeReRunsAtBudgetPlusIntervalAndKeepsEveryToken) {
     for (size_t i = 0; i < represented.size(); ++i)
       ASSERT_EQ(represented[i], static_cast<int32_t>(i));
   }
+}
+
+// The decode re-run merges the cache head in place (no copy, no allocation); it must give
+// bit for bit what compressing a copy of the same entries with chelsea_compress gives (the
+// MergedHead path prefill uses): keys, values, positions, log-weights and members.
+TEST(Chelsea, DecodeReRunInPlaceIsBitIdenticalToCompressingACopy) {
+  constexpr int64_t kTokens = 400, kBudget = 90, kInterval = 7;
+  constexpr int kDim = 8;
+  SyntheticLayer layer(kTokens, 2, 2, kDim);
+  layer.fill_random(12);
+  for (int h = 0; h < 2; ++h)  // neighbouring keys alike, so that merged entries merge again
+    for (int64_t t = 1; t < kTokens; ++t)
+      for (int c = 0; c < kDim; ++c)
+        layer.key(h, t)[c] = 0.7f * layer.key(h, t - 1)[c] + 0.3f * layer.key(h, t)[c];
+  const std::string spec = "chelsea:sinks=3,recent=6,chunk=24,interval=7,outliers=0";
+  auto press = make_press(spec);
+  press->begin(layer.info(), testing::entries(kBudget));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  const ChelseaLayout layout{.sinks = 3, .recent = 6, .chunk = 24};
+  const ChelseaSchedule schedule = press::chelsea_schedule_preset("llama3");
+  std::mt19937_64 rng(5);
+  std::vector<float> q(static_cast<size_t>(2 * kDim), 0.1f);
+  int re_runs = 0;
+  for (int step = 0; step < 4 * kInterval; ++step) {
+    const auto position = static_cast<int32_t>(kTokens + step);
+    std::vector<MergedHead> expected;
+    for (HeadCache& head : cache.heads) {
+      const auto k = random_vector(rng, kDim), v = random_vector(rng, kDim);
+      head.append(k.data(), v.data(), position);
+      // The same entries as a MergedHead, compressed the way prefill does.
+      MergedHead copy;
+      copy.head_dim = kDim;
+      for (int64_t e = 0; e < head.size(); ++e) {
+        const auto h = static_cast<int>(&head - cache.heads.data());
+        auto members = press->merged_positions(0, h, e);
+        const int32_t own = head.positions()[static_cast<size_t>(e)];
+        if (members.empty()) members = std::span<const int32_t>(&own, 1);
+        copy.append(head.key(e), head.value(e), own, members);
+      }
+      if (head.size() >= kBudget + kInterval)
+        press::chelsea_compress(copy, layout, schedule, kBudget);
+      expected.push_back(std::move(copy));
+    }
+    press->on_decode(testing::decode_step(layer, q.data(), position, cache));
+    re_runs += cache.heads[0].size() == kBudget ? 1 : 0;
+    for (int h = 0; h < 2; ++h) {
+      SCOPED_TRACE("step " + std::to_string(step) + " head " + std::to_string(h));
+      const HeadCache& head = cache.heads[static_cast<size_t>(h)];
+      const MergedHead& want = expected[static_cast<size_t>(h)];
+      ASSERT_EQ(head.size(), want.size());
+      for (int64_t e = 0; e < head.size(); ++e) {
+        ASSERT_EQ(std::memcmp(head.key(e), want.keys.data() + e * kDim, kDim * sizeof(float)), 0)
+            << "entry " << e;
+        ASSERT_EQ(std::memcmp(head.value(e), want.values.data() + e * kDim, kDim * sizeof(float)),
+                  0)
+            << "entry " << e;
+        ASSERT_EQ(head.positions()[static_cast<size_t>(e)], want.positions[static_cast<size_t>(e)]);
+        const int64_t degree = want.degree(e);
+        const float log_weight =
+            degree > 1 ? static_cast<float>(std::log(static_cast<double>(degree))) : 0.0f;
+        ASSERT_EQ(head.log_weights()[static_cast<size_t>(e)], log_weight) << "entry " << e;
+        const auto members = press->merged_positions(0, h, e);
+        if (degree > 1)
+          ASSERT_TRUE(
+              std::equal(members.begin(), members.end(),
+                         want.members.begin() + want.member_offsets[static_cast<size_t>(e)],
+                         want.members.begin() + want.member_offsets[static_cast<size_t>(e) + 1]));
+        else
+          ASSERT_TRUE(members.empty());
+      }
+    }
+  }
+  EXPECT_EQ(re_runs, 4);
+}
+
+TEST(ChelseaCache, CompactKeepsAscendingRowsInPlaceWithoutReallocating) {
+  constexpr int kDim = 4;
+  HeadCache head(kDim);
+  head.reserve(16);
+  for (int i = 0; i < 10; ++i) {
+    const std::vector<float> k(kDim, static_cast<float>(i)), v(kDim, static_cast<float>(-i));
+    head.append(k.data(), v.data(), 100 + i, i == 7 ? 1.5f : 0.0f);
+  }
+  const float* keys_before = head.keys();
+  const std::vector<int32_t> kept = {0, 2, 3, 7, 9};
+  head.compact(kept);
+  ASSERT_EQ(head.size(), 5);
+  EXPECT_EQ(head.keys(), keys_before);  // no reallocation: the head grows back during decode
+  for (int64_t i = 0; i < head.size(); ++i) {
+    const int src = kept[static_cast<size_t>(i)];
+    EXPECT_EQ(head.key(i)[kDim - 1], static_cast<float>(src));
+    EXPECT_EQ(head.value(i)[0], static_cast<float>(-src));
+    EXPECT_EQ(head.positions()[static_cast<size_t>(i)], 100 + src);
+    EXPECT_EQ(head.log_weights()[static_cast<size_t>(i)], src == 7 ? 1.5f : 0.0f);
+  }
+  EXPECT_TRUE(head.has_log_weights());
+  head.compact(std::vector<int32_t>{0, 1, 2});  // drops the merged entry: no log-weight left
+  EXPECT_FALSE(head.has_log_weights());
+  EXPECT_THROW(head.compact(std::vector<int32_t>{1, 0}), Error);
+  EXPECT_THROW(head.compact(std::vector<int32_t>{0, 0}), Error);
+  EXPECT_THROW(head.compact(std::vector<int32_t>{3}), Error);
+  EXPECT_THROW(head.compact(std::vector<int32_t>{-1}), Error);
+  EXPECT_EQ(head.size(), 3);  // a rejected call leaves the head as it was
 }
 
 TEST(Chelsea, DecodeReRunsInTheEngineKeepHeadsBelowBudgetPlusInterval) {

@@ -55,6 +55,10 @@ class HeadCache {
   // log-weights move together; memory is not reallocated. Throws Error for a range past the end,
   // a non-permutation or a head that shares keys (a recall press's cluster-contiguous layout).
   void reorder(int64_t begin, std::span<const int32_t> order);
+  // Keeps only entries `kept` (strictly ascending) in place, keeping the capacity: for a head that
+  // grows back during decode (Chelsea's re-runs), no allocation and no copy of the rows before
+  // the first one dropped. Throws Error for indices that are not ascending or out of range.
+  void compact(std::span<const int32_t> kept);
   void set_log_weight(int64_t i, float log_weight);
   void release_unused();
 

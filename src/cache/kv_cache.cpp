@@ -116,6 +116,34 @@ void HeadCache::reorder(int64_t begin, std::span<const int32_t> order) {
   permute(log_weights_);
 }
 
+void HeadCache::compact(std::span<const int32_t> kept) {
+  if (shares_keys() || dead_key_rows_ != 0)
+    fail("kv cache: cannot compact a head that shares keys");
+  const size_t n = kept.size();
+  for (size_t i = 0; i < n; ++i)  // checked first: a rejected call leaves the head as it was
+    if (kept[i] < 0 || kept[i] >= static_cast<int64_t>(positions_.size()) ||
+        (i > 0 && kept[i] <= kept[i - 1]))
+      fail("kv cache: compact needs strictly ascending entries of the head (entry {} at {} of {})",
+           kept[i], i, positions_.size());
+  const auto d = static_cast<size_t>(head_dim_);
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    const auto src = static_cast<size_t>(kept[i]);
+    if (src != i) {  // src > i (ascending): rows i and src do not overlap
+      std::memcpy(keys_.data() + i * d, keys_.data() + src * d, d * sizeof(float));
+      std::memcpy(values_.data() + i * d, values_.data() + src * d, d * sizeof(float));
+      positions_[i] = positions_[src];
+      log_weights_[i] = log_weights_[src];
+    }
+    any = any || log_weights_[i] != 0.0f;
+  }
+  keys_.resize(n * d);
+  values_.resize(n * d);
+  positions_.resize(n);
+  log_weights_.resize(n);
+  any_log_weight_ = any;
+}
+
 void HeadCache::set_log_weight(int64_t i, float log_weight) {
   log_weights_[static_cast<size_t>(i)] = log_weight;
   any_log_weight_ = any_log_weight_ || log_weight != 0.0f;

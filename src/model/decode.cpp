@@ -31,13 +31,19 @@ std::span<const float> Session::Impl::decode(int32_t token) {
 
   embed(std::span<const int32_t>(&token, 1), s);
   const int64_t q_dim = static_cast<int64_t>(n_heads) * hd;
-  step_queries.resize(static_cast<size_t>(config.n_layers * q_dim));
+  // Only a head that scores borrowed keys with its lender layer's query (PoD, scores=lower) reads
+  // other layers' queries; only a press sets up sharing, and the cache says whether any does.
+  bool keep_queries = false;
+  for (int l = 0; press != nullptr && l < config.n_layers && !keep_queries; ++l)
+    for (const HeadCache& head : cache.layer(l).heads)
+      keep_queries = keep_queries || (head.shares_keys() && head.uses_lender_query());
+  if (keep_queries) step_queries.resize(static_cast<size_t>(config.n_layers * q_dim));
 
   for (int l = 0; l < config.n_layers; ++l) {
     const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
     LayerCache& layer_cache = cache.layer(l);
     attention_inputs(lw, 1, &pos, s);
-    std::copy(s.q.begin(), s.q.begin() + q_dim, step_queries.begin() + l * q_dim);
+    if (keep_queries) std::copy(s.q.begin(), s.q.begin() + q_dim, step_queries.begin() + l * q_dim);
 
     int64_t longest = 0;
     for (int h = 0; h < n_kv; ++h) {
@@ -61,12 +67,14 @@ std::span<const float> Session::Impl::decode(int32_t token) {
       // PoD: the keys of the head's distant entries are those of its block's lowest layer (and
       // with scores=lower, their logits use that layer's query too, paper 004 Eq. 3).
       std::array<KeySegment, 3> segments;
-      const float* lender_queries =
-          head.shares_keys() ? step_queries.data() + head.key_lender() * q_dim : nullptr;
+      const float* lender_queries = head.shares_keys() && head.uses_lender_query()
+                                        ? step_queries.data() + head.key_lender() * q_dim
+                                        : nullptr;
       const int segment_count =
           head.shares_keys()
               ? head.key_segments(cache.layer(head.key_lender()).heads[static_cast<size_t>(kv)],
-                                  segments, lender_queries + first * hd)
+                                  segments,
+                                  lender_queries != nullptr ? lender_queries + first * hd : nullptr)
               : 0;
       const std::span<const KeySegment> key_segments(segments.data(),
                                                      static_cast<size_t>(segment_count));

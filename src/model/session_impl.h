@@ -95,7 +95,7 @@ struct Session::Impl {
   // Entries each query head attends when a recall press selects (decode scratch, reused).
   std::vector<std::vector<int32_t>> selections;  // [n_heads]
   // This decode step's post-RoPE queries of every layer: PoD's scores=lower reads the block's
-  // lowest layer's query at the layers above it.
+  // lowest layer's query at the layers above it. Filled only while some head uses it.
   std::vector<float> step_queries;  // [n_layers, n_heads * head_dim]
 };
 

@@ -17,6 +17,52 @@ double norm(const float* x, int d) {
   return std::sqrt(s);
 }
 
+// Writes rows [0, count) of `rows` ([count, d]) divided by their norm() to `out` (a zero row stays
+// zero). Eight rows at a time, each summed in its own order exactly as norm() does (the result is
+// bit-identical): the eight independent chains hide the latency of the double additions, which a
+// row on its own is bound by.
+void normalise_rows(const float* rows, int64_t count, int d, float* out) {
+  constexpr int kRows = 8;
+  const auto write = [&](int64_t i, double length) {
+    const double inverse = length > 0.0 ? 1.0 / length : 0.0;
+    const float* row = rows + i * d;
+    float* unit = out + i * d;
+    for (int c = 0; c < d; ++c) unit[c] = static_cast<float>(row[c] * inverse);
+  };
+  int64_t i0 = 0;
+  for (; i0 + kRows <= count; i0 += kRows) {
+    double sums[kRows] = {};
+    const float* block = rows + i0 * d;
+    for (int c = 0; c < d; ++c)
+      for (int r = 0; r < kRows; ++r) {
+        const float x = block[r * d + c];
+        sums[r] += static_cast<double>(x) * x;
+      }
+    for (int r = 0; r < kRows; ++r) write(i0 + r, std::sqrt(sums[r]));
+  }
+  for (; i0 < count; ++i0) write(i0, norm(rows + i0 * d, d));
+}
+
+// Where a serial scan `if (row[j] > best) best = row[j]` from best = `floor` ends: the first
+// maximum (NaN never wins), or -1 when nothing exceeds `floor`. Found with 16 independent lanes
+// and one search instead of a chain of n dependent comparisons; +0 and -0 compare equal, so the
+// search finds the first of either, as the scan does.
+int64_t first_maximum(const float* row, int64_t n, float floor) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes];
+  for (float& lane : lanes) lane = floor;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] = row[j + l] > lanes[l] ? row[j + l] : lanes[l];
+  float best = floor;
+  for (float lane : lanes) best = lane > best ? lane : best;
+  for (; j < n; ++j) best = row[j] > best ? row[j] : best;
+  if (!(best > floor)) return -1;
+  for (j = 0; j < n; ++j)
+    if (row[j] == best) return j;
+  return -1;
+}
+
 }  // namespace
 
 void link_chunk(const float* keys, int head_dim, int64_t begin, int64_t end,
@@ -31,23 +77,17 @@ void link_chunk(const float* keys, int head_dim, int64_t begin, int64_t end,
   const int64_t count = end - begin;
   const int64_t n_a = count / 2, n_b = (count + 1) / 2;
   unit.resize(static_cast<size_t>((count + 1) * head_dim));  // + 1 row: B's stride past the end
-  for (int64_t i = 0; i < count; ++i) {
-    const float* row = keys + (begin + i) * head_dim;
-    const double length = norm(row, head_dim);
-    const double inverse = length > 0.0 ? 1.0 / length : 0.0;  // a zero row stays zero
-    float* out = unit.data() + i * head_dim;
-    for (int c = 0; c < head_dim; ++c) out[c] = static_cast<float>(row[c] * inverse);
-  }
+  normalise_rows(keys + begin * head_dim, count, head_dim, unit.data());
   similarity.resize(static_cast<size_t>(n_a * n_b));
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_a), static_cast<int>(n_b),
               head_dim, 1.0f, unit.data() + head_dim, 2 * head_dim, unit.data(), 2 * head_dim, 0.0f,
               similarity.data(), static_cast<int>(n_b));
   for (int64_t i = 0; i < n_a; ++i) {
     const float* row = similarity.data() + i * n_b;
-    SoftLink best{begin + 2 * i + 1, begin, -2.0f};
-    for (int64_t j = 0; j < n_b; ++j)
-      if (row[j] > best.similarity) best = {best.a, begin + 2 * j, row[j]};
-    links.push_back(best);
+    // The most similar B, the first one on ties; {begin, -2} when none is above -2 (NaN).
+    const int64_t j = first_maximum(row, n_b, -2.0f);
+    links.push_back(j < 0 ? SoftLink{begin + 2 * i + 1, begin, -2.0f}
+                          : SoftLink{begin + 2 * i + 1, begin + 2 * j, row[j]});
   }
 }
 

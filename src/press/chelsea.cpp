@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -38,22 +39,32 @@ void MergedHead::append(const float* key, const float* value, int32_t position,
   member_offsets.push_back(static_cast<int64_t>(members.size()));
 }
 
-int64_t chelsea_merge_step(MergedHead& head, const ChelseaLayout& layout, double ratio,
-                           int64_t max_merges) {
-  const int64_t size = head.size();
-  const int d = head.head_dim;
+namespace {
+
+// One Chunked Soft Matching step's plan (paper 001 §5.2-5.3) over keys [size, head_dim]: which
+// A entries merge into which B entry.
+struct MergePlan {
+  int64_t count = 0;                      // links merged = entries removed
+  std::vector<int64_t> into;              // [size]: the B entry an A entry merges into (-1: stays)
+  std::vector<int64_t> incoming_offsets;  // [size + 1]: per B, its A entries (CSR, cache order)
+  std::vector<int64_t> incoming;
+};
+
+void plan_merge_step(const float* keys, int64_t size, int d, const ChelseaLayout& layout,
+                     double ratio, int64_t max_merges, MergePlan& plan) {
+  plan.count = 0;
   const int64_t first = std::min(size, layout.sinks);
   const int64_t last = std::max(first, size - layout.recent);
   thread_local std::vector<SoftLink> links;
   links.clear();
   for (int64_t begin = first; begin < last; begin += layout.chunk)
-    link_chunk(head.keys.data(), d, begin, std::min(last, begin + layout.chunk), links);
+    link_chunk(keys, d, begin, std::min(last, begin + layout.chunk), links);
   // r is the share of the middle merged away (ToMe's convention, which the paper's bound
   // 0 <= r <= 0.5 implies: merging every link removes every A, half of the middle).
   auto count = static_cast<int64_t>(std::floor(ratio * static_cast<double>(last - first)));
   count = std::min({count, max_merges, static_cast<int64_t>(links.size())});
   if (count < 1 && max_merges > 0 && !links.empty()) count = 1;  // always progress
-  if (count < 1) return 0;
+  if (count < 1) return;
   // The `count` most similar links over all chunks (NaN ranks last; ties: the lower A first).
   const auto better = [](const SoftLink& x, const SoftLink& y) {
     const bool x_nan = std::isnan(x.similarity), y_nan = std::isnan(y.similarity);
@@ -63,48 +74,66 @@ int64_t chelsea_merge_step(MergedHead& head, const ChelseaLayout& layout, double
   };
   std::partial_sort(links.begin(), links.begin() + count, links.end(), better);
 
-  // into[a] = the B entry that A entry a merges into (-1: stays); per B, its merged A entries.
-  thread_local std::vector<int64_t> into, incoming_offsets, incoming;
-  into.assign(static_cast<size_t>(size), -1);
-  incoming_offsets.assign(static_cast<size_t>(size) + 1, 0);
+  plan.count = count;
+  plan.into.assign(static_cast<size_t>(size), -1);
+  plan.incoming_offsets.assign(static_cast<size_t>(size) + 1, 0);
   for (int64_t i = 0; i < count; ++i) {
     const SoftLink& link = links[static_cast<size_t>(i)];
-    into[static_cast<size_t>(link.a)] = link.b;
-    ++incoming_offsets[static_cast<size_t>(link.b) + 1];
+    plan.into[static_cast<size_t>(link.a)] = link.b;
+    ++plan.incoming_offsets[static_cast<size_t>(link.b) + 1];
   }
-  std::partial_sum(incoming_offsets.begin(), incoming_offsets.end(), incoming_offsets.begin());
-  incoming.assign(static_cast<size_t>(count), 0);
-  {
-    thread_local std::vector<int64_t> fill;
-    fill.assign(incoming_offsets.begin(), incoming_offsets.end() - 1);
-    for (int64_t a = 0; a < size; ++a) {  // ascending: each B's A entries in cache order
-      const int64_t b = into[static_cast<size_t>(a)];
-      if (b >= 0) incoming[static_cast<size_t>(fill[static_cast<size_t>(b)]++)] = a;
-    }
+  std::partial_sum(plan.incoming_offsets.begin(), plan.incoming_offsets.end(),
+                   plan.incoming_offsets.begin());
+  plan.incoming.assign(static_cast<size_t>(count), 0);
+  thread_local std::vector<int64_t> fill;
+  fill.assign(plan.incoming_offsets.begin(), plan.incoming_offsets.end() - 1);
+  for (int64_t a = 0; a < size; ++a) {  // ascending: each B's A entries in cache order
+    const int64_t b = plan.into[static_cast<size_t>(a)];
+    if (b >= 0) plan.incoming[static_cast<size_t>(fill[static_cast<size_t>(b)]++)] = a;
   }
+}
 
-  MergedHead next;
-  next.head_dim = d;
-  next.keys.reserve(static_cast<size_t>((size - count) * d));
-  next.values.reserve(static_cast<size_t>((size - count) * d));
-  next.positions.reserve(static_cast<size_t>(size - count));
-  next.member_offsets.reserve(static_cast<size_t>(size - count) + 1);
-  next.members.reserve(head.members.size());
+// Applies `plan` in place to rows held by `Rows` (MergedHead's vectors at prefill, the cache
+// itself during decode, so that a decode re-run neither copies nor allocates the head) and to
+// their member lists (CSR). Rows provides keys()/values() [size, d], compact(kept) (keeps rows
+// `kept`, ascending, in place) and set_merged(row, key, value, degree).
+template <class Rows>
+void apply_merge_step(const MergePlan& plan, Rows& rows, int d,
+                      std::vector<int64_t>& member_offsets, std::vector<int32_t>& members) {
+  const auto size = static_cast<int64_t>(member_offsets.size()) - 1;
+  thread_local std::vector<int32_t> kept, merged_rows;
+  thread_local std::vector<int64_t> merged_degrees, next_offsets;
+  thread_local std::vector<int32_t> next_members, merged_members;
+  thread_local std::vector<float> merged_keys, merged_values;  // [merged rows, d]
   thread_local std::vector<double> key_sum, value_sum;
-  thread_local std::vector<float> key_mean, value_mean;
-  thread_local std::vector<int32_t> merged_members;
+  kept.clear();
+  merged_rows.clear();
+  merged_degrees.clear();
+  merged_keys.clear();
+  merged_values.clear();
+  next_offsets.assign(1, 0);
+  next_members.clear();
+  next_members.reserve(members.size());
+  const auto degree = [&](int64_t x) {
+    return member_offsets[static_cast<size_t>(x) + 1] - member_offsets[static_cast<size_t>(x)];
+  };
+  const auto members_of = [&](int64_t x) {
+    return std::span<const int32_t>(members).subspan(
+        static_cast<size_t>(member_offsets[static_cast<size_t>(x)]),
+        static_cast<size_t>(degree(x)));
+  };
+  // The merged rows are computed from the rows as they are, before compaction overwrites any.
+  const float* keys = rows.keys();
+  const float* values = rows.values();
   for (int64_t e = 0; e < size; ++e) {
-    if (into[static_cast<size_t>(e)] >= 0) continue;  // merged into its B
-    const auto members_of = [&head](int64_t x) {
-      return std::span<const int32_t>(head.members)
-          .subspan(static_cast<size_t>(head.member_offsets[static_cast<size_t>(x)]),
-                   static_cast<size_t>(head.degree(x)));
-    };
-    const int64_t in_begin = incoming_offsets[static_cast<size_t>(e)];
-    const int64_t in_end = incoming_offsets[static_cast<size_t>(e) + 1];
+    if (plan.into[static_cast<size_t>(e)] >= 0) continue;  // merged into its B
+    kept.push_back(static_cast<int32_t>(e));
+    const int64_t in_begin = plan.incoming_offsets[static_cast<size_t>(e)];
+    const int64_t in_end = plan.incoming_offsets[static_cast<size_t>(e) + 1];
     if (in_begin == in_end) {
-      next.append(head.keys.data() + e * d, head.values.data() + e * d,
-                  head.positions[static_cast<size_t>(e)], members_of(e));
+      const auto m = members_of(e);
+      next_members.insert(next_members.end(), m.begin(), m.end());
+      next_offsets.push_back(static_cast<int64_t>(next_members.size()));
       continue;
     }
     // Paper 001 §5.3: k = sum n_t k_t / sum n_t (values alike), in double. Exact duplicates
@@ -112,35 +141,101 @@ int64_t chelsea_merge_step(MergedHead& head, const ChelseaLayout& layout, double
     key_sum.assign(static_cast<size_t>(d), 0.0);
     value_sum.assign(static_cast<size_t>(d), 0.0);
     merged_members.clear();
-    int64_t degree = 0;
+    int64_t total = 0;
     const auto add = [&](int64_t x) {
-      const auto weight = static_cast<double>(head.degree(x));
-      const float* k = head.keys.data() + x * d;
-      const float* v = head.values.data() + x * d;
+      const auto weight = static_cast<double>(degree(x));
+      const float* k = keys + x * d;
+      const float* v = values + x * d;
       for (int c = 0; c < d; ++c) {
         key_sum[static_cast<size_t>(c)] += weight * k[c];
         value_sum[static_cast<size_t>(c)] += weight * v[c];
       }
-      degree += head.degree(x);
+      total += degree(x);
       const auto m = members_of(x);
       merged_members.insert(merged_members.end(), m.begin(), m.end());
     };
     add(e);
-    for (int64_t i = in_begin; i < in_end; ++i) add(incoming[static_cast<size_t>(i)]);
-    key_mean.resize(static_cast<size_t>(d));
-    value_mean.resize(static_cast<size_t>(d));
+    for (int64_t i = in_begin; i < in_end; ++i) add(plan.incoming[static_cast<size_t>(i)]);
     for (int c = 0; c < d; ++c) {
-      key_mean[static_cast<size_t>(c)] =
-          static_cast<float>(key_sum[static_cast<size_t>(c)] / static_cast<double>(degree));
-      value_mean[static_cast<size_t>(c)] =
-          static_cast<float>(value_sum[static_cast<size_t>(c)] / static_cast<double>(degree));
+      merged_keys.push_back(
+          static_cast<float>(key_sum[static_cast<size_t>(c)] / static_cast<double>(total)));
+      merged_values.push_back(
+          static_cast<float>(value_sum[static_cast<size_t>(c)] / static_cast<double>(total)));
     }
+    merged_rows.push_back(static_cast<int32_t>(kept.size()) - 1);
+    merged_degrees.push_back(total);
     std::sort(merged_members.begin(), merged_members.end());
-    next.append(key_mean.data(), value_mean.data(), head.positions[static_cast<size_t>(e)],
-                merged_members);
+    next_members.insert(next_members.end(), merged_members.begin(), merged_members.end());
+    next_offsets.push_back(static_cast<int64_t>(next_members.size()));
   }
-  head = std::move(next);
-  return count;
+  rows.compact(kept);
+  for (size_t i = 0; i < merged_rows.size(); ++i)
+    rows.set_merged(merged_rows[i], merged_keys.data() + i * static_cast<size_t>(d),
+                    merged_values.data() + i * static_cast<size_t>(d), merged_degrees[i]);
+  // Swapped, not copied: the previous lists become this thread's scratch for the next step.
+  std::swap(members, next_members);
+  std::swap(member_offsets, next_offsets);
+}
+
+// Chelsea Eq. 2: a merged entry's logit + log(n_t); 0 for an ordinary entry.
+float log_weight_of(int64_t degree) {
+  return degree > 1 ? static_cast<float>(std::log(static_cast<double>(degree))) : 0.0f;
+}
+
+// MergedHead's own vectors (prefill and the tests).
+struct MergedHeadRows {
+  MergedHead& head;
+  const float* keys() const { return head.keys.data(); }
+  const float* values() const { return head.values.data(); }
+  void compact(std::span<const int32_t> kept) {
+    const auto d = static_cast<size_t>(head.head_dim);
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const auto src = static_cast<size_t>(kept[i]);
+      if (src == i) continue;
+      std::memcpy(head.keys.data() + i * d, head.keys.data() + src * d, d * sizeof(float));
+      std::memcpy(head.values.data() + i * d, head.values.data() + src * d, d * sizeof(float));
+      head.positions[i] = head.positions[src];
+    }
+    head.keys.resize(kept.size() * d);
+    head.values.resize(kept.size() * d);
+    head.positions.resize(kept.size());
+  }
+  void set_merged(int64_t row, const float* key, const float* value, int64_t /*degree*/) {
+    std::copy(key, key + head.head_dim, head.keys.data() + row * head.head_dim);
+    std::copy(value, value + head.head_dim, head.values.data() + row * head.head_dim);
+  }
+};
+
+// A cache head during decode: merged in place, log-weights kept current (Eq. 2).
+struct HeadCacheRows {
+  HeadCache& head;
+  const float* keys() const { return head.keys(); }
+  const float* values() const { return head.values(); }
+  void compact(std::span<const int32_t> kept) { head.compact(kept); }
+  void set_merged(int64_t row, const float* key, const float* value, int64_t degree) {
+    std::copy(key, key + head.head_dim(), head.mutable_key(row));
+    std::copy(value, value + head.head_dim(), head.mutable_value(row));
+    head.set_log_weight(row, log_weight_of(degree));
+  }
+};
+
+template <class Rows>
+int64_t merge_step(Rows& rows, int64_t size, int d, std::vector<int64_t>& member_offsets,
+                   std::vector<int32_t>& members, const ChelseaLayout& layout, double ratio,
+                   int64_t max_merges) {
+  thread_local MergePlan plan;
+  plan_merge_step(rows.keys(), size, d, layout, ratio, max_merges, plan);
+  if (plan.count > 0) apply_merge_step(plan, rows, d, member_offsets, members);
+  return plan.count;
+}
+
+}  // namespace
+
+int64_t chelsea_merge_step(MergedHead& head, const ChelseaLayout& layout, double ratio,
+                           int64_t max_merges) {
+  MergedHeadRows rows{head};
+  return merge_step(rows, head.size(), head.head_dim, head.member_offsets, head.members, layout,
+                    ratio, max_merges);
 }
 
 void chelsea_compress(MergedHead& head, const ChelseaLayout& layout,
@@ -212,12 +307,8 @@ void ChelseaPress::store(MergedHead& merged, HeadCache& cache, HeadState& state)
   cache.clear();
   cache.reserve(merged.size());
   for (int64_t e = 0; e < merged.size(); ++e) {
-    const int64_t degree = merged.degree(e);
-    // Chelsea Eq. 2: a merged entry's logit + log(n_t); 0 for an ordinary entry.
-    const float log_weight =
-        degree > 1 ? static_cast<float>(std::log(static_cast<double>(degree))) : 0.0f;
     cache.append(merged.keys.data() + e * d, merged.values.data() + e * d,
-                 merged.positions[static_cast<size_t>(e)], log_weight);
+                 merged.positions[static_cast<size_t>(e)], log_weight_of(merged.degree(e)));
   }
   state.member_offsets = std::move(merged.member_offsets);
   state.members = std::move(merged.members);
@@ -289,22 +380,16 @@ void ChelseaPress::on_decode(const DecodeStep& step) {
     HeadState& s = state(layer, h);
     HeadCache& head = cache.heads[static_cast<size_t>(h)];
     if (!s.merging || head.size() < budget_ + options_.interval) continue;
-    const int d = head.head_dim();
-    const int64_t size = head.size();
-    const int64_t tracked = static_cast<int64_t>(s.member_offsets.size()) - 1;
-    MergedHead merged;
-    merged.head_dim = d;
-    merged.keys.assign(head.keys(), head.keys() + size * d);
-    merged.values.assign(head.values(), head.values() + size * d);
-    merged.positions.assign(head.positions().begin(), head.positions().end());
-    merged.member_offsets = std::move(s.member_offsets);
-    merged.members = std::move(s.members);
-    for (int64_t e = tracked; e < size; ++e) {  // decoded since: each stands for itself
-      merged.members.push_back(merged.positions[static_cast<size_t>(e)]);
-      merged.member_offsets.push_back(static_cast<int64_t>(merged.members.size()));
+    for (int64_t e = static_cast<int64_t>(s.member_offsets.size()) - 1; e < head.size(); ++e) {
+      s.members.push_back(head.positions()[static_cast<size_t>(e)]);  // decoded: itself
+      s.member_offsets.push_back(static_cast<int64_t>(s.members.size()));
     }
-    chelsea_compress(merged, options_.layout, options_.schedule, budget_);
-    store(merged, head, s);
+    // In place: the head keeps its capacity for the next B + interval entries.
+    HeadCacheRows rows{head};
+    for (int i = 0; head.size() > budget_; ++i)
+      if (merge_step(rows, head.size(), head.head_dim(), s.member_offsets, s.members,
+                     options_.layout, options_.schedule.ratio(i), head.size() - budget_) == 0)
+        break;
   }
 }
 
