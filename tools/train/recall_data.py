@@ -49,7 +49,31 @@ def read_word_lists(cpp_path):
 # Document kinds and their default shares (the recipe of the first shipped model, which did
 # not retrieve); --mix in train_recall.py overrides them.
 DEFAULT_MIX = {"niah": 0.38, "ruler": 0.42, "vt": 0.10, "lm": 0.10}
-DOC_KINDS = ("copy", "mqar", "dense", "niah", "ruler", "vt", "lm")
+DOC_KINDS = ("copy", "mqar", "dense", "niah", "ruler", "rtask", "vt", "vtx", "lm")
+
+# `eval ruler`'s niah task table (src/eval/ruler.cpp niah_tasks, RULER's synthetic.yaml):
+# haystack, key type, value type, keys, values per key, queries.
+RULER_TASKS = {
+    "niah_single_1": ("repeat", "words", "numbers", 1, 1, 1),
+    "niah_single_2": ("essay", "words", "numbers", 1, 1, 1),
+    "niah_single_3": ("essay", "words", "uuids", 1, 1, 1),
+    "niah_multikey_1": ("essay", "words", "numbers", 4, 1, 1),
+    "niah_multikey_2": ("needle", "words", "numbers", 1, 1, 1),
+    "niah_multikey_3": ("needle", "uuids", "uuids", 1, 1, 1),
+    "niah_multivalue": ("essay", "words", "numbers", 1, 4, 1),
+    "niah_multiquery": ("essay", "words", "numbers", 1, 1, 4),
+}
+# Task shares of the `rtask` kind (stage 3: weighted toward the tasks the stage-2 model failed).
+DEFAULT_RTASK_MIX = {
+    "niah_single_1": 0.05,
+    "niah_single_2": 0.05,
+    "niah_single_3": 0.05,
+    "niah_multikey_1": 0.15,
+    "niah_multikey_2": 0.1,
+    "niah_multikey_3": 0.3,
+    "niah_multivalue": 0.2,
+    "niah_multiquery": 0.1,
+}
 
 
 def parse_mix(text):
@@ -68,8 +92,9 @@ def parse_mix(text):
 
 
 class RecallData:
-    def __init__(self, tok, words_cpp, stories_path, seed, copy_share=0.0, mix=None):
+    def __init__(self, tok, words_cpp, stories_path, seed, copy_share=0.0, mix=None, rtask_mix=None):
         self.tok = tok
+        self.rtask_mix = rtask_mix or DEFAULT_RTASK_MIX
         self.copy_share = copy_share
         self.mix = mix  # None: the original draw order (copy_share, then DEFAULT_MIX)
         self.rng = random.Random(seed)
@@ -276,6 +301,169 @@ class RecallData:
         spans.append((ans, True))
         return spans
 
+    # -- eval-exact RULER layouts (stage 3) --
+    def _draw_of(self, kind):
+        return {"numbers": self.number, "uuids": self.uuid, "words": self.key}[kind]
+
+    def _fit(self, build, budget, n_guess):
+        """The largest haystack size n (about) whose build(n) tokens fit budget: the eval fits
+        n to the length the same way (fit_size), so training sees the eval's needle density."""
+        n = max(1, n_guess)
+        for _ in range(8):
+            toks = build(n)
+            if len(toks[0]) <= budget:
+                if len(toks[0]) > 0.93 * budget:
+                    return toks
+                n2 = max(n + 1, int(n * budget / max(1, len(toks[0])) * 0.98))
+                toks2 = build(n2)
+                return toks2 if len(toks2[0]) <= budget else toks
+            n = max(1, int(n * budget / len(toks[0]) * 0.97))
+            if n == 1:
+                return build(1)
+        return build(max(1, n // 2))
+
+    def ruler_task_doc(self, length, task=None):
+        """One `eval ruler` niah task sample exactly as ruler.cpp's niah_generate builds it
+        (haystack, needle wording, depths, singular/plural template, answer prefix), sized to
+        the document length; the answer lists multi-value values in the order they appear in
+        the context (string_match_all ignores order, and an order the context fixes is
+        learnable where niah.py's draw order is not). Then extra single questions in the same
+        wording on other needles of the context (distractor needles are needles too), for dense
+        supervision."""
+        tok, rng = self.tok, self.rng
+        if task is None:
+            r, acc = rng.random(), 0.0
+            for task, share in self.rtask_mix.items():
+                acc += share
+                if r < acc:
+                    break
+        haystack, type_k, type_v, nk, nv, nq = RULER_TASKS[task]
+        num_k = max(nk, nq)
+        draw_k, draw_v = self._draw_of(type_k), self._draw_of(type_v)
+        keys = self.distinct(draw_k, num_k)
+        values = [[draw_v() for _ in range(nv)] for _ in keys]
+        needle_of = lambda k, v: RULER_NEEDLE.format(type_needle_v=type_v, key=k, value=v)  # noqa: E731
+        needles = [(k, v) for k, vs in zip(keys, values) for v in vs]
+        rng.shuffle(needles)
+        qi = rng.sample(range(num_k), nq)
+        queries = [keys[i] for i in qi]
+        query = queries[0] if nq == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
+        templ = RULER_TEMPLATE + RULER_ANSWER_PREFIX
+        tv = type_v
+        if nq * nv == 1:
+            templ = templ.replace("Some", "A").replace("are all", "is").replace("are", "is")
+            tv = type_v[:-1]
+        at = templ.find("{context}")
+        before = templ[:at].format(type_needle_v=tv)
+        after = templ[at + 9 :].format(type_needle_v=tv, query=query)
+        word = after.split()[-1]
+        single = (RULER_TEMPLATE + RULER_ANSWER_PREFIX).replace("Some", "A").replace("are all", "is")
+        single = single.replace("are", "is")
+        single_q = single[single.find("{context}") + 9 :]
+        essay_words = (RULER_NOISE if rng.random() < 0.6 else " ".join(self.story_text(length))).split()
+        extra_budget = rng.choice([0, 1, 2, 3]) * (110 if "uuids" in (type_k, type_v) else 45)
+        fixed = len(tok.encode(after)) + 4 + 14 * nv * nq * (3 if type_v == "uuids" else 1) + extra_budget
+        budget = max(64, length - 1 - fixed)
+        state = {}
+
+        def build(n):
+            local = random.Random(self.rng.random())
+            lines = []  # (text, key, value) of every needle in the context, in order
+            if haystack == "essay":
+                words = [essay_words[i % len(essay_words)] for i in range(n)]
+                text = " ".join(words)
+                sents = re.split(r"(?<=\.) ", text)
+                depths = sorted(local.sample(range(40), len(needles)))
+                pos = [0] + [len(sents) * round(100 * d / 39) // 100 for d in depths] + [len(sents)]
+                parts = []
+                for i in range(1, len(pos)):
+                    parts.append(" ".join(sents[pos[i - 1] : pos[i]]))
+                    if i - 1 < len(needles):
+                        k, v = needles[i - 1]
+                        parts.append(needle_of(k, v))
+                        lines.append((k, v))
+                context = " ".join(parts)
+            else:
+                sents = []
+                for _ in range(n):
+                    if haystack == "repeat":
+                        sents.append((RULER_NOISE, None, None))
+                    else:
+                        k, v = draw_k(), draw_v()
+                        sents.append((needle_of(k, v), k, v))
+                for k, v in needles:
+                    sents.insert(local.randint(0, len(sents)), (needle_of(k, v), k, v))
+                lines = [(k, v) for _, k, v in sents if k is not None]
+                context = "\n".join(x for x, _, _ in sents)
+            toks = tok.encode(before + context)
+            state["lines"] = lines
+            return (toks,)
+
+        ctx_toks = self._fit(build, budget, 10 if haystack != "essay" else budget // 2)[0]
+        lines = state["lines"]
+        order = {}
+        for i, (k, v) in enumerate(lines):
+            order.setdefault((k, v), i)
+        answers = []
+        for i in qi:
+            answers += sorted(values[i], key=lambda v: order.get((keys[i], v), 0))
+        spans = [([tok.bos_id], False), (ctx_toks, False), (tok.encode(after), False)]
+        spans.append((self.answer_tokens(word, " " + ", ".join(answers) + "."), True))
+        # Extra questions: keys that occur once in the context.
+        count = {}
+        for k, _ in lines:
+            count[k] = count.get(k, 0) + 1
+        once = [(k, v) for k, v in lines if count[k] == 1]
+        used = sum(len(t) for t, _ in spans)
+        for k, v in rng.sample(once, min(len(once), 4)):
+            q = tok.encode(single_q.format(type_needle_v=type_v[:-1], query=k))
+            a = self.answer_tokens("is", " " + v + ".")
+            if used + len(q) + len(a) > length:
+                break
+            spans += [(q, False), (a, True)]
+            used += len(q) + len(a)
+        return spans
+
+    def vt_icl_doc(self, length):
+        """`eval ruler` vt exactly: a one-shot example (at most length / 5 tokens, its answer
+        after "they are: " + " ", as ruler.cpp writes it) and then the task, the noise sized to
+        the length. Both answers are supervised."""
+        tok, rng = self.tok, self.rng
+        hops = 4
+
+        def chain_text(n_noise):
+            names = self.distinct(lambda: "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)), hops + 1)
+            value = str(rng.randint(10000, 99998))
+            chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)]
+            n = max(n_noise, len(chain))
+            sents = [VT_NOISE] * n
+            pos = sorted(rng.sample(range(n), len(chain)))
+            for j, p in enumerate(pos):
+                sents.insert(p + j, chain[j])
+            context = " ".join(sents).replace(". \n", ".\n")
+            templ = VT_TEMPLATE + VT_ANSWER_PREFIX
+            at = templ.find("{context}")
+            return templ[:at] + context, templ[at + 9 :].format(query=value, num_v=hops + 1), names
+
+        spans = [([tok.bos_id], False)]
+        used = 1
+        if length >= 1400 and rng.random() < 0.85:  # the example alone is ~400 tokens
+            ex_ctx, ex_q, ex_names = chain_text(max(1, (length // 5 - 300) // 51))
+            spans += [(tok.encode(ex_ctx), False), (tok.encode(ex_q), False)]
+            ans = tok.encode("x " + " ".join(ex_names))[len(tok.encode("x")) :]
+            spans += [(ans, True), (tok.encode("\n\n"), False)]
+            used = sum(len(t) for t, _ in spans)
+        n_noise = max(1, (length - used - 300) // 51)
+        for _ in range(4):  # fit the noise to the length, as the eval's fit_size does
+            ctx, q, names = chain_text(n_noise)
+            main = [(tok.encode(ctx), False), (tok.encode(q), False)]
+            main.append((tok.encode("x " + " ".join(names))[len(tok.encode("x")) :], True))
+            over = used + sum(len(t) for t, _ in main) - length
+            if over <= 0 or n_noise == 1:
+                break
+            n_noise = max(1, n_noise - over // 51 - 1)
+        return spans + main
+
     def lm_doc(self, length):
         return [([self.tok.bos_id], False), (self.tok.encode(" ".join(self.story_text(length))), False)]
 
@@ -340,7 +528,9 @@ class RecallData:
             "dense": self.dense_doc,
             "niah": self.niah_doc,
             "ruler": self.ruler_niah_doc,
+            "rtask": self.ruler_task_doc,
             "vt": self.vt_doc,
+            "vtx": self.vt_icl_doc,
             "lm": self.lm_doc,
         }[kind](length)
 

@@ -328,6 +328,7 @@ def main():
     p.add_argument("--minutes", type=float, default=70.0)
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: time only)")
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    p.add_argument("--keep-checkpoints", action="store_true", help="also keep every checkpoint as recall_stepN.bin")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (same recipe, minutes)")
@@ -427,6 +428,8 @@ def main():
         if time.time() - last_ckpt > a.checkpoint_minutes * 60:
             export_llama2c(model, a, os.path.join(a.out, "recall.bin"))
             torch.save({"model": model.state_dict(), "step": step}, os.path.join(a.out, "state.pt"))
+            if a.keep_checkpoints:  # every checkpoint kept, to pick the best one afterwards
+                export_llama2c(model, a, os.path.join(a.out, f"recall_step{step}.bin"))
             last_ckpt = time.time()
     export_llama2c(model, a, os.path.join(a.out, "recall.bin"))
     torch.save({"model": model.state_dict(), "step": step}, os.path.join(a.out, "state.pt"))
