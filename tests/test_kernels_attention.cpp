@@ -198,9 +198,49 @@ TEST(KernelsAttention, DecodeGroupEqualsPerHeadDecode) {
   }
 }
 
+// The gathered kernel reads rows `indices` in place; the dense kernel gets the same rows copied
+// into a contiguous block. Both must agree (and with the double-precision reference), with and
+// without log-weights; without probabilities the kernel keeps its scores in scratch and gives the
+// same output.
+void expect_gathered_equals_dense(Isa isa, const std::vector<float>& q,
+                                  const std::vector<float>& keys, const std::vector<float>& values,
+                                  const std::vector<float>& log_weights,
+                                  const std::vector<int32_t>& indices, int d) {
+  const auto m = static_cast<int64_t>(indices.size());
+  std::vector<float> sub_k, sub_v, sub_lw;
+  for (int32_t i : indices) {
+    sub_k.insert(sub_k.end(), keys.begin() + i * d, keys.begin() + (i + 1) * d);
+    sub_v.insert(sub_v.end(), values.begin() + i * d, values.begin() + (i + 1) * d);
+    sub_lw.push_back(log_weights[static_cast<size_t>(i)]);
+  }
+  for (const bool weighted : {false, true}) {
+    SCOPED_TRACE(weighted ? "log-weights" : "no log-weights");
+    const float* lw = weighted ? log_weights.data() : nullptr;
+    const float* sub = weighted ? sub_lw.data() : nullptr;
+    std::vector<float> dense(d, NAN), dense_probs(m, NAN), gathered(d, NAN), probs(m, NAN);
+    attention_decode_group(isa, q.data(), 1, sub_k.data(), sub_v.data(), sub, m, d, dense.data(),
+                           dense_probs.data());
+    attention_decode_gathered(isa, q.data(), keys.data(), values.data(), lw, indices, d,
+                              gathered.data(), probs.data());
+    std::vector<double> expected_probs;
+    const auto expected =
+        ref_decode_attention(q.data(), sub_k.data(), sub_v.data(), sub, m, d, &expected_probs);
+    for (int i = 0; i < d; ++i) {
+      ASSERT_NEAR(gathered[i], dense[i], 1e-5);
+      ASSERT_NEAR(gathered[i], expected[i], kAttentionTolerance);
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      ASSERT_NEAR(probs[j], dense_probs[j], 1e-6);
+      ASSERT_NEAR(probs[j], expected_probs[static_cast<size_t>(j)], 1e-6);
+    }
+    std::vector<float> no_probs(d, NAN);
+    attention_decode_gathered(isa, q.data(), keys.data(), values.data(), lw, indices, d,
+                              no_probs.data(), nullptr);
+    EXPECT_EQ(no_probs, gathered);
+  }
+}
+
 TEST(KernelsAttention, GatheredDecodeEqualsDenseDecodeOnTheSubset) {
-  // The gathered kernel reads rows `indices` in place; the dense kernel gets the same rows copied
-  // into a contiguous block. Both must agree (and with the double-precision reference).
   std::mt19937 rng(31);
   for (Isa isa : compiled_isas()) {
     for (auto [n, d] : {std::pair<int64_t, int>{1, 64}, {40, 8}, {300, 72}, {513, 130}, {9, 2}}) {
@@ -214,26 +254,7 @@ TEST(KernelsAttention, GatheredDecodeEqualsDenseDecodeOnTheSubset) {
       std::iota(indices.begin(), indices.end(), 0);
       std::shuffle(indices.begin(), indices.end(), rng);
       indices.resize(static_cast<size_t>(std::max<int64_t>(1, n / 3)));
-      const auto m = static_cast<int64_t>(indices.size());
-      std::vector<float> sub_k, sub_v, sub_lw;
-      for (int32_t i : indices) {
-        sub_k.insert(sub_k.end(), keys.begin() + i * d, keys.begin() + (i + 1) * d);
-        sub_v.insert(sub_v.end(), values.begin() + i * d, values.begin() + (i + 1) * d);
-        sub_lw.push_back(log_weights[static_cast<size_t>(i)]);
-      }
-      std::vector<float> dense(d, NAN), dense_probs(m, NAN), gathered(d, NAN), probs(m, NAN);
-      attention_decode_group(isa, q.data(), 1, sub_k.data(), sub_v.data(), sub_lw.data(), m, d,
-                             dense.data(), dense_probs.data());
-      attention_decode_gathered(isa, q.data(), keys.data(), values.data(), log_weights.data(),
-                                indices, d, gathered.data(), probs.data());
-      std::vector<double> expected_probs;
-      const auto expected = ref_decode_attention(q.data(), sub_k.data(), sub_v.data(),
-                                                 sub_lw.data(), m, d, &expected_probs);
-      for (int i = 0; i < d; ++i) {
-        ASSERT_NEAR(gathered[i], dense[i], 1e-5);
-        ASSERT_NEAR(gathered[i], expected[i], kAttentionTolerance);
-      }
-      for (int64_t j = 0; j < m; ++j) ASSERT_NEAR(probs[j], dense_probs[j], 1e-6);
+      expect_gathered_equals_dense(isa, q, keys, values, log_weights, indices, d);
     }
   }
 }
@@ -259,7 +280,7 @@ std::vector<int32_t> shuffled_spans(std::mt19937& rng, int64_t n) {
 
 TEST(KernelsAttention, GatheredDecodeOverContiguousSpansEqualsDenseDecodeOnTheSubset) {
   // Runs of consecutive rows take the kernel's span path (4-row dots, weighted row sums), single
-  // rows the row path: both against the dense kernel on the copied rows and the reference.
+  // rows the row path.
   std::mt19937 rng(37);
   for (Isa isa : compiled_isas()) {
     for (auto [n, d] : {std::pair<int64_t, int>{1, 64}, {97, 8}, {300, 64}, {700, 130}, {40, 3}}) {
@@ -268,40 +289,7 @@ TEST(KernelsAttention, GatheredDecodeOverContiguousSpansEqualsDenseDecodeOnTheSu
       const auto keys = random_vector(rng, n * d, 2.0f);
       const auto values = random_vector(rng, n * d);
       const auto log_weights = random_vector(rng, n, 0.5f);
-      const std::vector<int32_t> indices = shuffled_spans(rng, n);
-      const auto m = static_cast<int64_t>(indices.size());
-      std::vector<float> sub_k, sub_v, sub_lw;
-      for (int32_t i : indices) {
-        sub_k.insert(sub_k.end(), keys.begin() + i * d, keys.begin() + (i + 1) * d);
-        sub_v.insert(sub_v.end(), values.begin() + i * d, values.begin() + (i + 1) * d);
-        sub_lw.push_back(log_weights[static_cast<size_t>(i)]);
-      }
-      for (const bool weighted : {false, true}) {
-        const float* lw = weighted ? log_weights.data() : nullptr;
-        std::vector<float> dense(d, NAN), dense_probs(m, NAN), gathered(d, NAN), probs(m, NAN);
-        attention_decode_group(isa, q.data(), 1, sub_k.data(), sub_v.data(),
-                               weighted ? sub_lw.data() : nullptr, m, d, dense.data(),
-                               dense_probs.data());
-        attention_decode_gathered(isa, q.data(), keys.data(), values.data(), lw, indices, d,
-                                  gathered.data(), probs.data());
-        std::vector<double> expected_probs;
-        const auto expected =
-            ref_decode_attention(q.data(), sub_k.data(), sub_v.data(),
-                                 weighted ? sub_lw.data() : nullptr, m, d, &expected_probs);
-        for (int i = 0; i < d; ++i) {
-          ASSERT_NEAR(gathered[i], dense[i], 1e-5);
-          ASSERT_NEAR(gathered[i], expected[i], kAttentionTolerance);
-        }
-        for (int64_t j = 0; j < m; ++j) {
-          ASSERT_NEAR(probs[j], dense_probs[j], 1e-6);
-          ASSERT_NEAR(probs[j], expected_probs[static_cast<size_t>(j)], 1e-6);
-        }
-        // Without probabilities the kernel keeps its scores in scratch: the same output.
-        std::vector<float> no_probs(d, NAN);
-        attention_decode_gathered(isa, q.data(), keys.data(), values.data(), lw, indices, d,
-                                  no_probs.data(), nullptr);
-        EXPECT_EQ(no_probs, gathered);
-      }
+      expect_gathered_equals_dense(isa, q, keys, values, log_weights, shuffled_spans(rng, n), d);
     }
   }
 }

@@ -35,6 +35,21 @@ VT_ANSWER_PREFIX = (
 VT_NOISE = RULER_NOISE + "\n"
 
 
+def ruler_question(type_v, queries, values_per_query):
+    """The text before and after {context} of RULER's niah template, and the word the answer
+    follows; singular wording when one value is asked for (as src/eval/ruler.cpp does)."""
+    query = queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
+    templ = RULER_TEMPLATE + RULER_ANSWER_PREFIX
+    tv = type_v
+    if len(queries) * values_per_query == 1:
+        templ = templ.replace("Some", "A").replace("are all", "is").replace("are", "is")
+        tv = type_v[:-1]
+    at = templ.find("{context}")
+    before = templ[:at].format(type_needle_v=tv)
+    after = templ[at + 9 :].format(type_needle_v=tv, query=query)
+    return before, after, after.split()[-1]
+
+
 def read_word_lists(cpp_path):
     """The key words of protokv's long-context tasks, read from src/eval/longctx_words.cpp so
     training and evaluation draw keys from the same lists."""
@@ -250,16 +265,7 @@ class RecallData:
         qi = rng.sample(range(num_k), num_q)
         queries = [keys[i] for i in qi]
         answers = [v for i in qi for v in values[i]]
-        query = queries[0] if num_q == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
-        templ = RULER_TEMPLATE + RULER_ANSWER_PREFIX
-        tv = type_v
-        if num_q * num_v == 1:
-            templ = templ.replace("Some", "A").replace("are all", "is").replace("are", "is")
-            tv = type_v[:-1]
-        at = templ.find("{context}")
-        before = templ[:at].format(type_needle_v=tv)
-        after = templ[at + 9 :].format(type_needle_v=tv, query=query)
-        word = after.split()[-1]
+        before, after, word = ruler_question(type_v, queries, num_v)
         spans = [([tok.bos_id], False), (tok.encode(before + context), False)]
         spans.append((tok.encode(after), False))
         spans.append((self.answer_tokens(word, " " + ", ".join(answers) + "."), True))
@@ -347,16 +353,7 @@ class RecallData:
         rng.shuffle(needles)
         qi = rng.sample(range(num_k), nq)
         queries = [keys[i] for i in qi]
-        query = queries[0] if nq == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
-        templ = RULER_TEMPLATE + RULER_ANSWER_PREFIX
-        tv = type_v
-        if nq * nv == 1:
-            templ = templ.replace("Some", "A").replace("are all", "is").replace("are", "is")
-            tv = type_v[:-1]
-        at = templ.find("{context}")
-        before = templ[:at].format(type_needle_v=tv)
-        after = templ[at + 9 :].format(type_needle_v=tv, query=query)
-        word = after.split()[-1]
+        before, after, word = ruler_question(type_v, queries, nv)
         single = (RULER_TEMPLATE + RULER_ANSWER_PREFIX).replace("Some", "A").replace("are all", "is")
         single = single.replace("are", "is")
         single_q = single[single.find("{context}") + 9 :]
