@@ -100,18 +100,11 @@ inline Budget entries(int64_t b) {
   return budget;
 }
 
-// Kept positions are unique and ascending, the last `window` and the first `sinks` tokens are
-// kept, and every stored key/value row equals the input row at its position.
-inline void expect_valid_head(const SyntheticLayer& layer, const HeadCache& head, int h,
-                              int64_t window, int64_t sinks = 0) {
+// Every entry of `head` is its input row: position inside the layer, key and value those of that
+// token, no log-weight (an evicting or recall press stores rows, it does not merge them).
+inline void expect_entries_are_input_rows(const SyntheticLayer& layer, const HeadCache& head,
+                                          int h) {
   const auto positions = head.positions();
-  for (size_t i = 1; i < positions.size(); ++i)
-    ASSERT_LT(positions[i - 1], positions[i]) << "head " << h << " entry " << i;
-  const std::set<int32_t> kept(positions.begin(), positions.end());
-  for (int64_t j = layer.n - window; j < layer.n; ++j)
-    EXPECT_TRUE(kept.count(static_cast<int32_t>(j))) << "window token " << j << " head " << h;
-  for (int64_t j = 0; j < sinks && j < layer.n; ++j)
-    EXPECT_TRUE(kept.count(static_cast<int32_t>(j))) << "sink token " << j << " head " << h;
   for (int64_t e = 0; e < head.size(); ++e) {
     const int64_t t = positions[static_cast<size_t>(e)];
     ASSERT_GE(t, 0);
@@ -126,6 +119,21 @@ inline void expect_valid_head(const SyntheticLayer& layer, const HeadCache& head
   }
 }
 
+// Kept positions are unique and ascending, the last `window` and the first `sinks` tokens are
+// kept, and every stored key/value row equals the input row at its position.
+inline void expect_valid_head(const SyntheticLayer& layer, const HeadCache& head, int h,
+                              int64_t window, int64_t sinks = 0) {
+  const auto positions = head.positions();
+  for (size_t i = 1; i < positions.size(); ++i)
+    ASSERT_LT(positions[i - 1], positions[i]) << "head " << h << " entry " << i;
+  const std::set<int32_t> kept(positions.begin(), positions.end());
+  for (int64_t j = layer.n - window; j < layer.n; ++j)
+    EXPECT_TRUE(kept.count(static_cast<int32_t>(j))) << "window token " << j << " head " << h;
+  for (int64_t j = 0; j < sinks && j < layer.n; ++j)
+    EXPECT_TRUE(kept.count(static_cast<int32_t>(j))) << "sink token " << j << " head " << h;
+  expect_entries_are_input_rows(layer, head, h);
+}
+
 // A recall press's head (clusterkv): every token of the layer stored exactly once, in the press's
 // own order (cluster-contiguous), each entry's key, value and position those of its input row.
 inline void expect_valid_recall_head(const SyntheticLayer& layer, const HeadCache& head, int h) {
@@ -133,18 +141,7 @@ inline void expect_valid_recall_head(const SyntheticLayer& layer, const HeadCach
   ASSERT_EQ(head.size(), layer.n) << "head " << h;
   const std::set<int32_t> stored(positions.begin(), positions.end());
   ASSERT_EQ(static_cast<int64_t>(stored.size()), layer.n) << "head " << h;
-  for (int64_t e = 0; e < head.size(); ++e) {
-    const int64_t t = positions[static_cast<size_t>(e)];
-    ASSERT_GE(t, 0);
-    ASSERT_LT(t, layer.n);
-    const float* k = layer.k.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
-    const float* v = layer.v.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
-    for (int c = 0; c < layer.d; ++c) {
-      ASSERT_EQ(head.key(e)[c], k[c]) << "head " << h << " position " << t;
-      ASSERT_EQ(head.value(e)[c], v[c]) << "head " << h << " position " << t;
-    }
-    EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], 0.0f);
-  }
+  expect_entries_are_input_rows(layer, head, h);
 }
 
 // A merging press's head (chelsea): positions unique and ascending; the first `sinks` and last

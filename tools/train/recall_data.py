@@ -282,21 +282,26 @@ class RecallData:
                 spans.append((self.answer_tokens("is", " " + values[i][0] + "."), True))
         return spans
 
-    def vt_doc(self, length):
-        """`eval ruler` vt layout (vt_generate): one chain of 4 hops in noise lines; answers."""
-        tok, rng = self.tok, self.rng
-        hops = 4
+    def vt_chain(self, hops, n_noise):
+        """RULER variable tracking's context: a chain VAR X0 = value, VAR X1 = VAR X0, ... of
+        `hops` assignments placed at random among max(n_noise, chain) noise sentences; returns
+        (context, value, names)."""
+        rng = self.rng
         names = self.distinct(lambda: "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)), hops + 1)
         value = str(rng.randint(10000, 99998))
-        chain = [f"VAR {names[0]} = {value}"] + [
-            f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)
-        ]
-        n = max(len(chain), (length - 150) // 52)
+        chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)]
+        n = max(n_noise, len(chain))
         sents = [VT_NOISE] * n
         pos = sorted(rng.sample(range(n), len(chain)))
         for j, p in enumerate(pos):
             sents.insert(p + j, chain[j])
-        context = " ".join(sents).replace(". \n", ".\n")
+        return " ".join(sents).replace(". \n", ".\n"), value, names
+
+    def vt_doc(self, length):
+        """`eval ruler` vt layout (vt_generate): one chain of 4 hops in noise lines; answers."""
+        tok = self.tok
+        hops = 4
+        context, value, names = self.vt_chain(hops, (length - 150) // 52)
         templ = VT_TEMPLATE + VT_ANSWER_PREFIX
         at = templ.find("{context}")
         before = templ[:at]
@@ -429,15 +434,7 @@ class RecallData:
         hops = 4
 
         def chain_text(n_noise):
-            names = self.distinct(lambda: "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)), hops + 1)
-            value = str(rng.randint(10000, 99998))
-            chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)]
-            n = max(n_noise, len(chain))
-            sents = [VT_NOISE] * n
-            pos = sorted(rng.sample(range(n), len(chain)))
-            for j, p in enumerate(pos):
-                sents.insert(p + j, chain[j])
-            context = " ".join(sents).replace(". \n", ".\n")
+            context, value, names = self.vt_chain(hops, n_noise)
             templ = VT_TEMPLATE + VT_ANSWER_PREFIX
             at = templ.find("{context}")
             return templ[:at] + context, templ[at + 9 :].format(query=value, num_v=hops + 1), names
