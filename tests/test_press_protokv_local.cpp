@@ -63,76 +63,108 @@ double disagreement(const float* keys, int64_t n, int d, press::ClusteringConfig
   return static_cast<double>(differ) / static_cast<double>(n);
 }
 
-TEST(ProtoKvLocalAssignment, EveryChunkInReachEqualsExactEq17) {
-  // 4 chunks + at most 4 buckets: the 8-lane kernel, whose dots are bit-identical to the exact
-  // GEMM's (same FMA order), so not even a near-tie may differ.
+// Double-precision k . c_p.
+double exact_dot(const float* key, const float* prototype, int d) {
+  double dot = 0.0;
+  for (int c = 0; c < d; ++c) dot += static_cast<double>(key[c]) * prototype[c];
+  return dot;
+}
+
+// Checks that every token's local assignment is a first maximum, up to float rounding, of k . c
+// over the candidates of its chunk m: the prototypes of the chunks m - a .. m + a still present
+// and every bucket. Returns the share of tokens whose pick is also the double-precision maximum.
+double expect_local_maximum(const std::vector<float>& keys, int64_t n, int d,
+                            const press::Clustering& local, int neighbours,
+                            const std::string& where) {
+  int64_t same = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t m = press::chunk_of(t, n, local.n_chunks);
+    const float* key = keys.data() + t * d;
+    double best = -INFINITY, norm = 0.0;
+    int best_p = -1;
+    for (int c = 0; c < d; ++c) norm += static_cast<double>(key[c]) * key[c];
+    const int32_t picked = local.assignment[static_cast<size_t>(t)];
+    bool picked_is_candidate = false;
+    for (int p = 0; p < local.n_prototypes(); ++p) {
+      const bool candidate =
+          p >= local.n_regular || std::abs(local.origin[static_cast<size_t>(p)] - m) <= neighbours;
+      if (!candidate) continue;
+      picked_is_candidate = picked_is_candidate || p == picked;
+      const double dot = exact_dot(key, local.prototypes.data() + static_cast<int64_t>(p) * d, d);
+      if (dot > best) best = dot, best_p = p;
+    }
+    EXPECT_TRUE(picked_is_candidate) << where << " token " << t;
+    const double got =
+        exact_dot(key, local.prototypes.data() + static_cast<int64_t>(picked) * d, d);
+    EXPECT_GE(got, best - 1e-5 * std::sqrt(norm)) << where << " token " << t;  // rounding only
+    same += picked == best_p ? 1 : 0;
+  }
+  return static_cast<double>(same) / static_cast<double>(n);
+}
+
+TEST(ProtoKvLocalAssignment, EveryChunkInReachEqualsExactEq17UpToRounding) {
+  // 4 chunks, reach 4, and 12 chunks, reach 12: every prototype is a candidate, so the local
+  // assignment is Eq. 17's (its chunk candidates are dots with the chunk means, so equal ties may
+  // break differently; the bound allows float rounding only).
   const auto keys = drifting_keys(301, 32, 1);
-  EXPECT_EQ(disagreement(keys.data(), 301, 32, hybrid(4), 4), 0.0);
-  // 12 chunks + buckets: more than 8 candidates (the scalar-dot path); compare the cosine it
-  // picked with the best one in double, allowing float rounding only.
+  EXPECT_LT(disagreement(keys.data(), 301, 32, hybrid(4), 4), 0.01);
   const auto more = drifting_keys(400, 24, 2);
   press::ClusteringConfig config = hybrid(12);
   config.assignment = press::Assignment::Local;
   config.local_neighbours = 12;
   const press::Clustering local = press::cluster_keys(more.data(), 400, 24, config);
-  for (int64_t t = 0; t < 400; ++t) {
-    double best = -INFINITY, picked = 0.0;
-    for (int p = 0; p < local.n_prototypes(); ++p) {
-      double dot = 0.0;
-      for (int c = 0; c < 24; ++c)
-        dot += static_cast<double>(more[static_cast<size_t>(t * 24 + c)]) *
-               local.prototypes[static_cast<size_t>(p * 24 + c)];
-      best = std::max(best, dot);
-      if (p == local.assignment[static_cast<size_t>(t)]) picked = dot;
-    }
-    EXPECT_NEAR(picked, best, 1e-4 * std::abs(best)) << "token " << t;
-  }
+  EXPECT_GT(expect_local_maximum(more, 400, 24, local, 12, "reach 12"), 0.99);
 }
 
-// The banded kernel (no chunk dropped, 2a + 1 chunk lanes + buckets <= 8) against a naive
-// reference: for each token of chunk m, the dots with the prototypes of chunks m - a .. m + a
-// (inside the prefix) and every bucket, each the FMA chain over ascending channels, first maximum
-// in prototype order (chunks emptied by the irregular set give the general path, checked alike).
-// Chunk sizes below 8, between 8 and 16 and above 16 cover every tile shape.
-TEST(ProtoKvLocalAssignment, BandedKernelEqualsNaiveLocalMaximum) {
-  int banded = 0, cases = 0;
+// The local assignment against a naive double-precision reference: for each token of chunk m, the
+// prototypes of chunks m - a .. m + a (inside the prefix, not dropped) and every bucket; the pick
+// must be a candidate whose cosine is the best up to rounding. Covers head_dim 8 (the generic
+// chunk pass) and 128 (the AVX-512 one), chunks of fewer than 8 to more than 16 tokens, chunks
+// emptied by the irregular set, chunks that lost irregular tokens (candidates recomputed against
+// their prototype), no buckets, and the pruning of bucket candidates.
+TEST(ProtoKvLocalAssignment, PicksTheNaiveLocalMaximumUpToRounding) {
   for (const int dim : {8, 128}) {
     for (const int64_t tokens : {int64_t{45}, int64_t{301}, int64_t{1000}}) {
       for (const int64_t chunks : {int64_t{3}, int64_t{9}, int64_t{30}}) {
         for (const int neighbours : {0, 1, 2}) {
           const auto keys = drifting_keys(tokens, dim, static_cast<uint64_t>(tokens + chunks));
           press::ClusteringConfig config = hybrid(chunks);
-          config.irregular = neighbours == 2 ? 0 : 12;  // 5 chunk lanes: no bucket lanes
+          config.irregular = neighbours == 2 ? 0 : 12;  // no buckets
           config.assignment = press::Assignment::Local;
           config.local_neighbours = neighbours;
           const press::Clustering local = press::cluster_keys(keys.data(), tokens, dim, config);
-          ++cases;
-          banded += local.n_regular == chunks ? 1 : 0;  // no chunk dropped: the banded kernel
-          for (int64_t t = 0; t < tokens; ++t) {
-            const int64_t m = press::chunk_of(t, tokens, chunks);
-            std::vector<int> candidates;
-            for (int p = 0; p < local.n_regular; ++p)  // chunks m - a .. m + a still present
-              if (std::abs(local.origin[static_cast<size_t>(p)] - m) <= neighbours)
-                candidates.push_back(p);
-            for (int p = local.n_regular; p < local.n_prototypes(); ++p) candidates.push_back(p);
-            int best = -1;
-            float best_dot = 0.0f;
-            for (const int p : candidates) {
-              float dot = 0.0f;
-              for (int c = 0; c < dim; ++c)
-                dot = std::fma(keys[static_cast<size_t>(t * dim + c)],
-                               local.prototypes[static_cast<size_t>(p * dim + c)], dot);
-              if (best < 0 || dot > best_dot) best_dot = dot, best = p;
-            }
-            ASSERT_EQ(local.assignment[static_cast<size_t>(t)], best)
-                << "dim " << dim << " tokens " << tokens << " chunks " << chunks << " a "
-                << neighbours << " token " << t;
-          }
+          const std::string where = "dim " + std::to_string(dim) + " tokens " +
+                                    std::to_string(tokens) + " chunks " + std::to_string(chunks) +
+                                    " a " + std::to_string(neighbours);
+          EXPECT_GT(expect_local_maximum(keys, tokens, dim, local, neighbours, where), 0.98)
+              << where;
+          EXPECT_GE(local.local_bucket_dots, 0);
         }
       }
     }
   }
-  EXPECT_GE(banded, cases - 8);  // only tiny chunks full of irregular tokens drop
+}
+
+// Buckets far from every chunk are skipped without changing the assignment: planted far-apart
+// outlier tokens form the buckets; drifting keys stay close to their chunk's prototype.
+TEST(ProtoKvLocalAssignment, BucketsThatCannotWinAreSkipped) {
+  constexpr int64_t kTokens = 600;
+  constexpr int kDim = 64;
+  auto keys = drifting_keys(kTokens, kDim, 9);
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal;
+  for (const int64_t t : {50, 170, 333, 480}) {  // outliers, opposite to the drift's offset
+    for (int c = 0; c < kDim; ++c) keys[static_cast<size_t>(t * kDim + c)] = -3.0f + normal(rng);
+  }
+  press::ClusteringConfig config = hybrid(40);
+  config.irregular = 4;
+  config.assignment = press::Assignment::Local;
+  const press::Clustering local = press::cluster_keys(keys.data(), kTokens, kDim, config);
+  ASSERT_GT(local.n_prototypes(), local.n_regular);
+  EXPECT_LT(local.local_bucket_dots, kTokens);  // most (token, bucket) pairs were skipped
+  EXPECT_GT(expect_local_maximum(keys, kTokens, kDim, local, 1, "planted"), 0.99);
+  for (const int64_t t : {50, 170, 333, 480})  // each outlier still goes to a bucket
+    EXPECT_GE(local.assignment[static_cast<size_t>(t)], local.n_regular) << t;
 }
 
 TEST(ProtoKvLocalAssignment, DisagreementWithExactShrinksAsTheReachGrows) {
@@ -140,7 +172,8 @@ TEST(ProtoKvLocalAssignment, DisagreementWithExactShrinksAsTheReachGrows) {
   const double one = disagreement(keys.data(), 2000, 64, hybrid(125), 1);
   const double four = disagreement(keys.data(), 2000, 64, hybrid(125), 4);
   EXPECT_LE(four, one);  // the candidates of reach 4 contain those of reach 1
-  EXPECT_EQ(disagreement(keys.data(), 2000, 64, hybrid(125), 125), 0.0);
+  // Every chunk in reach: Eq. 17 up to near-ties broken by rounding.
+  EXPECT_LT(disagreement(keys.data(), 2000, 64, hybrid(125), 125), 0.002);
 }
 
 TEST(ProtoKvLocalAssignment, OptionsAreCheckedWithOneClearError) {
@@ -161,15 +194,23 @@ TEST(ProtoKvLocalAssignment, DisagreementOnBenchTensors) {
   const int64_t n_prefix = spec.n_tokens - press::WindowScoreConfig::kDefaultWindow;
   const press::ProtoKvConfig defaults;
   for (const int neighbours : {1, 2, 4}) {
-    double sum = 0.0;
-    for (int h = 0; h < spec.n_kv_heads; ++h)
-      sum += disagreement(layer.k.data() + static_cast<int64_t>(h) * spec.n_tokens * spec.head_dim,
-                          n_prefix, spec.head_dim, defaults.clustering(n_prefix, 0, h), neighbours);
+    double sum = 0.0, bucket_dots = 0.0, bucket_pairs = 0.0;
+    for (int h = 0; h < spec.n_kv_heads; ++h) {
+      const float* keys = layer.k.data() + static_cast<int64_t>(h) * spec.n_tokens * spec.head_dim;
+      press::ClusteringConfig config = defaults.clustering(n_prefix, 0, h);
+      sum += disagreement(keys, n_prefix, spec.head_dim, config, neighbours);
+      config.assignment = press::Assignment::Local;
+      config.local_neighbours = neighbours;
+      const press::Clustering local = press::cluster_keys(keys, n_prefix, spec.head_dim, config);
+      bucket_dots += static_cast<double>(local.local_bucket_dots);
+      bucket_pairs += static_cast<double>(n_prefix * (local.n_prototypes() - local.n_regular));
+    }
     const double rate = sum / spec.n_kv_heads;
     std::printf(
         "[ protokv ] assign=local assign_neighbours=%d: %.4f of tokens differ from exact "
-        "Eq. 17 (synthetic, n=4096, head_dim 128, 8 KV heads)\n",
-        neighbours, rate);
+        "Eq. 17, %.4f of the (token, bucket) dots computed (synthetic, n=4096, head_dim 128, 8 KV "
+        "heads)\n",
+        neighbours, rate, bucket_pairs > 0 ? bucket_dots / bucket_pairs : 0.0);
     EXPECT_LT(rate, 0.9);
   }
 }

@@ -191,8 +191,8 @@ void ProtoKvScorer::record_diagnostics(int layer, int h, Clustering clusters,
     // Eq. 17 re-assigns every token by cosine: it may leave its own chunk's prototype.
     int64_t outside = 0;
     for (int64_t m = 0; m < clusters.n_chunks; ++m) {
-      for (int64_t t = chunk_begin(m, n_prefix, clusters.n_chunks);
-           t < chunk_begin(m + 1, n_prefix, clusters.n_chunks); ++t) {
+      const int64_t end = chunk_begin(m + 1, n_prefix, clusters.n_chunks);
+      for (int64_t t = chunk_begin(m, n_prefix, clusters.n_chunks); t < end; ++t) {
         const int32_t c = clusters.assignment[static_cast<size_t>(t)];
         outside += c >= clusters.n_regular || clusters.origin[static_cast<size_t>(c)] != m ? 1 : 0;
       }
@@ -287,8 +287,12 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
     if (config_.score == ClusterScore::Mean) {
       KeyBlockVisitor visit;
       if (fused_pass) {
-        pass.start(layer.k_head(h), n_prefix, d,
-                   std::clamp<int64_t>(clustering.chunks, 1, n_prefix));
+        const int64_t chunks = std::clamp<int64_t>(clustering.chunks, 1, n_prefix);
+        pass.start(
+            layer.k_head(h), n_prefix, d, chunks,
+            clustering.assignment == Assignment::Local
+                ? static_cast<int>(std::min<int64_t>(clustering.local_neighbours, chunks - 1))
+                : -1);
         visit = [&](int64_t, int64_t end) { pass.advance(std::min(end, n_prefix)); };
       }
       window_scores_kv_head(layer, h, window_config, own, visit);

@@ -15,11 +15,28 @@
 namespace protokv::press {
 namespace {
 
+// ||scale * x||^2 in double, in eight independent partial sums (one vector of doubles, not one
+// chain of d dependent adds).
+double scaled_squared_norm(const float* x, int d, float scale) {
+  double partial[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  int c = 0;
+  for (; c + 8 <= d; c += 8)
+    for (int j = 0; j < 8; ++j) {
+      const double v = x[c + j] * scale;
+      partial[j] += v * v;
+    }
+  for (; c < d; ++c) {
+    const double v = x[c] * scale;
+    partial[0] += v * v;
+  }
+  double total = 0.0;
+  for (const double p : partial) total += p;
+  return total;
+}
+
 // Appends normalise(sum) to the prototypes unless the sum is zero.
 void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
-  double norm = 0.0;
-  for (int c = 0; c < d; ++c) norm += static_cast<double>(sum[c]) * sum[c];
-  norm = std::sqrt(norm);
+  const double norm = std::sqrt(scaled_squared_norm(sum, d, 1.0f));
   if (!(norm > 0.0)) return;
   const auto inv = static_cast<float>(1.0 / norm);
   const size_t at = out.prototypes.size();
@@ -100,40 +117,81 @@ void key_norms(const float* keys, int64_t n, int d, float* norms) {
   for (int64_t t = 0; t < n; ++t) norms[t] = std::sqrt(kernels::dot(keys + t * d, keys + t * d, d));
 }
 
+namespace {
+
+// Eq. 10's ||sigma_m||: the norm of the chunk's per-channel population standard deviations,
+// ||sigma||^2 = sum_c Var_c = E||k||^2 - ||mu||^2, from the squared key norms the pass computes
+// anyway (no second sweep over the rows). Differences below float rounding of the two terms
+// (1e-6 of E||k||^2) count as zero: a chunk of equal keys has sigma = 0.
+float chunk_sigma_norm(double sum_sq, int64_t count, float mean_sq) {
+  const double mean_key_sq = sum_sq / static_cast<double>(count);
+  const double variance = mean_key_sq - static_cast<double>(mean_sq);
+  return variance > 1e-6 * mean_key_sq ? static_cast<float>(std::sqrt(variance)) : 0.0f;
+}
+
+// assign=local's neighbour slots for chunk m once its mean mu_m is known (its own slot is written
+// with the Eq. 10 cosine's dot): the dots of chunk m's rows with the means of the `reach` chunks
+// before it, and of their rows with mu_m. The chunks after m fill m's later slots when they run.
+// Each earlier mean is recomputed from its sum exactly as the pass computed it (sum times
+// 1/count, one float multiply per channel), so the dots do not depend on how the chunks were cut
+// into ranges. Rows of nearby chunks are still in cache.
+// `dot` is kernels::dot in the plain loops and the ISA's dot itself (inlined) in the AVX-512
+// kernels: the same function, so both give the same bits.
+template <class Dot>
+void neighbour_dots(const float* keys, int64_t n, int d, int64_t k, int64_t m, const float* mu_m,
+                    const float* chunk_sums, const LocalDots& local, Dot dot) {
+  thread_local std::vector<float> mean;
+  mean.resize(static_cast<size_t>(d));
+  const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
+  for (int64_t j = std::max<int64_t>(0, m - local.reach); j < m; ++j) {
+    const int64_t j_begin = chunk_begin(j, n, k), j_end = chunk_begin(j + 1, n, k);
+    const float inv_count = 1.0f / static_cast<float>(j_end - j_begin);
+    for (int c = 0; c < d; ++c) mean[static_cast<size_t>(c)] = chunk_sums[j * d + c] * inv_count;
+    const int64_t gap = m - j;
+    float* before = local.dots + (local.reach - gap) * n;  // rows of m, candidate j
+    float* after = local.dots + (local.reach + gap) * n;   // rows of j, candidate m
+    for (int64_t t = begin; t < end; ++t) before[t] = dot(keys + t * d, mean.data(), d);
+    for (int64_t t = j_begin; t < j_end; ++t) after[t] = dot(keys + t * d, mu_m, d);
+  }
+}
+
+}  // namespace
+
 #if defined(PROTOKV_HAVE_AVX512)
 namespace {
 
-// chunk_pass for head_dim = 16 * kVectors: the chunk's per-channel sums and variances stay in
-// registers over its rows (no store and reload per row), the norms and cosines are
-// Avx512Ops::dot itself, inlined. The same operations in the same order as the generic loop below
-// (per-channel sums in row order, variance terms fused as (k - mu)^2 + var, the channel sum of
-// the variances in channel order), so the results are bit-identical to it.
+// chunk_pass for head_dim = 16 * kVectors: the chunk's per-channel sums stay in registers over its
+// rows, the norms and dots are Avx512Ops::dot itself, inlined. The same operations in the same
+// order as the generic loop below (per-channel sums in row order, the squared norms summed in
+// double in row order), so the results are bit-identical to it.
 template <int kVectors>
 void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin, int64_t m_end,
-                       float* norms, float* chunk_sums, float* delta) {
+                       float* norms, float* chunk_sums, float* delta, const LocalDots& local) {
   constexpr int d = 16 * kVectors;
   using Ops = kernels::Avx512Ops;
-  alignas(64) float mu[d], var[d];
+  alignas(64) float mu[d];
   for (int64_t m = m_begin; m < m_end; ++m) {
     const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
     __m512 sum[kVectors];
     for (auto& v : sum) v = _mm512_setzero_ps();
+    double sum_sq = 0.0;  // sum of ||k_t||^2 over the chunk
     for (int64_t t = begin; t < end; ++t) {
       const float* key = keys + t * d;
-      norms[t] = std::sqrt(Ops::dot(key, key, d));
+      const float sq = Ops::dot(key, key, d);
+      norms[t] = std::sqrt(sq);
+      sum_sq += sq;
       for (int v = 0; v < kVectors; ++v)
         sum[v] = _mm512_add_ps(sum[v], _mm512_loadu_ps(key + 16 * v));
     }
     float* out_sum = chunk_sums + m * d;
     for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(out_sum + 16 * v, sum[v]);
-    if (delta == nullptr) continue;
-    const float inv_count = 1.0f / static_cast<float>(end - begin);
-    const __m512 inv = _mm512_set1_ps(inv_count);
-    __m512 mean[kVectors], variance[kVectors];
-    for (int v = 0; v < kVectors; ++v) {
-      mean[v] = _mm512_mul_ps(sum[v], inv);
-      variance[v] = _mm512_setzero_ps();
-    }
+    if (delta == nullptr && local.dots == nullptr) continue;
+    const __m512 inv = _mm512_set1_ps(1.0f / static_cast<float>(end - begin));
+    for (int v = 0; v < kVectors; ++v) _mm512_store_ps(mu + 16 * v, _mm512_mul_ps(sum[v], inv));
+    const float mean_sq = Ops::dot(mu, mu, d);
+    const float mean_norm = std::sqrt(mean_sq);
+    float* own =
+        local.dots != nullptr ? local.dots + static_cast<int64_t>(local.reach) * n : nullptr;
     const int64_t next_end = std::min(n, end + (end - begin));
     for (int64_t t = begin; t < end; ++t) {
       const float* key = keys + t * d;
@@ -141,26 +199,15 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin,
       if (t + (end - begin) < next_end)
         for (int line = 0; line < d; line += 16)
           _mm_prefetch(reinterpret_cast<const char*>(key + (end - begin) * d + line), _MM_HINT_T0);
-      for (int v = 0; v < kVectors; ++v) {
-        const __m512 diff = _mm512_sub_ps(_mm512_loadu_ps(key + 16 * v), mean[v]);
-        variance[v] = _mm512_fmadd_ps(diff, diff, variance[v]);
-      }
-    }
-    for (int v = 0; v < kVectors; ++v) {
-      _mm512_store_ps(mu + 16 * v, mean[v]);
-      _mm512_store_ps(var + 16 * v, variance[v]);
-    }
-    // 1 - cos(k_t, mu_m) first, then ||sigma_m|| (a chain of d dependent adds, kept in channel
-    // order), then the division: the dots need not wait for the chain.
-    const float mean_norm = std::sqrt(Ops::dot(mu, mu, d));
-    for (int64_t t = begin; t < end; ++t) {
+      const float dot = Ops::dot(key, mu, d);
+      if (own != nullptr) own[t] = dot;
+      if (delta == nullptr) continue;
       const float scale = norms[t] * mean_norm;
-      const float cosine = scale > 0.0f ? Ops::dot(keys + t * d, mu, d) / scale : 0.0f;
-      delta[t] = 1.0f - cosine;
+      delta[t] = 1.0f - (scale > 0.0f ? dot / scale : 0.0f);
     }
-    float sigma_sq = 0.0f;  // ||sigma_m||^2 = sum over channels of the variance
-    for (int c = 0; c < d; ++c) sigma_sq += var[c];
-    const float sigma_norm = std::sqrt(sigma_sq * inv_count);
+    if (own != nullptr) neighbour_dots(keys, n, d, k, m, mu, chunk_sums, local, Ops::dot);
+    if (delta == nullptr) continue;
+    const float sigma_norm = chunk_sigma_norm(sum_sq, end - begin, mean_sq);
     for (int64_t t = begin; t < end; ++t)  // Eq. 10; identical keys (sigma = 0): nothing deviates
       delta[t] = sigma_norm > 0.0f ? delta[t] / sigma_norm : 0.0f;
   }
@@ -170,71 +217,72 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin,
 #endif
 
 void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
-                float* delta) {
-  chunk_pass_range(keys, n, d, k, 0, k, norms, chunk_sums, delta);
+                float* delta, const LocalDots& local) {
+  chunk_pass_range(keys, n, d, k, 0, k, norms, chunk_sums, delta, local);
 }
 
 void chunk_pass_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
-                      int64_t m_end, float* norms, float* chunk_sums, float* delta) {
+                      int64_t m_end, float* norms, float* chunk_sums, float* delta,
+                      const LocalDots& local) {
 #if defined(PROTOKV_HAVE_AVX512)
   switch (d) {
     case 64:
-      return chunk_pass_avx512<4>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta);
+      return chunk_pass_avx512<4>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta, local);
     case 128:
-      return chunk_pass_avx512<8>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta);
+      return chunk_pass_avx512<8>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta, local);
     case 256:
-      return chunk_pass_avx512<16>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta);
+      return chunk_pass_avx512<16>(keys, n, k, m_begin, m_end, norms, chunk_sums, delta, local);
     default:
       break;
   }
 #endif
-  chunk_pass_generic_range(keys, n, d, k, m_begin, m_end, norms, chunk_sums, delta);
+  chunk_pass_generic_range(keys, n, d, k, m_begin, m_end, norms, chunk_sums, delta, local);
 }
 
 void chunk_pass_generic(const float* keys, int64_t n, int d, int64_t k, float* norms,
-                        float* chunk_sums, float* delta) {
-  chunk_pass_generic_range(keys, n, d, k, 0, k, norms, chunk_sums, delta);
+                        float* chunk_sums, float* delta, const LocalDots& local) {
+  chunk_pass_generic_range(keys, n, d, k, 0, k, norms, chunk_sums, delta, local);
 }
 
 void chunk_pass_generic_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
-                              int64_t m_end, float* norms, float* chunk_sums, float* delta) {
-  // Per-channel accumulators keep every inner loop a plain vectorisable loop over channels.
-  std::vector<float> mean(static_cast<size_t>(d)), variance(static_cast<size_t>(d));
+                              int64_t m_end, float* norms, float* chunk_sums, float* delta,
+                              const LocalDots& local) {
+  std::vector<float> mean(static_cast<size_t>(d));
   for (int64_t m = m_begin; m < m_end; ++m) {
     const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
     float* __restrict sum = chunk_sums + m * d;
     std::fill(sum, sum + d, 0.0f);
+    double sum_sq = 0.0;  // sum of ||k_t||^2 over the chunk
     for (int64_t t = begin; t < end; ++t) {
       const float* __restrict key = keys + t * d;
-      norms[t] = std::sqrt(kernels::dot(key, key, d));
+      const float sq = kernels::dot(key, key, d);
+      norms[t] = std::sqrt(sq);
+      sum_sq += sq;
       for (int c = 0; c < d; ++c) sum[c] += key[c];
     }
-    if (delta == nullptr) continue;
-    // The chunk's rows are still in cache: per-channel population variance around the mean.
+    if (delta == nullptr && local.dots == nullptr) continue;
     const float inv_count = 1.0f / static_cast<float>(end - begin);
     float* __restrict mu = mean.data();
-    float* __restrict var = variance.data();
-    for (int c = 0; c < d; ++c) {
-      mu[c] = sum[c] * inv_count;
-      var[c] = 0.0f;
-    }
+    for (int c = 0; c < d; ++c) mu[c] = sum[c] * inv_count;
+    const float mean_sq = kernels::dot(mu, mu, d);
+    const float mean_norm = std::sqrt(mean_sq);
+    float* own =
+        local.dots != nullptr ? local.dots + static_cast<int64_t>(local.reach) * n : nullptr;
     for (int64_t t = begin; t < end; ++t) {
-      const float* __restrict key = keys + t * d;
-      for (int c = 0; c < d; ++c) var[c] += (key[c] - mu[c]) * (key[c] - mu[c]);
-    }
-    float sigma_sq = 0.0f;  // ||sigma_m||^2 = sum over channels of the variance
-    for (int c = 0; c < d; ++c) sigma_sq += var[c];
-    const float sigma_norm = std::sqrt(sigma_sq * inv_count);
-    const float mean_norm = std::sqrt(kernels::dot(mu, mu, d));
-    for (int64_t t = begin; t < end; ++t) {
-      if (!(sigma_norm > 0.0f)) {
-        delta[t] = 0.0f;  // identical keys: nothing deviates
-        continue;
-      }
+      const float dot = kernels::dot(keys + t * d, mu, d);
+      if (own != nullptr) own[t] = dot;
+      if (delta == nullptr) continue;
       const float scale = norms[t] * mean_norm;
-      const float cosine = scale > 0.0f ? kernels::dot(keys + t * d, mu, d) / scale : 0.0f;
-      delta[t] = (1.0f - cosine) / sigma_norm;  // Eq. 10
+      delta[t] = 1.0f - (scale > 0.0f ? dot / scale : 0.0f);
     }
+    if (own != nullptr)
+      neighbour_dots(
+          keys, n, d, k, m, mu, chunk_sums, local,
+          [](const float* a, const float* b, int64_t len) { return kernels::dot(a, b, len); });
+    if (delta == nullptr) continue;
+    const float sigma_norm = chunk_sigma_norm(sum_sq, end - begin, mean_sq);
+    for (int64_t t = begin; t < end; ++t)  // Eq. 10; identical keys (sigma = 0): nothing deviates
+      delta[t] = sigma_norm > 0.0f ? delta[t] / sigma_norm : 0.0f;
   }
 }
 
@@ -283,11 +331,14 @@ std::vector<int32_t> top_indices(const float* values, int64_t n, int64_t p) {
     // order (value, then index) is total, so this is the same set as nth_element gives.
     std::vector<int32_t> best;
     best.reserve(static_cast<size_t>(p) + 1);
+    float worst = -INFINITY;  // values[best.back()] once p are held
     for (int64_t t = 0; t < n; ++t) {
       const auto i = static_cast<int32_t>(t);
+      if (static_cast<int64_t>(best.size()) == p && values[t] < worst) continue;  // most tokens
       if (static_cast<int64_t>(best.size()) == p && !before(i, best.back())) continue;
       best.insert(std::upper_bound(best.begin(), best.end(), i, before), i);
       if (static_cast<int64_t>(best.size()) > p) best.pop_back();
+      if (static_cast<int64_t>(best.size()) == p) worst = values[best.back()];
     }
     std::sort(best.begin(), best.end());
     return best;
@@ -499,225 +550,139 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
 #endif
 }
 
-#if defined(PROTOKV_HAVE_AVX2)
 namespace {
 
-// assign_locally for up to 8 candidates: the candidates transposed to [d, 8] (zero-padded), one
-// 8-lane accumulator per key (8-lane FMAs run on two ports where 16-lane ones often run on one).
-// Eight keys at a time give eight independent FMA chains; rows past `end` repeat the last key and
-// are dropped. Padding lanes are masked out of the maximum.
-void local_dots_8(const float* keys, int64_t begin, int64_t end, int d, const float* prototypes,
-                  const std::vector<int32_t>& candidates, int32_t* out) {
-  constexpr int kLanes = 8, kRows = 8;
-  thread_local std::vector<float> transposed;
-  transposed.assign(static_cast<size_t>(d) * kLanes, 0.0f);
-  for (size_t i = 0; i < candidates.size(); ++i)
-    for (int c = 0; c < d; ++c)
-      transposed[static_cast<size_t>(c) * kLanes + i] =
-          prototypes[static_cast<int64_t>(candidates[i]) * d + c];
-  const auto live = static_cast<int>(candidates.size());
-  for (int64_t t0 = begin; t0 < end; t0 += kRows) {
-    const float* row[kRows];
-    for (int r = 0; r < kRows; ++r) row[r] = keys + std::min(t0 + r, end - 1) * d;
-    __m256 acc[kRows];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (int c = 0; c < d; ++c) {
-      const __m256 column = _mm256_loadu_ps(transposed.data() + static_cast<int64_t>(c) * kLanes);
-      for (int r = 0; r < kRows; ++r)
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row[r][c]), column, acc[r]);
-    }
-    alignas(32) float dots[kRows][kLanes];
-    for (int r = 0; r < kRows; ++r) _mm256_store_ps(dots[r], acc[r]);  // after the loop
-    for (int r = 0; r < kRows && t0 + r < end; ++r) {
-      int best = 0;  // first maximum over the live lanes, in candidate (= prototype) order
-      for (int i = 1; i < live; ++i)
-        if (dots[r][i] > dots[r][best]) best = i;
-      out[t0 + r] = candidates[static_cast<size_t>(best)];
-    }
-  }
-}
+// The cosine of a token with the bucket prototypes may exceed its own chunk's only if
+// angle(c_m, b) <= 2 angle(k, c_m) (triangle inequality on angles: angle(k, b) >=
+// angle(c_m, b) - angle(k, c_m)), i.e. cos(c_m, b) >= 2 cos^2(k, c_m) - 1 for cos(k, c_m) >= 0.
+// The margin keeps float rounding of the cosines on the safe side.
+constexpr float kBucketPruneMargin = 1e-3f;
 
-// The banded form of assign_locally, when prototype j is chunk j's (no chunk dropped) and the
-// 2a + 1 chunk slots plus the u bucket slots fit in 8 lanes: lane i < 2a + 1 is chunk m - a + i,
-// lane 2a + 1 + b is bucket b. A chunk's columns [d, 8] are one masked load per channel from the
-// regular prototypes transposed once per head (regular_t [d, k + 2a], a zero columns on each
-// side) OR'ed with the bucket lanes (bucket_t [d, 8], zero in the chunk lanes): no scalar
-// transposition per chunk. The dots
-// are the same FMA chains over ascending channels as local_dots_8 and the exact GEMM.
-struct BandedCandidates {
-  std::vector<float> regular_t;  // [d, stride]
-  std::vector<float> bucket_t;   // [d, 8]
-  std::vector<float> columns;    // [d, 8]: the current chunk's columns
-  int64_t stride = 0;            // k + 2a
-  int band = 0;                  // 2a + 1 chunk lanes
-  int buckets = 0;
-};
-
-template <int kRows>
-void banded_tile(const float* keys, int64_t n, int64_t t0, int d, const float* columns,
-                 float (*dots)[8]) {
-  const float* row[kRows];
-  for (int r = 0; r < kRows; ++r) row[r] = keys + (t0 + r) * d;
-  __m256 acc[kRows];
-  for (auto& a : acc) a = _mm256_setzero_ps();
-  // The keys stream from memory: fetch the rows two tiles ahead (where they exist), one cache
-  // line per row every 16 channels.
-  const float* ahead[kRows];
-  for (int r = 0; r < kRows; ++r)
-    ahead[r] = t0 + r + 2 * kRows < n ? row[r] + 2 * kRows * d : row[r];
-  for (int c0 = 0; c0 < d; c0 += 16) {
-    for (int r = 0; r < kRows; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + c0), _MM_HINT_T0);
-    const int c_end = std::min(d, c0 + 16);
-    for (int c = c0; c < c_end; ++c) {
-      const __m256 column = _mm256_loadu_ps(columns + static_cast<int64_t>(c) * 8);
-      for (int r = 0; r < kRows; ++r)
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row[r][c]), column, acc[r]);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(dots[r], acc[r]);
-}
-
-// Tokens [begin, end) of chunk m: tiles of 8 keys, the last 1-15 keys in one tile of their own
-// count (no padded rows).
-void banded_chunk(const float* keys, int64_t n, int64_t begin, int64_t end, int d,
-                  BandedCandidates& cand, int64_t m, int64_t k, int n_regular, int32_t* out) {
-  const int a = cand.band / 2;
-  alignas(32) int32_t lane_mask[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int live[8], live_count = 0;
-  int32_t prototype[8];
-  for (int i = 0; i < cand.band; ++i) {
-    const int64_t chunk = m - a + i;
-    if (chunk < 0 || chunk >= k) continue;
-    lane_mask[i] = -1;
-    live[live_count++] = i;
-    prototype[i] = static_cast<int32_t>(chunk);
-  }
-  for (int b = 0; b < cand.buckets; ++b) {
-    live[live_count++] = cand.band + b;
-    prototype[cand.band + b] = n_regular + b;
-  }
-  const __m256i chunk_lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_mask));
-  // This chunk's candidate columns [d, 8], once: masked-off lanes read nothing and come back as
-  // +0.0, so OR keeps the bucket side's bits.
-  const float* regular = cand.regular_t.data() + m;
-  float* columns = cand.columns.data();
-  for (int c = 0; c < d; ++c)
-    _mm256_storeu_ps(
-        columns + static_cast<int64_t>(c) * 8,
-        _mm256_or_ps(
-            _mm256_maskload_ps(regular + static_cast<int64_t>(c) * cand.stride, chunk_lanes),
-            _mm256_loadu_ps(cand.bucket_t.data() + static_cast<int64_t>(c) * 8)));
-  float dots[15][8];
-  for (int64_t t0 = begin; t0 < end;) {
-    const int64_t left = end - t0;
-    const int rows = left >= 16 ? 8 : static_cast<int>(left);
-    switch (rows) {
-#define PROTOKV_BANDED_CASE(R)                     \
-  case R:                                          \
-    banded_tile<R>(keys, n, t0, d, columns, dots); \
-    break;
-      PROTOKV_BANDED_CASE(1)
-      PROTOKV_BANDED_CASE(2)
-      PROTOKV_BANDED_CASE(3)
-      PROTOKV_BANDED_CASE(4)
-      PROTOKV_BANDED_CASE(5)
-      PROTOKV_BANDED_CASE(6)
-      PROTOKV_BANDED_CASE(7)
-      PROTOKV_BANDED_CASE(8)
-      PROTOKV_BANDED_CASE(9)
-      PROTOKV_BANDED_CASE(10)
-      PROTOKV_BANDED_CASE(11)
-      PROTOKV_BANDED_CASE(12)
-      PROTOKV_BANDED_CASE(13)
-      PROTOKV_BANDED_CASE(14)
-      PROTOKV_BANDED_CASE(15)
-#undef PROTOKV_BANDED_CASE
-      default:
-        break;
-    }
-    for (int r = 0; r < rows; ++r) {
-      int best = live[0];  // first maximum over the live lanes, in prototype order
-      for (int i = 1; i < live_count; ++i)
-        if (dots[r][live[i]] > dots[r][best]) best = live[i];
-      out[t0 + r] = prototype[best];
-    }
-    t0 += rows;
-  }
+// Dots of rows [begin, end) with one unit prototype, into slot[t].
+void dots_with(const float* keys, int64_t begin, int64_t end, int d, const float* prototype,
+               float* slot) {
+  for (int64_t t = begin; t < end; ++t) slot[t] = kernels::dot(keys + t * d, prototype, d);
 }
 
 }  // namespace
-#endif
 
-void assign_locally(const float* keys, int64_t n, int d, const Clustering& clusters, int neighbours,
-                    int32_t* out) {
+int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
+                       const float* chunk_sums, const LocalDots& local, const Clustering& clusters,
+                       int32_t* out) {
   const int64_t k = clusters.n_chunks;
-  PROTOKV_CHECK(k > 0, "local assignment needs chunk prototypes");
-  std::vector<int32_t> prototype_of_chunk(static_cast<size_t>(k), -1);  // -1: chunk dropped
+  PROTOKV_CHECK(k > 0 && local.dots != nullptr && local.reach >= 0 && local.reach < k,
+                "local assignment needs chunk prototypes and the chunk pass's local dots");
+  const int reach = local.reach;
+  const float* prototypes = clusters.prototypes.data();
+  // Workspaces reused across calls (one set per thread): every entry is written before it is read.
+  thread_local std::vector<int32_t> prototype_of_chunk;
+  thread_local std::vector<float> scale, best_score, bucket_cos, bucket_cos_max;
+  thread_local std::vector<char> lost_tokens;
+  prototype_of_chunk.assign(static_cast<size_t>(k), -1);  // -1: chunk dropped (all irregular)
   for (int i = 0; i < clusters.n_regular; ++i)
     prototype_of_chunk[static_cast<size_t>(clusters.origin[static_cast<size_t>(i)])] = i;
-  const float* prototypes = clusters.prototypes.data();
-#if defined(PROTOKV_HAVE_AVX2)
-  const int buckets = clusters.n_prototypes() - clusters.n_regular;
-  if (clusters.n_regular == k && neighbours <= 3 && 2 * neighbours + 1 + buckets <= 8) {
-    thread_local BandedCandidates cand;
-    cand.band = 2 * neighbours + 1;
-    cand.buckets = buckets;
-    cand.stride = k + 2 * neighbours;
-    cand.regular_t.assign(static_cast<size_t>(d * cand.stride), 0.0f);
-    for (int64_t j = 0; j < k; ++j)
-      for (int c = 0; c < d; ++c)
-        cand.regular_t[static_cast<size_t>(c * cand.stride + neighbours + j)] =
-            prototypes[j * d + c];
-    cand.bucket_t.assign(static_cast<size_t>(d) * 8, 0.0f);
-    cand.columns.resize(static_cast<size_t>(d) * 8);
-    for (int b = 0; b < buckets; ++b)
-      for (int c = 0; c < d; ++c)
-        cand.bucket_t[static_cast<size_t>(c) * 8 + static_cast<size_t>(cand.band + b)] =
-            prototypes[static_cast<int64_t>(clusters.n_regular + b) * d + c];
-    for (int64_t m = 0; m < k; ++m)
-      banded_chunk(keys, n, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d, cand, m, k,
-                   clusters.n_regular, out);
-    return;
+  lost_tokens.assign(static_cast<size_t>(k), 0);
+  for (const int32_t t : clusters.irregular)
+    lost_tokens[static_cast<size_t>(chunk_of(t, n, k))] = 1;
+
+  // k . c_j = (k . mu_j) / ||mu_j|| for a chunk that kept every token (c_j is the direction of its
+  // whole sum); a chunk that lost irregular tokens has its candidates recomputed against c_j.
+  scale.assign(static_cast<size_t>(k), 0.0f);
+  for (int64_t j = 0; j < k; ++j) {
+    const int32_t p = prototype_of_chunk[static_cast<size_t>(j)];
+    if (p < 0) continue;
+    if (lost_tokens[static_cast<size_t>(j)] != 0) {
+      scale[static_cast<size_t>(j)] = 1.0f;
+      for (int64_t m = std::max<int64_t>(0, j - reach); m <= std::min(k - 1, j + reach); ++m)
+        dots_with(keys, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d,
+                  prototypes + static_cast<int64_t>(p) * d, local.dots + (j - m + reach) * n);
+      continue;
+    }
+    const int64_t count = chunk_begin(j + 1, n, k) - chunk_begin(j, n, k);
+    // ||mu_j||, mu_j as the chunk pass computed it (sum times 1/count)
+    const double norm_sq =
+        scaled_squared_norm(chunk_sums + j * d, d, 1.0f / static_cast<float>(count));
+    scale[static_cast<size_t>(j)] =
+        norm_sq > 0.0 ? static_cast<float>(1.0 / std::sqrt(norm_sq)) : 0.0f;
   }
-#endif
-  std::vector<int32_t> candidates;
+
+  // The chunk candidates: first maximum over ascending chunks (= ascending prototype index).
+  best_score.resize(static_cast<size_t>(n));
   for (int64_t m = 0; m < k; ++m) {
-    // Ascending prototype indices, so the first maximum is the lowest index as in Eq. 17 exact.
-    candidates.clear();
-    for (int64_t j = std::max<int64_t>(0, m - neighbours); j <= std::min(k - 1, m + neighbours);
-         ++j)
-      if (prototype_of_chunk[static_cast<size_t>(j)] >= 0)
-        candidates.push_back(prototype_of_chunk[static_cast<size_t>(j)]);
-    for (int i = clusters.n_regular; i < clusters.n_prototypes(); ++i) candidates.push_back(i);
     const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
-    if (candidates.empty()) {
-      assign_to_prototypes(keys + begin * d, end - begin, d, prototypes, clusters.n_prototypes(),
-                           out + begin);
-      continue;
-    }
-#if defined(PROTOKV_HAVE_AVX2)
-    if (candidates.size() <= 8) {
-      local_dots_8(keys, begin, end, d, prototypes, candidates, out);
-      continue;
-    }
-#endif
-    for (int64_t t = begin; t < end; ++t) {
-      const float* key = keys + t * d;
-      int32_t best = candidates[0];
-      float best_dot = kernels::dot(key, prototypes + static_cast<int64_t>(best) * d, d);
-      for (size_t i = 1; i < candidates.size(); ++i) {
-        const float dot =
-            kernels::dot(key, prototypes + static_cast<int64_t>(candidates[i]) * d, d);
-        if (dot > best_dot) best_dot = dot, best = candidates[i];
+    std::fill(best_score.begin() + begin, best_score.begin() + end, -INFINITY);
+    std::fill(out + begin, out + end, -1);
+    for (int i = 0; i < local.slots(); ++i) {
+      const int64_t j = m - reach + i;
+      if (j < 0 || j >= k || prototype_of_chunk[static_cast<size_t>(j)] < 0) continue;
+      const float s = scale[static_cast<size_t>(j)];
+      const int32_t p = prototype_of_chunk[static_cast<size_t>(j)];
+      const float* slot = local.dots + static_cast<int64_t>(i) * n;
+      for (int64_t t = begin; t < end; ++t) {
+        const float value = slot[t] * s;
+        if (value > best_score[static_cast<size_t>(t)]) {
+          best_score[static_cast<size_t>(t)] = value;
+          out[t] = p;
+        }
       }
-      out[t] = best;
     }
   }
+
+  // The bucket candidates, after every chunk (higher prototype indices): skipped where they cannot
+  // beat the own chunk (kBucketPruneMargin).
+  const int buckets = clusters.n_prototypes() - clusters.n_regular;
+  int64_t bucket_dots = 0;
+  if (buckets > 0) {
+    bucket_cos.assign(static_cast<size_t>(k * buckets), 1.0f);
+    bucket_cos_max.assign(static_cast<size_t>(k), 1.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t p = prototype_of_chunk[static_cast<size_t>(j)];
+      if (p < 0) continue;
+      float top = -INFINITY;
+      for (int b = 0; b < buckets; ++b) {
+        const float cosine =
+            kernels::dot(prototypes + static_cast<int64_t>(p) * d,
+                         prototypes + static_cast<int64_t>(clusters.n_regular + b) * d, d);
+        bucket_cos[static_cast<size_t>(j * buckets + b)] = cosine;
+        top = std::max(top, cosine);
+      }
+      bucket_cos_max[static_cast<size_t>(j)] = top;
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      // The bound around the best chunk candidate c_j (the smallest angle to the token):
+      // bucket b cannot win where cos(c_j, b) < threshold.
+      float threshold = -INFINITY;
+      const float* cosines = nullptr;
+      if (out[t] >= 0 && norms[t] > 0.0f) {
+        const int64_t j = clusters.origin[static_cast<size_t>(out[t])];
+        const float best_cos = best_score[static_cast<size_t>(t)] / norms[t];
+        cosines = bucket_cos.data() + j * buckets;
+        if (best_cos >= 0.0f) threshold = 2.0f * best_cos * best_cos - 1.0f - kBucketPruneMargin;
+        if (bucket_cos_max[static_cast<size_t>(j)] < threshold) continue;  // no bucket can win
+      }
+      const float* key = keys + t * d;
+      for (int b = 0; b < buckets; ++b) {
+        if (cosines != nullptr && cosines[b] < threshold) continue;
+        const float value =
+            kernels::dot(key, prototypes + static_cast<int64_t>(clusters.n_regular + b) * d, d);
+        ++bucket_dots;
+        if (value > best_score[static_cast<size_t>(t)]) {  // the bound still holds: best only grows
+          best_score[static_cast<size_t>(t)] = value;
+          out[t] = clusters.n_regular + b;
+        }
+      }
+    }
+  }
+  // No candidate (every chunk in reach dropped and no bucket, or NaN keys): exact Eq. 17.
+  for (int64_t t = 0; t < n; ++t)
+    if (out[t] < 0)
+      assign_to_prototypes(keys + t * d, 1, d, prototypes, clusters.n_prototypes(), out + t);
+  return bucket_dots;
 }
 
-void ChunkPassStream::start(const float* keys, int64_t n, int d, int64_t k) {
+void ChunkPassStream::start(const float* keys, int64_t n, int d, int64_t k, int local_reach) {
   PROTOKV_CHECK(n >= 1 && k >= 1 && k <= n, "chunk pass: {} chunks of {} keys", k, n);
+  PROTOKV_CHECK(local_reach < k, "chunk pass: local reach {} with {} chunks", local_reach, k);
   keys_ = keys;
   n_ = n;
   d_ = d;
@@ -727,19 +692,26 @@ void ChunkPassStream::start(const float* keys, int64_t n, int d, int64_t k) {
   norms_.resize(static_cast<size_t>(n));
   sums_.resize(static_cast<size_t>(k * d));
   delta_.resize(static_cast<size_t>(n));
+  local_ = LocalDots{};
+  if (local_reach >= 0) {
+    local_.reach = local_reach;
+    local_dots_.resize(static_cast<size_t>(local_.slots() * n));
+    local_.dots = local_dots_.data();
+  }
 }
 
 void ChunkPassStream::advance(int64_t keys_ready) {
   int64_t end = done_;
   while (end < k_ && chunk_begin(end + 1, n_, k_) <= keys_ready) ++end;
   if (end == done_) return;
-  chunk_pass_range(keys_, n_, d_, k_, done_, end, norms_.data(), sums_.data(), delta_.data());
+  chunk_pass_range(keys_, n_, d_, k_, done_, end, norms_.data(), sums_.data(), delta_.data(),
+                   local_);
   done_ = end;
 }
 
 ChunkPassResult ChunkPassStream::result() {
   advance(n_);  // any chunk the visits left out
-  return ChunkPassResult{norms_.data(), sums_.data(), delta_.data(), k_};
+  return ChunkPassResult{norms_.data(), sums_.data(), delta_.data(), k_, local_};
 }
 
 Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringConfig& config,
@@ -748,10 +720,23 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   out.head_dim = d;
   // Workspaces reused across calls (one set per thread): every entry is written before it is
   // read, so no call pays for fresh zeroed pages.
-  thread_local std::vector<float> norms, sums, deviation;
+  thread_local std::vector<float> norms, sums, deviation, local_dots;
   norms.resize(static_cast<size_t>(n));  // [n] ||k_t||
 
   const int64_t k = std::clamp<int64_t>(config.chunks, 1, n);
+  const bool local = config.assignment == Assignment::Local;
+  // assign=local's candidate dots for `chunks` chunks, computed by the chunk pass.
+  LocalDots local_candidates;
+  const auto want_local_dots = [&](int64_t chunks) {
+    if (!local) return LocalDots{};
+    LocalDots wanted;
+    wanted.reach = static_cast<int>(std::min<int64_t>(config.local_neighbours, chunks - 1));
+    local_dots.resize(static_cast<size_t>(wanted.slots() * n));
+    wanted.dots = local_dots.data();
+    return wanted;
+  };
+  const float* key_norm = nullptr;
+  float* chunk_sums = nullptr;
   // At most k + u prototypes in every prototype set (the LSH ablation: 2^round(log2(k + u)) <
   // 2(k + u)): one allocation instead of repeated growth of a ~256 KB buffer.
   out.prototypes.reserve(static_cast<size_t>(2 * (k + config.buckets()) * d));
@@ -760,21 +745,25 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
     case PrototypeSet::Hybrid: {
       // Algorithm 1 lines 1-7: deviation, irregular set O, regular prototypes.
       const bool chunk_dev = config.deviation == Deviation::Chunk;
-      const float* key_norm = nullptr;
       const float* delta = nullptr;
-      float* chunk_sums = nullptr;
       if (precomputed != nullptr && chunk_dev) {
         // The same chunk pass, already run while the window GEMM had the keys in cache.
         PROTOKV_CHECK(precomputed->chunks == k, "precomputed chunk pass has {} chunks, not {}",
                       precomputed->chunks, k);
+        PROTOKV_CHECK(!local || (precomputed->local.dots != nullptr &&
+                                 precomputed->local.reach ==
+                                     std::min<int64_t>(config.local_neighbours, k - 1)),
+                      "precomputed chunk pass lacks assign=local's dots");
         key_norm = precomputed->norms;
         delta = precomputed->delta;
         chunk_sums = precomputed->chunk_sums;
+        local_candidates = precomputed->local;
       } else {
         sums.resize(static_cast<size_t>(k * d));  // [k, d] chunk sums
         deviation.resize(static_cast<size_t>(n));
-        chunk_pass(keys, n, d, k, norms.data(), sums.data(),
-                   chunk_dev ? deviation.data() : nullptr);
+        local_candidates = want_local_dots(k);
+        chunk_pass(keys, n, d, k, norms.data(), sums.data(), chunk_dev ? deviation.data() : nullptr,
+                   local_candidates);
         if (!chunk_dev)
           neighbourhood_outlier_degree(keys, norms.data(), n, d, config.kappa, deviation.data());
         key_norm = norms.data();
@@ -794,7 +783,10 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       // Ablation: the same prototype count k + u, all from chunks, no irregular set.
       const int64_t chunks = std::min<int64_t>(n, k + config.buckets());
       sums.resize(static_cast<size_t>(chunks * d));
-      chunk_pass(keys, n, d, chunks, norms.data(), sums.data(), nullptr);
+      local_candidates = want_local_dots(chunks);
+      chunk_pass(keys, n, d, chunks, norms.data(), sums.data(), nullptr, local_candidates);
+      key_norm = norms.data();
+      chunk_sums = sums.data();
       add_chunk_prototypes(keys, n, d, chunks, sums.data(), {}, out);
       out.n_regular = out.n_prototypes();
       out.n_chunks = chunks;
@@ -814,8 +806,9 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   }
   // Lines 14-17: every token to the prototype of highest cosine.
   out.assignment.resize(static_cast<size_t>(n));
-  if (config.assignment == Assignment::Local && out.n_chunks > 0 && out.n_prototypes() > 0)
-    assign_locally(keys, n, d, out, config.local_neighbours, out.assignment.data());
+  if (local && out.n_chunks > 0 && out.n_prototypes() > 0)
+    out.local_bucket_dots = assign_locally(keys, n, d, key_norm, chunk_sums, local_candidates, out,
+                                           out.assignment.data());
   else
     assign_to_prototypes(keys, n, d, out.prototypes.data(), out.n_prototypes(),
                          out.assignment.data());

@@ -37,6 +37,7 @@ struct Clustering {
   int n_regular = 0;                // prototypes [0, n_regular) come from chunks
   int64_t n_chunks = 0;             // chunks the regular prototypes were cut from (0: none)
   std::vector<int32_t> assignment;  // [n_prefix] index of each token's prototype
+  int64_t local_bucket_dots = -1;   // assign=local: bucket dots computed (-1: exact assignment)
 
   int n_prototypes() const { return static_cast<int>(origin.size()); }
 };
@@ -53,29 +54,47 @@ void normalise_rows(const float* in, int64_t n, int d, float* out);
 // ||k_t|| for every row of keys [n, d]: out [n].
 void key_norms(const float* keys, int64_t n, int d, float* norms);
 
+// assign=local's chunk candidates, computed by the chunk pass while each chunk's rows are in
+// cache: slot i of token t (in chunk m) holds k_t . mu_j for j = m - reach + i, the dot with the
+// MEAN of chunk j as the pass computes it (sum times 1/count), for 0 <= j < k (other slots are not
+// written). Planar: dots [2 reach + 1, n], slot i of token t at dots[i * n + t]. For a chunk that
+// keeps all its tokens, k . c_j = (k . mu_j) / ||mu_j||: one read of the keys gives both Eq. 10's
+// cosines (slot `reach`) and the local candidates.
+struct LocalDots {
+  float* dots = nullptr;  // null: not wanted
+  int reach = 0;
+  int slots() const { return 2 * reach + 1; }
+};
+
 // One pass over the keys, chunk by chunk (each chunk's rows stay in cache): key norms [n], raw key
-// sums per chunk chunk_sums [k, d] and, if delta is not null, the Eq. 10 deviations [n].
+// sums per chunk chunk_sums [k, d], if delta is not null the Eq. 10 deviations [n], and if
+// local.dots is not null assign=local's candidate dots.
 void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
-                float* delta);
+                float* delta, const LocalDots& local = {});
 // The same with plain loops for any head_dim (chunk_pass uses it where no AVX-512 kernel
 // exists); exposed so that tests can check the two are bit-identical.
 void chunk_pass_generic(const float* keys, int64_t n, int d, int64_t k, float* norms,
-                        float* chunk_sums, float* delta);
+                        float* chunk_sums, float* delta, const LocalDots& local = {});
 
 // chunk_pass over the chunks [m_begin, m_end) of k only: each chunk's results depend on its own
-// rows alone, so running the chunks in several ranges gives exactly chunk_pass's results.
+// rows alone (the local dots also on the sums of the `reach` chunks before it, so ranges must run
+// in order), so running the chunks in several ranges gives exactly chunk_pass's results.
 void chunk_pass_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
-                      int64_t m_end, float* norms, float* chunk_sums, float* delta);
+                      int64_t m_end, float* norms, float* chunk_sums, float* delta,
+                      const LocalDots& local = {});
 void chunk_pass_generic_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
-                              int64_t m_end, float* norms, float* chunk_sums, float* delta);
+                              int64_t m_end, float* norms, float* chunk_sums, float* delta,
+                              const LocalDots& local = {});
 
-// The results of chunk_pass with deviations (norms [n], chunk_sums [chunks, d], delta [n]).
-// cluster_keys may subtract from chunk_sums (Eq. 11 without the irregular keys).
+// The results of chunk_pass with deviations (norms [n], chunk_sums [chunks, d], delta [n], and
+// assign=local's dots where asked for). cluster_keys may subtract from chunk_sums (Eq. 11 without
+// the irregular keys) and overwrite the local dots of chunks that lost irregular tokens.
 struct ChunkPassResult {
   const float* norms = nullptr;
   float* chunk_sums = nullptr;
   const float* delta = nullptr;
   int64_t chunks = 0;
+  LocalDots local;  // local.dots null: not computed
 };
 
 // chunk_pass run piecewise while another pass streams the keys (ProtoKV's window GEMM, block by
@@ -84,7 +103,8 @@ struct ChunkPassResult {
 // across start() calls.
 class ChunkPassStream {
  public:
-  void start(const float* keys, int64_t n, int d, int64_t k);
+  // local_reach >= 0: also assign=local's dots for that reach (at most k - 1).
+  void start(const float* keys, int64_t n, int d, int64_t k, int local_reach = -1);
   void advance(int64_t keys_ready);
   // Runs the chunks not run yet, then the whole pass's results (valid until the next start()).
   ChunkPassResult result();
@@ -93,7 +113,8 @@ class ChunkPassStream {
   const float* keys_ = nullptr;
   int64_t n_ = 0, k_ = 0, done_ = 0;
   int d_ = 0;
-  std::vector<float> norms_, sums_, delta_;
+  std::vector<float> norms_, sums_, delta_, local_dots_;
+  LocalDots local_;
 };
 
 // ProtoKV Eq. 10: delta_t = (1 - cos(k_t, mu_m)) / ||sigma_m||_2 over k chunks; out [n].
@@ -132,11 +153,18 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
                           int32_t* out);
 
 // Approximate Eq. 17 (not the paper's): for every token of chunk m (of `clusters.n_chunks` over n),
-// the first maximum of k . c over the regular prototypes of chunks [m - neighbours, m +
-// neighbours] and every irregular (bucket) prototype, in prototype order. Tokens with no such
-// candidate get the exact assignment. Needs regular prototypes (n_chunks > 0).
-void assign_locally(const float* keys, int64_t n, int d, const Clustering& clusters, int neighbours,
-                    int32_t* out);
+// the first maximum of k . c over the regular prototypes of chunks [m - reach, m + reach] and
+// every irregular (bucket) prototype, in prototype order. The chunk candidates come from the
+// chunk pass's dots with the chunk means (`local`, scaled by 1/||mu_j||; recomputed against the
+// prototype for the <= p chunks that lost irregular tokens), so they equal Eq. 17's dots up to
+// float rounding, not bit for bit. A bucket b is skipped where the triangle inequality on angles
+// shows it cannot beat the token's own chunk: angle(c_m, b) > 2 angle(k, c_m) (with a 1e-3
+// margin on the cosine). Tokens with no candidate get the exact assignment. `chunk_sums` are the
+// sums after Eq. 11's subtraction of the irregular keys; `norms` are ||k_t||. Returns the number
+// of bucket dots computed (a diagnostic of the pruning).
+int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
+                       const float* chunk_sums, const LocalDots& local, const Clustering& clusters,
+                       int32_t* out);
 
 // Builds the prototypes of `config.prototypes` from keys [n, d] (raw, post-RoPE) and assigns every
 // token. With no usable prototype (all keys zero) every token lands in cluster 0.

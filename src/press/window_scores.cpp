@@ -170,6 +170,10 @@ void window_scores_kv_head(const LayerView& layer, int kv_head, const WindowScor
 
 void pool_and_reduce(const float* sums, int group, int64_t n, const WindowScoreConfig& config,
                      float* out) {
+  if (config.pool <= 1) {  // pooling is the identity: no copy of the rows
+    reduce_group(sums, group, n, config.gqa, out);
+    return;
+  }
   if (config.gqa_order == GqaOrder::ReduceFirst) {
     // Reduce the group's rows (e.g. average), then pool the one row, SnapKV Eq. 5.
     std::vector<float> reduced(static_cast<size_t>(n));
