@@ -272,14 +272,16 @@ TEST(ProtoKvIrregularSet, TopIndicesEqualFullSortWithTiesAndNan) {
   }
 }
 
-// chunk_pass's AVX-512 kernels (head_dim 64, 128, 256) against the plain loops, bit for bit:
-// norms, chunk sums and Eq. 10 deviations, over chunks of unequal sizes, with a constant chunk
-// (sigma ~ 0) and a zero key.
-TEST(ProtoKvChunkPass, KernelsAreBitIdenticalToThePlainLoops) {
+// chunk_pass's AVX-512 kernels (head_dim 64, 128, 256) against the plain loops: chunk sums bit for
+// bit (the same adds in row order), norms, Eq. 10 deviations and assign=local's dots up to float
+// rounding (the kernels reduce four rows' dots in one tree); and every output against a double
+// reference. Chunks of unequal sizes (1 to 203 rows, so every 4-row remainder), a constant chunk
+// (sigma ~ 0: no deviation) and a zero key.
+TEST(ProtoKvChunkPass, KernelsEqualThePlainLoopsAndADoubleReference) {
   std::mt19937_64 rng(12);
   std::normal_distribution<float> normal;
   for (const int dim : {64, 128, 256, 40}) {
-    for (const int64_t chunks : {int64_t{1}, int64_t{7}, int64_t{40}}) {
+    for (const int64_t chunks : {int64_t{1}, int64_t{7}, int64_t{40}, int64_t{203}}) {
       constexpr int64_t kTokens = 203;
       std::vector<float> keys(static_cast<size_t>(kTokens * dim));
       for (float& x : keys) x = 0.3f + normal(rng);
@@ -287,24 +289,109 @@ TEST(ProtoKvChunkPass, KernelsAreBitIdenticalToThePlainLoops) {
       if (chunks == 40)  // chunk 0 (tokens 0..4) all equal: sigma ~ 0
         for (int64_t t = 1; t < 5; ++t)
           std::copy(keys.begin(), keys.begin() + dim, keys.begin() + t * dim);
+      const int reach = chunks > 1 ? 2 : 0;
       std::vector<float> norms(kTokens), sums(static_cast<size_t>(chunks * dim)), delta(kTokens);
       std::vector<float> norms_ref(kTokens), sums_ref(sums.size()), delta_ref(kTokens);
-      press::chunk_pass(keys.data(), kTokens, dim, chunks, norms.data(), sums.data(), delta.data());
+      std::vector<float> dots(static_cast<size_t>((2 * reach + 1) * kTokens), 0.0f);
+      std::vector<float> dots_ref(dots.size(), 0.0f);
+      press::chunk_pass(keys.data(), kTokens, dim, chunks, norms.data(), sums.data(), delta.data(),
+                        {dots.data(), reach});
       press::chunk_pass_generic(keys.data(), kTokens, dim, chunks, norms_ref.data(),
-                                sums_ref.data(), delta_ref.data());
-      const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-        return a.size() == b.size() &&
-               std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-      };
-      EXPECT_TRUE(same_bits(norms, norms_ref)) << "dim " << dim << " chunks " << chunks;
-      EXPECT_TRUE(same_bits(sums, sums_ref)) << "dim " << dim << " chunks " << chunks;
-      EXPECT_TRUE(same_bits(delta, delta_ref)) << "dim " << dim << " chunks " << chunks;
-      // Without deviations: the same norms and sums.
+                                sums_ref.data(), delta_ref.data(), {dots_ref.data(), reach});
+      const std::string where = "dim " + std::to_string(dim) + " chunks " + std::to_string(chunks);
+      EXPECT_EQ(0, std::memcmp(sums.data(), sums_ref.data(), sums.size() * sizeof(float))) << where;
+      for (int64_t t = 0; t < kTokens; ++t) {
+        EXPECT_NEAR(norms[static_cast<size_t>(t)], norms_ref[static_cast<size_t>(t)],
+                    1e-5f * norms_ref[static_cast<size_t>(t)])
+            << where;
+        EXPECT_NEAR(delta[static_cast<size_t>(t)], delta_ref[static_cast<size_t>(t)],
+                    1e-3f * (1.0f + std::abs(delta_ref[static_cast<size_t>(t)])))
+            << where << " token " << t;
+      }
+      for (size_t i = 0; i < dots.size(); ++i)
+        EXPECT_NEAR(dots[i], dots_ref[i], 1e-4f * (1.0f + std::abs(dots_ref[i]))) << where;
+      // Double reference: norms, means, the local dots k_t . mu_j for j = m - reach .. m + reach.
+      for (int64_t m = 0; m < chunks; ++m) {
+        const int64_t begin = press::chunk_begin(m, kTokens, chunks);
+        const int64_t end = press::chunk_begin(m + 1, kTokens, chunks);
+        for (int64_t t = begin; t < end; ++t) {
+          double sq = 0.0;
+          for (int c = 0; c < dim; ++c)
+            sq += static_cast<double>(keys[static_cast<size_t>(t * dim + c)]) *
+                  keys[static_cast<size_t>(t * dim + c)];
+          EXPECT_NEAR(norms[static_cast<size_t>(t)], std::sqrt(sq), 1e-5 * (1.0 + std::sqrt(sq)));
+          for (int i = 0; i < 2 * reach + 1; ++i) {
+            const int64_t j = m - reach + i;
+            if (j < 0 || j >= chunks) continue;
+            const int64_t jb = press::chunk_begin(j, kTokens, chunks);
+            const int64_t je = press::chunk_begin(j + 1, kTokens, chunks);
+            double dot = 0.0, scale = 0.0;
+            for (int c = 0; c < dim; ++c) {
+              double mean = 0.0;
+              for (int64_t u = jb; u < je; ++u) mean += keys[static_cast<size_t>(u * dim + c)];
+              mean /= static_cast<double>(je - jb);
+              dot += keys[static_cast<size_t>(t * dim + c)] * mean;
+              scale += std::abs(keys[static_cast<size_t>(t * dim + c)] * mean);
+            }
+            EXPECT_NEAR(dots[static_cast<size_t>(i * kTokens + t)], dot, 1e-5 * (1.0 + scale))
+                << where << " token " << t << " slot " << i;
+          }
+        }
+      }
+      // Without deviations or dots: the same norms and sums.
       std::vector<float> norms_only(kTokens), sums_only(sums.size());
       press::chunk_pass(keys.data(), kTokens, dim, chunks, norms_only.data(), sums_only.data(),
                         nullptr);
-      EXPECT_TRUE(same_bits(norms_only, norms_ref));
-      EXPECT_TRUE(same_bits(sums_only, sums_ref));
+      EXPECT_EQ(norms_only, norms) << where;
+      EXPECT_EQ(sums_only, sums) << where;
+    }
+  }
+}
+
+// Eq. 10's sigma from E||k||^2 - ||mu||^2: a chunk of equal keys deviates nowhere; otherwise delta
+// is (1 - cos(k, mu)) / ||sigma|| with sigma the per-channel population standard deviations.
+TEST(ProtoKvChunkPass, DeviationMatchesTheDefinitionInDouble) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal;
+  for (const int dim : {24, 128}) {
+    constexpr int64_t kTokens = 90, kChunks = 6;
+    std::vector<float> keys(static_cast<size_t>(kTokens * dim));
+    for (float& x : keys) x = 1.0f + 0.2f * normal(rng);
+    for (int64_t t = 1; t < 15; ++t)  // chunk 0 (15 rows): all equal
+      std::copy(keys.begin(), keys.begin() + dim, keys.begin() + t * dim);
+    std::vector<float> delta(kTokens);
+    press::chunk_deviation(keys.data(), kTokens, dim, kChunks, delta.data());
+    for (int64_t m = 0; m < kChunks; ++m) {
+      const int64_t begin = press::chunk_begin(m, kTokens, kChunks);
+      const int64_t end = press::chunk_begin(m + 1, kTokens, kChunks);
+      std::vector<double> mean(static_cast<size_t>(dim), 0.0);
+      for (int64_t t = begin; t < end; ++t)
+        for (int c = 0; c < dim; ++c)
+          mean[static_cast<size_t>(c)] += keys[static_cast<size_t>(t * dim + c)];
+      for (double& x : mean) x /= static_cast<double>(end - begin);
+      double variance = 0.0, mean_norm = 0.0;
+      for (int64_t t = begin; t < end; ++t)
+        for (int c = 0; c < dim; ++c) {
+          const double diff = keys[static_cast<size_t>(t * dim + c)] - mean[static_cast<size_t>(c)];
+          variance += diff * diff;
+        }
+      for (const double x : mean) mean_norm += x * x;
+      const double sigma = std::sqrt(variance / static_cast<double>(end - begin));
+      for (int64_t t = begin; t < end; ++t) {
+        if (m == 0) {
+          EXPECT_EQ(delta[static_cast<size_t>(t)], 0.0f) << "equal keys, token " << t;
+          continue;
+        }
+        double dot = 0.0, norm = 0.0;
+        for (int c = 0; c < dim; ++c) {
+          const double x = keys[static_cast<size_t>(t * dim + c)];
+          dot += x * mean[static_cast<size_t>(c)];
+          norm += x * x;
+        }
+        const double expected = (1.0 - dot / std::sqrt(norm * mean_norm)) / sigma;
+        EXPECT_NEAR(delta[static_cast<size_t>(t)], expected, 1e-3 * (1e-3 + std::abs(expected)))
+            << "dim " << dim << " token " << t;
+      }
     }
   }
 }

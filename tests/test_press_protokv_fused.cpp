@@ -118,31 +118,41 @@ TEST(WindowScoresBlocked, EqualOneGemmOverAllKeysBitForBit) {
 TEST(ProtoKvChunkPass, RangesAndStreamEqualTheWholePass) {
   std::mt19937_64 rng(5);
   for (const int d : {8, 24, 64, 128}) {
-    const int64_t n = 997, k = 61;
-    const eval::SyntheticLayer layer = drifting_layer(n, 1, 1, d, static_cast<uint64_t>(d));
-    const float* keys = layer.k.data();
-    std::vector<float> norms(n), sums(static_cast<size_t>(k * d)), delta(n);
-    press::chunk_pass(keys, n, d, k, norms.data(), sums.data(), delta.data());
-    // The same chunks in uneven ranges.
-    std::vector<float> norms_r(n, -1), sums_r(sums.size(), -1), delta_r(n, -1);
-    for (int64_t m = 0; m < k;) {
-      const int64_t next = std::min<int64_t>(k, m + 1 + static_cast<int64_t>(rng() % 9));
-      press::chunk_pass_range(keys, n, d, k, m, next, norms_r.data(), sums_r.data(),
-                              delta_r.data());
-      m = next;
+    for (const int reach : {1, 2}) {  // assign=local's dots with the neighbouring chunk means
+      const int64_t n = 997, k = 61;
+      const eval::SyntheticLayer layer = drifting_layer(n, 1, 1, d, static_cast<uint64_t>(d));
+      const float* keys = layer.k.data();
+      const size_t slots = static_cast<size_t>(2 * reach + 1);
+      std::vector<float> norms(n), sums(static_cast<size_t>(k * d)), delta(n);
+      std::vector<float> dots(slots * n, 0.0f);
+      press::chunk_pass(keys, n, d, k, norms.data(), sums.data(), delta.data(),
+                        {dots.data(), reach});
+      // The same chunks in uneven ranges, in order.
+      std::vector<float> norms_r(n, -1), sums_r(sums.size(), -1), delta_r(n, -1);
+      std::vector<float> dots_r(dots.size(), 0.0f);
+      for (int64_t m = 0; m < k;) {
+        const int64_t next = std::min<int64_t>(k, m + 1 + static_cast<int64_t>(rng() % 9));
+        press::chunk_pass_range(keys, n, d, k, m, next, norms_r.data(), sums_r.data(),
+                                delta_r.data(), {dots_r.data(), reach});
+        m = next;
+      }
+      EXPECT_TRUE(same_bits(norms.data(), norms_r.data(), n)) << d;
+      EXPECT_TRUE(same_bits(sums.data(), sums_r.data(), k * d)) << d;
+      EXPECT_TRUE(same_bits(delta.data(), delta_r.data(), n)) << d;
+      EXPECT_TRUE(same_bits(dots.data(), dots_r.data(), static_cast<int64_t>(dots.size()))) << d;
+      // Streamed along key blocks that cut chunks anywhere (the window GEMM's blocks).
+      press::ChunkPassStream stream;
+      stream.start(keys, n, d, k, reach);
+      for (int64_t e = 0; e < n; e += 1 + static_cast<int64_t>(rng() % 70)) stream.advance(e);
+      const press::ChunkPassResult result = stream.result();
+      EXPECT_EQ(result.chunks, k);
+      EXPECT_EQ(result.local.reach, reach);
+      EXPECT_TRUE(same_bits(norms.data(), result.norms, n)) << d;
+      EXPECT_TRUE(same_bits(sums.data(), result.chunk_sums, k * d)) << d;
+      EXPECT_TRUE(same_bits(delta.data(), result.delta, n)) << d;
+      EXPECT_TRUE(same_bits(dots.data(), result.local.dots, static_cast<int64_t>(dots.size())))
+          << d;
     }
-    EXPECT_TRUE(same_bits(norms.data(), norms_r.data(), n)) << d;
-    EXPECT_TRUE(same_bits(sums.data(), sums_r.data(), k * d)) << d;
-    EXPECT_TRUE(same_bits(delta.data(), delta_r.data(), n)) << d;
-    // Streamed along key blocks that cut chunks anywhere (the window GEMM's blocks).
-    press::ChunkPassStream stream;
-    stream.start(keys, n, d, k);
-    for (int64_t e = 0; e < n; e += 1 + static_cast<int64_t>(rng() % 70)) stream.advance(e);
-    const press::ChunkPassResult result = stream.result();
-    EXPECT_EQ(result.chunks, k);
-    EXPECT_TRUE(same_bits(norms.data(), result.norms, n)) << d;
-    EXPECT_TRUE(same_bits(sums.data(), result.chunk_sums, k * d)) << d;
-    EXPECT_TRUE(same_bits(delta.data(), result.delta, n)) << d;
   }
 }
 

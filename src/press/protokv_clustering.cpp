@@ -119,6 +119,12 @@ void key_norms(const float* keys, int64_t n, int d, float* norms) {
 
 namespace {
 
+// A chunk's mean as the chunk pass computes it: sum times 1/count, one float multiply per channel.
+void chunk_mean(const float* sum, int d, int64_t count, float* mean) {
+  const float inv_count = 1.0f / static_cast<float>(count);
+  for (int c = 0; c < d; ++c) mean[c] = sum[c] * inv_count;
+}
+
 // Eq. 10's ||sigma_m||: the norm of the chunk's per-channel population standard deviations,
 // ||sigma||^2 = sum_c Var_c = E||k||^2 - ||mu||^2, from the squared key norms the pass computes
 // anyway (no second sweep over the rows). Differences below float rounding of the two terms
@@ -135,23 +141,24 @@ float chunk_sigma_norm(double sum_sq, int64_t count, float mean_sq) {
 // Each earlier mean is recomputed from its sum exactly as the pass computed it (sum times
 // 1/count, one float multiply per channel), so the dots do not depend on how the chunks were cut
 // into ranges. Rows of nearby chunks are still in cache.
-// `dot` is kernels::dot in the plain loops and the ISA's dot itself (inlined) in the AVX-512
-// kernels: the same function, so both give the same bits.
-template <class Dot>
+// `rows_dot(keys, begin, end, d, vec, out)` writes out[t] = k_t . vec for the rows [begin, end).
+// The `before_done` chunks right before m already have their "rows of m" dots (the AVX-512 kernel
+// computes the previous chunk's together with the own dot, one read of each row).
+template <class RowsDot>
 void neighbour_dots(const float* keys, int64_t n, int d, int64_t k, int64_t m, const float* mu_m,
-                    const float* chunk_sums, const LocalDots& local, Dot dot) {
+                    const float* chunk_sums, const LocalDots& local, RowsDot rows_dot,
+                    int64_t before_done = 0) {
   thread_local std::vector<float> mean;
   mean.resize(static_cast<size_t>(d));
   const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
   for (int64_t j = std::max<int64_t>(0, m - local.reach); j < m; ++j) {
     const int64_t j_begin = chunk_begin(j, n, k), j_end = chunk_begin(j + 1, n, k);
-    const float inv_count = 1.0f / static_cast<float>(j_end - j_begin);
-    for (int c = 0; c < d; ++c) mean[static_cast<size_t>(c)] = chunk_sums[j * d + c] * inv_count;
     const int64_t gap = m - j;
+    if (gap > before_done) chunk_mean(chunk_sums + j * d, d, j_end - j_begin, mean.data());
     float* before = local.dots + (local.reach - gap) * n;  // rows of m, candidate j
     float* after = local.dots + (local.reach + gap) * n;   // rows of j, candidate m
-    for (int64_t t = begin; t < end; ++t) before[t] = dot(keys + t * d, mean.data(), d);
-    for (int64_t t = j_begin; t < j_end; ++t) after[t] = dot(keys + t * d, mu_m, d);
+    if (gap > before_done) rows_dot(keys, begin, end, d, mean.data(), before);
+    rows_dot(keys, j_begin, j_end, d, mu_m, after);
   }
 }
 
@@ -160,22 +167,90 @@ void neighbour_dots(const float* keys, int64_t n, int d, int64_t k, int64_t m, c
 #if defined(PROTOKV_HAVE_AVX512)
 namespace {
 
+// The sums of four 16-lane vectors, in lanes 0..3: one reduction tree for the four (the rows of
+// the chunk pass are reduced four at a time, not one horizontal sum each).
+inline __m128 reduce_four(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  // Per 128-bit lane: [a0_0 + a0_2, a1_0 + a1_2, a0_1 + a0_3, a1_1 + a1_3], and alike for a2, a3.
+  const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  // Per 128-bit lane: [a0, a1, a2, a3] summed over the lane's four floats.
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Rows [t, t + 4) of the chunk [.., end), clamped: rows past the end repeat the last one (their
+// results are not stored).
+template <int d>
+inline void four_rows(const float* keys, int64_t t, int64_t end, const float* (&row)[4]) {
+  for (int r = 0; r < 4; ++r) row[r] = keys + std::min(t + r, end - 1) * d;
+}
+
+// Stores the first `live` lanes of x at out[0..live).
+inline void store_live(float* out, __m128 x, int64_t live) {
+  _mm_mask_storeu_ps(out, static_cast<__mmask8>(live >= 4 ? 0xF : (1u << live) - 1u), x);
+}
+
+// dot(row, vec) for rows [begin, end), four rows per reduction: out[t].
+template <int d>
+void dot_rows(const float* keys, int64_t begin, int64_t end, const float* vec, float* out) {
+  constexpr int kVectors = d / 16;
+  for (int64_t t = begin; t < end; t += 4) {
+    const float* row[4];
+    four_rows<d>(keys, t, end, row);
+    __m512 acc[4][2];
+    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+    for (int v = 0; v < kVectors; ++v) {
+      const __m512 x = _mm512_loadu_ps(vec + 16 * v);
+      for (int r = 0; r < 4; ++r)
+        acc[r][v & 1] = _mm512_fmadd_ps(_mm512_loadu_ps(row[r] + 16 * v), x, acc[r][v & 1]);
+    }
+    store_live(
+        out + t,
+        reduce_four(_mm512_add_ps(acc[0][0], acc[0][1]), _mm512_add_ps(acc[1][0], acc[1][1]),
+                    _mm512_add_ps(acc[2][0], acc[2][1]), _mm512_add_ps(acc[3][0], acc[3][1])),
+        end - t);
+  }
+}
+
 // chunk_pass for head_dim = 16 * kVectors: the chunk's per-channel sums stay in registers over its
-// rows, the norms and dots are Avx512Ops::dot itself, inlined. The same operations in the same
-// order as the generic loop below (per-channel sums in row order, the squared norms summed in
-// double in row order), so the results are bit-identical to it.
+// rows (added in row order, as the plain loops do), and the norms and dots of four rows share one
+// reduction tree. The norms, cosines and dots therefore equal the plain loops' up to float
+// rounding (tested), and the chunk sums bit for bit.
 template <int kVectors>
 void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin, int64_t m_end,
                        float* norms, float* chunk_sums, float* delta, const LocalDots& local) {
   constexpr int d = 16 * kVectors;
   using Ops = kernels::Avx512Ops;
-  alignas(64) float mu[d];
+  alignas(64) float mu[d], mu_previous[d];
+  alignas(16) float squares[4];
+  const auto rows_dot = [](const float* rows, int64_t begin, int64_t end, int, const float* vec,
+                           float* out) { dot_rows<d>(rows, begin, end, vec, out); };
   for (int64_t m = m_begin; m < m_end; ++m) {
     const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
     __m512 sum[kVectors];
     for (auto& v : sum) v = _mm512_setzero_ps();
-    double sum_sq = 0.0;  // sum of ||k_t||^2 over the chunk
-    for (int64_t t = begin; t < end; ++t) {
+    double sum_sq = 0.0;  // sum of ||k_t||^2 over the chunk, in row order
+    int64_t t = begin;
+    for (; t + 4 <= end; t += 4) {  // four rows, one reduction tree
+      const float* row = keys + t * d;
+      __m512 acc[4][2];
+      for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+      for (int r = 0; r < 4; ++r)
+        for (int v = 0; v < kVectors; ++v) {
+          const __m512 x = _mm512_loadu_ps(row + r * d + 16 * v);
+          acc[r][v & 1] = _mm512_fmadd_ps(x, x, acc[r][v & 1]);
+          sum[v] = _mm512_add_ps(sum[v], x);
+        }
+      const __m128 sq =
+          reduce_four(_mm512_add_ps(acc[0][0], acc[0][1]), _mm512_add_ps(acc[1][0], acc[1][1]),
+                      _mm512_add_ps(acc[2][0], acc[2][1]), _mm512_add_ps(acc[3][0], acc[3][1]));
+      _mm_storeu_ps(norms + t, _mm_sqrt_ps(sq));
+      _mm_store_ps(squares, sq);
+      for (const float square : squares) sum_sq += square;
+    }
+    for (; t < end; ++t) {  // the last 1-3 rows
       const float* key = keys + t * d;
       const float sq = Ops::dot(key, key, d);
       norms[t] = std::sqrt(sq);
@@ -192,20 +267,65 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin,
     const float mean_norm = std::sqrt(mean_sq);
     float* own =
         local.dots != nullptr ? local.dots + static_cast<int64_t>(local.reach) * n : nullptr;
+    // assign=local: the previous chunk's mean, dotted with each row together with its own.
+    const bool with_previous = own != nullptr && local.reach >= 1 && m >= 1;
+    float* previous_slot = with_previous ? own - n : nullptr;
+    if (with_previous)
+      chunk_mean(chunk_sums + (m - 1) * d, d, begin - chunk_begin(m - 1, n, k), mu_previous);
     const int64_t next_end = std::min(n, end + (end - begin));
-    for (int64_t t = begin; t < end; ++t) {
-      const float* key = keys + t * d;
+    for (int64_t t = begin; t < end; t += 4) {
+      const float* row[4];
+      four_rows<d>(keys, t, end, row);
+      const int64_t live = std::min<int64_t>(4, end - t);
       // The next chunk's rows, from memory while this one's stay in L1.
-      if (t + (end - begin) < next_end)
-        for (int line = 0; line < d; line += 16)
-          _mm_prefetch(reinterpret_cast<const char*>(key + (end - begin) * d + line), _MM_HINT_T0);
-      const float dot = Ops::dot(key, mu, d);
-      if (own != nullptr) own[t] = dot;
+      for (int64_t r = t; r < t + live; ++r)
+        if (r + (end - begin) < next_end)
+          for (int line = 0; line < d; line += 16)
+            _mm_prefetch(reinterpret_cast<const char*>(keys + (r + end - begin) * d + line),
+                         _MM_HINT_T0);
+      __m128 dot;
+      if (with_previous) {
+        __m512 own_acc[4], previous_acc[4];
+        for (int r = 0; r < 4; ++r) own_acc[r] = previous_acc[r] = _mm512_setzero_ps();
+        for (int v = 0; v < kVectors; ++v) {
+          const __m512 x = _mm512_load_ps(mu + 16 * v);
+          const __m512 y = _mm512_load_ps(mu_previous + 16 * v);
+          for (int r = 0; r < 4; ++r) {
+            const __m512 key = _mm512_loadu_ps(row[r] + 16 * v);
+            own_acc[r] = _mm512_fmadd_ps(key, x, own_acc[r]);
+            previous_acc[r] = _mm512_fmadd_ps(key, y, previous_acc[r]);
+          }
+        }
+        dot = reduce_four(own_acc[0], own_acc[1], own_acc[2], own_acc[3]);
+        store_live(previous_slot + t,
+                   reduce_four(previous_acc[0], previous_acc[1], previous_acc[2], previous_acc[3]),
+                   live);
+      } else {
+        __m512 own_acc[4][2];
+        for (auto& a : own_acc) a[0] = a[1] = _mm512_setzero_ps();
+        for (int v = 0; v < kVectors; ++v) {
+          const __m512 x = _mm512_load_ps(mu + 16 * v);
+          for (int r = 0; r < 4; ++r)
+            own_acc[r][v & 1] =
+                _mm512_fmadd_ps(_mm512_loadu_ps(row[r] + 16 * v), x, own_acc[r][v & 1]);
+        }
+        dot = reduce_four(_mm512_add_ps(own_acc[0][0], own_acc[0][1]),
+                          _mm512_add_ps(own_acc[1][0], own_acc[1][1]),
+                          _mm512_add_ps(own_acc[2][0], own_acc[2][1]),
+                          _mm512_add_ps(own_acc[3][0], own_acc[3][1]));
+      }
+      if (own != nullptr) store_live(own + t, dot, live);
       if (delta == nullptr) continue;
-      const float scale = norms[t] * mean_norm;
-      delta[t] = 1.0f - (scale > 0.0f ? dot / scale : 0.0f);
+      // 1 - cos(k_t, mu_m); a zero key or mean has cosine 0.
+      alignas(16) float dots[4];
+      _mm_store_ps(dots, dot);
+      for (int64_t r = 0; r < live; ++r) {
+        const float row_scale = norms[t + r] * mean_norm;
+        delta[t + r] = 1.0f - (row_scale > 0.0f ? dots[r] / row_scale : 0.0f);
+      }
     }
-    if (own != nullptr) neighbour_dots(keys, n, d, k, m, mu, chunk_sums, local, Ops::dot);
+    if (own != nullptr)
+      neighbour_dots(keys, n, d, k, m, mu, chunk_sums, local, rows_dot, with_previous ? 1 : 0);
     if (delta == nullptr) continue;
     const float sigma_norm = chunk_sigma_norm(sum_sq, end - begin, mean_sq);
     for (int64_t t = begin; t < end; ++t)  // Eq. 10; identical keys (sigma = 0): nothing deviates
@@ -261,9 +381,8 @@ void chunk_pass_generic_range(const float* keys, int64_t n, int d, int64_t k, in
       for (int c = 0; c < d; ++c) sum[c] += key[c];
     }
     if (delta == nullptr && local.dots == nullptr) continue;
-    const float inv_count = 1.0f / static_cast<float>(end - begin);
-    float* __restrict mu = mean.data();
-    for (int c = 0; c < d; ++c) mu[c] = sum[c] * inv_count;
+    float* mu = mean.data();
+    chunk_mean(sum, d, end - begin, mu);
     const float mean_sq = kernels::dot(mu, mu, d);
     const float mean_norm = std::sqrt(mean_sq);
     float* own =
@@ -276,9 +395,12 @@ void chunk_pass_generic_range(const float* keys, int64_t n, int d, int64_t k, in
       delta[t] = 1.0f - (scale > 0.0f ? dot / scale : 0.0f);
     }
     if (own != nullptr)
-      neighbour_dots(
-          keys, n, d, k, m, mu, chunk_sums, local,
-          [](const float* a, const float* b, int64_t len) { return kernels::dot(a, b, len); });
+      neighbour_dots(keys, n, d, k, m, mu, chunk_sums, local,
+                     [](const float* rows, int64_t first, int64_t last, int dim, const float* vec,
+                        float* out) {
+                       for (int64_t t = first; t < last; ++t)
+                         out[t] = kernels::dot(rows + t * dim, vec, dim);
+                     });
     if (delta == nullptr) continue;
     const float sigma_norm = chunk_sigma_norm(sum_sq, end - begin, mean_sq);
     for (int64_t t = begin; t < end; ++t)  // Eq. 10; identical keys (sigma = 0): nothing deviates
@@ -558,10 +680,19 @@ namespace {
 // The margin keeps float rounding of the cosines on the safe side.
 constexpr float kBucketPruneMargin = 1e-3f;
 
+// kernels::dot inlined where the build has AVX-512 (the same function kernels::dot dispatches to).
+inline float fast_dot(const float* a, const float* b, int d) {
+#if defined(PROTOKV_HAVE_AVX512)
+  return kernels::Avx512Ops::dot(a, b, d);
+#else
+  return kernels::dot(a, b, d);
+#endif
+}
+
 // Dots of rows [begin, end) with one unit prototype, into slot[t].
 void dots_with(const float* keys, int64_t begin, int64_t end, int d, const float* prototype,
                float* slot) {
-  for (int64_t t = begin; t < end; ++t) slot[t] = kernels::dot(keys + t * d, prototype, d);
+  for (int64_t t = begin; t < end; ++t) slot[t] = fast_dot(keys + t * d, prototype, d);
 }
 
 }  // namespace
@@ -606,32 +737,8 @@ int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
         norm_sq > 0.0 ? static_cast<float>(1.0 / std::sqrt(norm_sq)) : 0.0f;
   }
 
-  // The chunk candidates: first maximum over ascending chunks (= ascending prototype index).
-  best_score.resize(static_cast<size_t>(n));
-  for (int64_t m = 0; m < k; ++m) {
-    const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
-    std::fill(best_score.begin() + begin, best_score.begin() + end, -INFINITY);
-    std::fill(out + begin, out + end, -1);
-    for (int i = 0; i < local.slots(); ++i) {
-      const int64_t j = m - reach + i;
-      if (j < 0 || j >= k || prototype_of_chunk[static_cast<size_t>(j)] < 0) continue;
-      const float s = scale[static_cast<size_t>(j)];
-      const int32_t p = prototype_of_chunk[static_cast<size_t>(j)];
-      const float* slot = local.dots + static_cast<int64_t>(i) * n;
-      for (int64_t t = begin; t < end; ++t) {
-        const float value = slot[t] * s;
-        if (value > best_score[static_cast<size_t>(t)]) {
-          best_score[static_cast<size_t>(t)] = value;
-          out[t] = p;
-        }
-      }
-    }
-  }
-
-  // The bucket candidates, after every chunk (higher prototype indices): skipped where they cannot
-  // beat the own chunk (kBucketPruneMargin).
+  // cos(c_j, b) between every chunk prototype and every bucket prototype, for the bound below.
   const int buckets = clusters.n_prototypes() - clusters.n_regular;
-  int64_t bucket_dots = 0;
   if (buckets > 0) {
     bucket_cos.assign(static_cast<size_t>(k * buckets), 1.0f);
     bucket_cos_max.assign(static_cast<size_t>(k), 1.0f);
@@ -641,34 +748,93 @@ int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
       float top = -INFINITY;
       for (int b = 0; b < buckets; ++b) {
         const float cosine =
-            kernels::dot(prototypes + static_cast<int64_t>(p) * d,
-                         prototypes + static_cast<int64_t>(clusters.n_regular + b) * d, d);
+            fast_dot(prototypes + static_cast<int64_t>(p) * d,
+                     prototypes + static_cast<int64_t>(clusters.n_regular + b) * d, d);
         bucket_cos[static_cast<size_t>(j * buckets + b)] = cosine;
         top = std::max(top, cosine);
       }
       bucket_cos_max[static_cast<size_t>(j)] = top;
     }
-    for (int64_t t = 0; t < n; ++t) {
-      // The bound around the best chunk candidate c_j (the smallest angle to the token):
-      // bucket b cannot win where cos(c_j, b) < threshold.
-      float threshold = -INFINITY;
-      const float* cosines = nullptr;
-      if (out[t] >= 0 && norms[t] > 0.0f) {
-        const int64_t j = clusters.origin[static_cast<size_t>(out[t])];
-        const float best_cos = best_score[static_cast<size_t>(t)] / norms[t];
-        cosines = bucket_cos.data() + j * buckets;
-        if (best_cos >= 0.0f) threshold = 2.0f * best_cos * best_cos - 1.0f - kBucketPruneMargin;
-        if (bucket_cos_max[static_cast<size_t>(j)] < threshold) continue;  // no bucket can win
+  }
+  // Tokens some bucket may win: the bound around the best chunk candidate c_j (the smallest angle
+  // to the token) says bucket b cannot win where cos(c_j, b) < threshold.
+  struct Pending {
+    int32_t token;
+    int32_t chunk;    // the best chunk candidate's chunk, -1: no bound
+    float threshold;  // bucket b cannot win where cos(c_chunk, b) < threshold
+  };
+  thread_local std::vector<Pending> pending;
+  thread_local std::vector<int32_t> best_chunk;
+  thread_local std::vector<float> threshold;
+  pending.clear();
+
+  // The chunk candidates: first maximum over ascending chunks (= ascending prototype index), then
+  // the bucket bound; plain loops over the chunk's tokens (vectorised).
+  best_score.resize(static_cast<size_t>(n));
+  for (int64_t m = 0; m < k; ++m) {
+    const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k), len = end - begin;
+    best_chunk.resize(static_cast<size_t>(std::max<int64_t>(len, 1)));
+    threshold.resize(best_chunk.size());
+    float* __restrict best = best_score.data() + begin;
+    int32_t* __restrict from = best_chunk.data();
+    for (int64_t t = 0; t < len; ++t) {
+      best[t] = -INFINITY;
+      from[t] = -1;
+    }
+    for (int i = 0; i < local.slots(); ++i) {
+      const int64_t j = m - reach + i;
+      if (j < 0 || j >= k || prototype_of_chunk[static_cast<size_t>(j)] < 0) continue;
+      const float s = scale[static_cast<size_t>(j)];
+      const float* __restrict slot = local.dots + static_cast<int64_t>(i) * n + begin;
+      for (int64_t t = 0; t < len; ++t) {
+        const float value = slot[t] * s;
+        const bool better = value > best[t];
+        best[t] = better ? value : best[t];
+        from[t] = better ? static_cast<int32_t>(j) : from[t];
       }
-      const float* key = keys + t * d;
+    }
+    for (int64_t t = 0; t < len; ++t)
+      out[begin + t] = from[t] >= 0 ? prototype_of_chunk[static_cast<size_t>(from[t])] : -1;
+    if (buckets == 0) continue;
+    const float* __restrict norm = norms + begin;
+    float* __restrict limit = threshold.data();
+    for (int64_t t = 0; t < len; ++t) {
+      const float cosine = norm[t] > 0.0f ? best[t] / norm[t] : -1.0f;
+      limit[t] = from[t] >= 0 && cosine >= 0.0f ? 2.0f * cosine * cosine - 1.0f - kBucketPruneMargin
+                                                : -INFINITY;
+    }
+    for (int64_t t = 0; t < len; ++t) {
+      if (limit[t] > -INFINITY && bucket_cos_max[static_cast<size_t>(from[t])] < limit[t])
+        continue;  // no bucket can win
+      pending.push_back(
+          Pending{static_cast<int32_t>(begin + t), limit[t] > -INFINITY ? from[t] : -1, limit[t]});
+    }
+  }
+
+  // The bucket candidates (higher prototype indices than every chunk), for the pending tokens
+  // only: those rows are scattered over the keys, so each is fetched a few tokens ahead.
+  int64_t bucket_dots = 0;
+  {
+    constexpr size_t kAhead = 16;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (i + kAhead < pending.size()) {
+        const float* ahead = keys + static_cast<int64_t>(pending[i + kAhead].token) * d;
+        for (int c = 0; c < d; c += 16) __builtin_prefetch(ahead + c);
+      }
+      const Pending& entry = pending[i];
+      const float* key = keys + static_cast<int64_t>(entry.token) * d;
+      const float* cosines = entry.chunk >= 0
+                                 ? bucket_cos.data() + static_cast<int64_t>(entry.chunk) * buckets
+                                 : nullptr;
+      float& best = best_score[static_cast<size_t>(entry.token)];
       for (int b = 0; b < buckets; ++b) {
-        if (cosines != nullptr && cosines[b] < threshold) continue;
+        if (cosines != nullptr && cosines[b] < entry.threshold) continue;
         const float value =
-            kernels::dot(key, prototypes + static_cast<int64_t>(clusters.n_regular + b) * d, d);
+            fast_dot(key, prototypes + static_cast<int64_t>(clusters.n_regular + b) * d, d);
         ++bucket_dots;
-        if (value > best_score[static_cast<size_t>(t)]) {  // the bound still holds: best only grows
-          best_score[static_cast<size_t>(t)] = value;
-          out[t] = clusters.n_regular + b;
+        if (value > best) {  // the bound still holds: the best only grows
+          best = value;
+          out[entry.token] = clusters.n_regular + b;
         }
       }
     }

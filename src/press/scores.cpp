@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -40,15 +42,54 @@ bool LayerScores::ranks_before(int h, int64_t i, int64_t j) const {
   return i < j;
 }
 
+namespace {
+
+// A float's bits mapped so that unsigned order is descending float order (-0 taken as +0, which
+// compares equal to it): ranking on one integer instead of a comparator that reads two arrays.
+uint32_t descending_key(float x) {
+  x += 0.0f;  // -0 -> +0
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const uint32_t ascending = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return ~ascending;
+}
+
+}  // namespace
+
 std::vector<int32_t> select_top(const LayerScores& scores, int h, int64_t count) {
   const int64_t n = scores.n_prefix;
   count = std::clamp<int64_t>(count, 0, n);
-  std::vector<int32_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  if (count < n) {
-    std::nth_element(order.begin(), order.begin() + count, order.end(),
-                     [&](int32_t a, int32_t b) { return scores.ranks_before(h, a, b); });
-    order.resize(static_cast<size_t>(count));
+  std::vector<int32_t> order;
+  if (count < n && scores.group.empty()) {
+    // ranks_before's order (score, then tie score, both descending, then lower index) as one
+    // 64-bit key and the index: the same set, selected over contiguous entries.
+    struct Ranked {
+      uint64_t key;
+      int32_t index;
+    };
+    thread_local std::vector<Ranked> ranked;
+    ranked.resize(static_cast<size_t>(n));
+    const int64_t base = static_cast<int64_t>(h) * n;
+    const float* score = scores.score.data() + base;
+    const float* tie = scores.tie.empty() ? nullptr : scores.tie.data() + base;
+    for (int64_t i = 0; i < n; ++i)
+      ranked[static_cast<size_t>(i)] = {static_cast<uint64_t>(descending_key(score[i])) << 32 |
+                                            (tie != nullptr ? descending_key(tie[i]) : 0u),
+                                        static_cast<int32_t>(i)};
+    std::nth_element(ranked.begin(), ranked.begin() + count, ranked.end(),
+                     [](const Ranked& a, const Ranked& b) {
+                       return a.key != b.key ? a.key < b.key : a.index < b.index;
+                     });
+    order.reserve(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) order.push_back(ranked[static_cast<size_t>(i)].index);
+  } else {
+    order.resize(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    if (count < n) {
+      std::nth_element(order.begin(), order.begin() + count, order.end(),
+                       [&](int32_t a, int32_t b) { return scores.ranks_before(h, a, b); });
+      order.resize(static_cast<size_t>(count));
+    }
   }
   std::sort(order.begin(), order.end());
   return order;
