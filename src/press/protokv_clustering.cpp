@@ -15,28 +15,18 @@
 namespace protokv::press {
 namespace {
 
-// ||scale * x||^2 in double, in eight independent partial sums (one vector of doubles, not one
-// chain of d dependent adds).
-double scaled_squared_norm(const float* x, int d, float scale) {
-  double partial[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-  int c = 0;
-  for (; c + 8 <= d; c += 8)
-    for (int j = 0; j < 8; ++j) {
-      const double v = x[c + j] * scale;
-      partial[j] += v * v;
-    }
-  for (; c < d; ++c) {
-    const double v = x[c] * scale;
-    partial[0] += v * v;
-  }
-  double total = 0.0;
-  for (const double p : partial) total += p;
-  return total;
+// kernels::dot inlined where the build has AVX-512 (the same function kernels::dot dispatches to).
+inline float fast_dot(const float* a, const float* b, int d) {
+#if defined(PROTOKV_HAVE_AVX512)
+  return kernels::Avx512Ops::dot(a, b, d);
+#else
+  return kernels::dot(a, b, d);
+#endif
 }
 
 // Appends normalise(sum) to the prototypes unless the sum is zero.
 void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
-  const double norm = std::sqrt(scaled_squared_norm(sum, d, 1.0f));
+  const double norm = std::sqrt(static_cast<double>(fast_dot(sum, sum, d)));
   if (!(norm > 0.0)) return;
   const auto inv = static_cast<float>(1.0 / norm);
   const size_t at = out.prototypes.size();
@@ -272,17 +262,10 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin,
     float* previous_slot = with_previous ? own - n : nullptr;
     if (with_previous)
       chunk_mean(chunk_sums + (m - 1) * d, d, begin - chunk_begin(m - 1, n, k), mu_previous);
-    const int64_t next_end = std::min(n, end + (end - begin));
     for (int64_t t = begin; t < end; t += 4) {
       const float* row[4];
       four_rows<d>(keys, t, end, row);
       const int64_t live = std::min<int64_t>(4, end - t);
-      // The next chunk's rows, from memory while this one's stay in L1.
-      for (int64_t r = t; r < t + live; ++r)
-        if (r + (end - begin) < next_end)
-          for (int line = 0; line < d; line += 16)
-            _mm_prefetch(reinterpret_cast<const char*>(keys + (r + end - begin) * d + line),
-                         _MM_HINT_T0);
       __m128 dot;
       if (with_previous) {
         __m512 own_acc[4], previous_acc[4];
@@ -680,15 +663,6 @@ namespace {
 // The margin keeps float rounding of the cosines on the safe side.
 constexpr float kBucketPruneMargin = 1e-3f;
 
-// kernels::dot inlined where the build has AVX-512 (the same function kernels::dot dispatches to).
-inline float fast_dot(const float* a, const float* b, int d) {
-#if defined(PROTOKV_HAVE_AVX512)
-  return kernels::Avx512Ops::dot(a, b, d);
-#else
-  return kernels::dot(a, b, d);
-#endif
-}
-
 // Dots of rows [begin, end) with one unit prototype, into slot[t].
 void dots_with(const float* keys, int64_t begin, int64_t end, int d, const float* prototype,
                float* slot) {
@@ -730,12 +704,10 @@ int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
       continue;
     }
     const int64_t count = chunk_begin(j + 1, n, k) - chunk_begin(j, n, k);
-    // ||mu_j||, mu_j as the chunk pass computed it (sum times 1/count)
-    const double norm_sq =
-        scaled_squared_norm(chunk_sums + j * d, d, 1.0f / static_cast<float>(count));
+    // 1 / ||mu_j|| = count / ||sum_j||
+    const float sum_sq = fast_dot(chunk_sums + j * d, chunk_sums + j * d, d);
     scale[static_cast<size_t>(j)] =
-        norm_sq > 0.0 ? static_cast<float>(1.0 / std::sqrt(norm_sq)) : 0.0f;
-  }
+        sum_sq > 0.0f ? static_cast<float>(count) / std::sqrt(sum_sq) : 0.0f;  }
 
   // cos(c_j, b) between every chunk prototype and every bucket prototype, for the bound below.
   const int buckets = clusters.n_prototypes() - clusters.n_regular;
