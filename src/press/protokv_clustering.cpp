@@ -24,9 +24,14 @@ inline float fast_dot(const float* a, const float* b, int d) {
 #endif
 }
 
+// ||sum||, the norm a prototype is divided by.
+double prototype_norm(const float* sum, int d) {
+  return std::sqrt(static_cast<double>(fast_dot(sum, sum, d)));
+}
+
 // Appends normalise(sum) to the prototypes unless the sum is zero.
 void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
-  const double norm = std::sqrt(static_cast<double>(fast_dot(sum, sum, d)));
+  const double norm = prototype_norm(sum, d);
   if (!(norm > 0.0)) return;
   const auto inv = static_cast<float>(1.0 / norm);
   const size_t at = out.prototypes.size();
@@ -41,7 +46,9 @@ void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
 // dropped.
 void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, float* sums,
                           const std::vector<int32_t>& irregular, Clustering& out) {
-  std::vector<int64_t> remaining(static_cast<size_t>(k));
+  thread_local std::vector<int64_t> remaining;
+  thread_local std::vector<float> inverse_norm;
+  remaining.resize(static_cast<size_t>(k));
   for (int64_t m = 0; m < k; ++m)
     remaining[static_cast<size_t>(m)] = chunk_begin(m + 1, n, k) - chunk_begin(m, n, k);
   for (const int32_t t : irregular) {
@@ -51,16 +58,59 @@ void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, float*
     for (int c = 0; c < d; ++c) sum[c] -= key[c];
     --remaining[static_cast<size_t>(m)];
   }
-  for (int64_t m = 0; m < k; ++m)
-    if (remaining[static_cast<size_t>(m)] > 0)
-      add_prototype(sums + m * d, d, static_cast<int32_t>(m), out);
+  // The norms first (independent chunks, so their latencies overlap), then the unit rows: the
+  // same values add_prototype gives.
+  inverse_norm.resize(static_cast<size_t>(k));
+  int64_t kept = 0;
+  for (int64_t m = 0; m < k; ++m) {
+    const double norm =
+        remaining[static_cast<size_t>(m)] > 0 ? prototype_norm(sums + m * d, d) : 0.0;
+    inverse_norm[static_cast<size_t>(m)] = norm > 0.0 ? static_cast<float>(1.0 / norm) : 0.0f;
+    kept += norm > 0.0 ? 1 : 0;
+  }
+  size_t at = out.prototypes.size();
+  out.prototypes.resize(at + static_cast<size_t>(kept * d));
+  for (int64_t m = 0; m < k; ++m) {
+    const float inv = inverse_norm[static_cast<size_t>(m)];
+    if (!(inv > 0.0f)) continue;  // empty chunk or zero sum: dropped
+    const float* sum = sums + m * d;
+    float* prototype = out.prototypes.data() + at;
+    for (int c = 0; c < d; ++c) prototype[c] = sum[c] * inv;
+    out.origin.push_back(static_cast<int32_t>(m));
+    at += static_cast<size_t>(d);
+  }
 }
 
 // Irregular prototypes (ProtoKV Eq. 15): tokens `rows` hashed into 2^bits buckets, each bucket's
 // normalised key sum; empty buckets are dropped.
+// make_lsh_projection's result for these arguments, drawn once per thread: a press draws the
+// same projection for a (layer, head) at every prefill.
+const LshProjection& cached_lsh_projection(int bits, int d, double gamma, uint64_t seed) {
+  struct Entry {
+    int bits, d;
+    double gamma;
+    uint64_t seed;
+    LshProjection lsh;
+  };
+  constexpr size_t kCapacity = 1024;
+  thread_local std::vector<Entry> cache;
+  thread_local size_t next_slot = 0;
+  for (const Entry& e : cache)
+    if (e.bits == bits && e.d == d && e.gamma == gamma && e.seed == seed) return e.lsh;
+  Entry entry{bits, d, gamma, seed, make_lsh_projection(bits, d, gamma, seed)};
+  if (cache.size() < kCapacity) {
+    cache.push_back(std::move(entry));
+    return cache.back().lsh;
+  }
+  cache[next_slot] = std::move(entry);  // full: replace the oldest
+  const size_t at = next_slot;
+  next_slot = (next_slot + 1) % kCapacity;
+  return cache[at].lsh;
+}
+
 void add_bucket_prototypes(const float* keys, const float* norms, const std::vector<int32_t>& rows,
                            int d, int bits, double gamma, uint64_t seed, Clustering& out) {
-  const LshProjection lsh = make_lsh_projection(bits, d, gamma, seed);
+  const LshProjection& lsh = cached_lsh_projection(bits, d, gamma, seed);
   const int buckets = 1 << bits;
   std::vector<float> sums(static_cast<size_t>(buckets) * static_cast<size_t>(d),
                           0.0f);  // [buckets, d]
@@ -437,10 +487,22 @@ std::vector<int32_t> top_indices(const float* values, int64_t n, int64_t p) {
     std::vector<int32_t> best;
     best.reserve(static_cast<size_t>(p) + 1);
     float worst = -INFINITY;  // values[best.back()] once p are held
+    constexpr int64_t kBlock = 16;
     for (int64_t t = 0; t < n; ++t) {
       const auto i = static_cast<int32_t>(t);
-      if (static_cast<int64_t>(best.size()) == p && values[t] < worst) continue;  // most tokens
-      if (static_cast<int64_t>(best.size()) == p && !before(i, best.back())) continue;
+      const bool full = static_cast<int64_t>(best.size()) == p;
+      if (full && t % kBlock == 0 && t + kBlock <= n) {
+        // Most blocks hold nothing above the p-th value so far: one vectorised maximum each (a NaN
+        // in the block makes the comparison false, so the block is checked value by value).
+        float block_max = values[t];
+        for (int64_t j = 1; j < kBlock; ++j) block_max = std::max(block_max, values[t + j]);
+        if (block_max < worst) {
+          t += kBlock - 1;
+          continue;
+        }
+      }
+      if (full && values[t] < worst) continue;
+      if (full && !before(i, best.back())) continue;
       best.insert(std::upper_bound(best.begin(), best.end(), i, before), i);
       if (static_cast<int64_t>(best.size()) > p) best.pop_back();
       if (static_cast<int64_t>(best.size()) == p) worst = values[best.back()];
@@ -663,10 +725,22 @@ namespace {
 // The margin keeps float rounding of the cosines on the safe side.
 constexpr float kBucketPruneMargin = 1e-3f;
 
-// Dots of rows [begin, end) with one unit prototype, into slot[t].
-void dots_with(const float* keys, int64_t begin, int64_t end, int d, const float* prototype,
-               float* slot) {
-  for (int64_t t = begin; t < end; ++t) slot[t] = fast_dot(keys + t * d, prototype, d);
+// Dots of rows [begin, end) with one vector, into out[t]: four rows per reduction where the build
+// has AVX-512 and head_dim is 64, 128 or 256.
+void rows_dot(const float* rows, int64_t begin, int64_t end, int d, const float* vec, float* out) {
+#if defined(PROTOKV_HAVE_AVX512)
+  switch (d) {
+    case 64:
+      return dot_rows<64>(rows, begin, end, vec, out);
+    case 128:
+      return dot_rows<128>(rows, begin, end, vec, out);
+    case 256:
+      return dot_rows<256>(rows, begin, end, vec, out);
+    default:
+      break;
+  }
+#endif
+  for (int64_t t = begin; t < end; ++t) out[t] = fast_dot(rows + t * d, vec, d);
 }
 
 }  // namespace
@@ -699,33 +773,35 @@ int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
     if (lost_tokens[static_cast<size_t>(j)] != 0) {
       scale[static_cast<size_t>(j)] = 1.0f;
       for (int64_t m = std::max<int64_t>(0, j - reach); m <= std::min(k - 1, j + reach); ++m)
-        dots_with(keys, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d,
-                  prototypes + static_cast<int64_t>(p) * d, local.dots + (j - m + reach) * n);
+        rows_dot(keys, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d,
+                 prototypes + static_cast<int64_t>(p) * d, local.dots + (j - m + reach) * n);
       continue;
     }
     const int64_t count = chunk_begin(j + 1, n, k) - chunk_begin(j, n, k);
     // 1 / ||mu_j|| = count / ||sum_j||
     const float sum_sq = fast_dot(chunk_sums + j * d, chunk_sums + j * d, d);
     scale[static_cast<size_t>(j)] =
-        sum_sq > 0.0f ? static_cast<float>(count) / std::sqrt(sum_sq) : 0.0f;  }
+        sum_sq > 0.0f ? static_cast<float>(count) / std::sqrt(sum_sq) : 0.0f;
+  }
 
   // cos(c_j, b) between every chunk prototype and every bucket prototype, for the bound below.
   const int buckets = clusters.n_prototypes() - clusters.n_regular;
   if (buckets > 0) {
+    thread_local std::vector<float> with_bucket;  // [n_regular] c_p . b for one bucket b
+    with_bucket.resize(static_cast<size_t>(clusters.n_regular));
     bucket_cos.assign(static_cast<size_t>(k * buckets), 1.0f);
-    bucket_cos_max.assign(static_cast<size_t>(k), 1.0f);
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t p = prototype_of_chunk[static_cast<size_t>(j)];
-      if (p < 0) continue;
-      float top = -INFINITY;
-      for (int b = 0; b < buckets; ++b) {
-        const float cosine =
-            fast_dot(prototypes + static_cast<int64_t>(p) * d,
-                     prototypes + static_cast<int64_t>(clusters.n_regular + b) * d, d);
+    bucket_cos_max.assign(static_cast<size_t>(k), -INFINITY);
+    for (int b = 0; b < buckets; ++b) {
+      rows_dot(prototypes, 0, clusters.n_regular, d,
+               prototypes + static_cast<int64_t>(clusters.n_regular + b) * d, with_bucket.data());
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t p = prototype_of_chunk[static_cast<size_t>(j)];
+        if (p < 0) continue;
+        const float cosine = with_bucket[static_cast<size_t>(p)];
         bucket_cos[static_cast<size_t>(j * buckets + b)] = cosine;
-        top = std::max(top, cosine);
+        bucket_cos_max[static_cast<size_t>(j)] =
+            std::max(bucket_cos_max[static_cast<size_t>(j)], cosine);
       }
-      bucket_cos_max[static_cast<size_t>(j)] = top;
     }
   }
   // Tokens some bucket may win: the bound around the best chunk candidate c_j (the smallest angle
