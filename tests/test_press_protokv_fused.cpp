@@ -223,6 +223,7 @@ class FusionCheckScorer final : public press::Scorer {
 press::ProtoKvConfig protokv_config(press::Assignment assignment) {
   press::ProtoKvConfig config;
   config.assignment = assignment;
+  config.fuse_min_bytes = 0;  // the fused path at every size
   return config;
 }
 

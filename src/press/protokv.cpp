@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -53,6 +54,14 @@ void window_logit_sums(const LayerView& layer, int kv_head, int64_t window, floa
 }
 
 }  // namespace
+
+int64_t fused_pass_min_bytes() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return 2 * (l2 > 0 ? static_cast<int64_t>(l2) : int64_t{2} << 20);
+  }();
+  return bytes;
+}
 
 int64_t ProtoKvConfig::resolve_chunks(int64_t n_prefix) const {
   if (n_prefix <= 0) return 1;
@@ -280,9 +289,12 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
     const ClusteringConfig clustering = config_.clustering(n_prefix, layer.layer, h);
     // The chunk pass (Eq. 10-11 statistics) runs inside the window GEMM's loop over key blocks,
     // on each block's chunks while the GEMM has just read them: one read of the keys for both.
+    const int64_t min_bytes =
+        config_.fuse_min_bytes >= 0 ? config_.fuse_min_bytes : fused_pass_min_bytes();
     const bool fused_pass = config_.score == ClusterScore::Mean && n_prefix >= 1 &&
                             clustering.prototypes == PrototypeSet::Hybrid &&
-                            clustering.deviation == Deviation::Chunk;
+                            clustering.deviation == Deviation::Chunk &&
+                            n_prefix * d * static_cast<int64_t>(sizeof(float)) > min_bytes;
     thread_local ChunkPassStream pass;
     if (config_.score == ClusterScore::Mean) {
       KeyBlockVisitor visit;

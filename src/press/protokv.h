@@ -51,11 +51,21 @@ struct ProtoKvConfig {
   PrototypeSet prototypes = PrototypeSet::Hybrid;
   Assignment assignment = Assignment::Exact;  // assign=local: opt-in approximation of Eq. 17
   int local_neighbours = 1;
+  // The chunk pass runs inside the window GEMM's loop over key blocks when a head's prefix keys
+  // take more than this many bytes (-1: twice this core's L2 cache, see fused_pass_min_bytes());
+  // below it a separate pass after the GEMM finds the keys still in cache and costs less. Results
+  // are bit-identical either way; tests set 0 to force the fused path.
+  int64_t fuse_min_bytes = -1;
 
   // k for a prefix of n_prefix tokens (never more than n_prefix).
   int64_t resolve_chunks(int64_t n_prefix) const;
   ClusteringConfig clustering(int64_t n_prefix, int layer, int kv_head) const;
 };
+
+// Twice this core's L2 cache in bytes (sysconf; 2 x 2 MiB where it is not known): measured on the
+// 2 MiB-L2 machine of the README, the separate chunk pass is cheaper up to 4K-token heads (2 MiB
+// of keys at head_dim 128), equal at 8K and dearer at 16K.
+int64_t fused_pass_min_bytes();
 
 // Reads every protokv option; throws Error for contradictory combinations.
 ProtoKvConfig read_protokv_options(OptionReader& options);
