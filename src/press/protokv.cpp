@@ -377,8 +377,10 @@ const PressEntry kProtoKvEntry{
               "assign=exact (default: Eq. 17 over every prototype) | assign=local: an\n"
               "opt-in APPROXIMATION of Eq. 17, not the paper's: each token is compared\n"
               "only with the prototypes of its own chunk, assign_neighbours=1 chunks on\n"
-              "each side and the LSH buckets (docs/methods.md gives how often it differs\n"
-              "from exact); needs prototypes=hybrid or chunk.\n",
+              "each side and the LSH buckets (chunk candidates from the chunk pass's dots\n"
+              "with the chunk means, equal to Eq. 17's up to float rounding; a bucket is\n"
+              "skipped where the triangle inequality shows it cannot win; docs/methods.md\n"
+              "gives how often it differs from exact); needs prototypes=hybrid or chunk.\n",
               ProtoKvConfig::kDefaultChunkLen, ProtoKvConfig::kDefaultMaxChunks,
               ProtoKvConfig::kDefaultLshBits, 3 * (1 << ProtoKvConfig::kDefaultLshBits),
               ProtoKvConfig::kDefaultGamma, ProtoKvConfig::kDefaultSeed,
