@@ -396,6 +396,42 @@ TEST(ProtoKvChunkPass, DeviationMatchesTheDefinitionInDouble) {
   }
 }
 
+// Eq. 18 per token: its cluster's mean (or sum) of the window scores, against a plain double
+// reference; clusters in runs (as chunks give) and scattered, one empty cluster.
+TEST(ProtoKvClusterScores, AreTheClusterMeansOrSums) {
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  constexpr int64_t kTokens = 1003;
+  constexpr int kClusters = 40;
+  std::vector<int32_t> assignment(kTokens);
+  std::vector<float> own(kTokens);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    assignment[static_cast<size_t>(t)] =
+        t % 7 == 0 ? static_cast<int32_t>(rng() % (kClusters - 1))  // scattered; never the last
+                   : static_cast<int32_t>(t * (kClusters - 1) / kTokens);  // runs
+    own[static_cast<size_t>(t)] = uniform(rng);
+  }
+  for (const auto kind : {press::ClusterScore::Mean, press::ClusterScore::SumLogits}) {
+    std::vector<float> score(kTokens);
+    std::vector<int64_t> size;
+    press::cluster_scores(assignment.data(), own.data(), kTokens, kClusters, kind, score.data(),
+                          size);
+    ASSERT_EQ(size.size(), static_cast<size_t>(kClusters));
+    EXPECT_EQ(size[kClusters - 1], 0);
+    for (int64_t t = 0; t < kTokens; ++t) {
+      const int32_t c = assignment[static_cast<size_t>(t)];
+      double sum = 0.0;
+      int64_t count = 0;
+      for (int64_t u = 0; u < kTokens; ++u)
+        if (assignment[static_cast<size_t>(u)] == c) sum += own[static_cast<size_t>(u)], ++count;
+      EXPECT_EQ(size[static_cast<size_t>(c)], count);
+      const double expected =
+          kind == press::ClusterScore::Mean ? sum / static_cast<double>(count) : sum;
+      EXPECT_FLOAT_EQ(score[static_cast<size_t>(t)], static_cast<float>(expected)) << t;
+    }
+  }
+}
+
 // The fused GEMM + argmax kernel against a naive reference that computes every dot with the
 // kernel's own FMA chain (ascending channels) and takes the first maximum: identical indices,
 // including exact ties between duplicated prototypes in different lanes and column tiles, counts

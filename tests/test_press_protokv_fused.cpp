@@ -171,19 +171,11 @@ void unfused_protokv_scores(const press::ProtoKvConfig& config, const LayerView&
   press::pool_and_reduce(sums.data(), group, n_prefix, window_config, own.data());
   const press::Clustering clusters = press::cluster_keys(
       layer.k_head(h), n_prefix, layer.head_dim, config.clustering(n_prefix, layer.layer, h));
-  const int count = std::max(1, clusters.n_prototypes());
-  std::vector<double> sum(static_cast<size_t>(count), 0.0);
-  std::vector<int64_t> size(static_cast<size_t>(count), 0);
-  for (int64_t t = 0; t < n_prefix; ++t) {
-    const auto c = static_cast<size_t>(clusters.assignment[static_cast<size_t>(t)]);
-    sum[c] += own[static_cast<size_t>(t)];
-    ++size[c];
-  }
   score.assign(static_cast<size_t>(n_prefix), 0.0f);
-  for (int64_t t = 0; t < n_prefix; ++t) {
-    const auto c = static_cast<size_t>(clusters.assignment[static_cast<size_t>(t)]);
-    score[static_cast<size_t>(t)] = static_cast<float>(sum[c] / static_cast<double>(size[c]));
-  }
+  std::vector<int64_t> size;
+  press::cluster_scores(clusters.assignment.data(), own.data(), n_prefix,
+                        std::max(1, clusters.n_prototypes()), press::ClusterScore::Mean,
+                        score.data(), size);
 }
 
 // Runs ProtoKvScorer (fused) and checks every head against the unfused composition: scores and

@@ -63,6 +63,33 @@ int64_t fused_pass_min_bytes() {
   return bytes;
 }
 
+void cluster_scores(const int32_t* assignment, const float* own, int64_t n, int count,
+                    ClusterScore kind, float* score, std::vector<int64_t>& size) {
+  // Four interleaved partial sums per cluster: consecutive tokens mostly share a cluster, and one
+  // running sum would be a chain of n dependent double adds.
+  constexpr int kWays = 4;
+  thread_local std::vector<double> partial;  // [kWays, count]
+  thread_local std::vector<float> cluster_score;
+  partial.assign(static_cast<size_t>(kWays * count), 0.0);
+  size.assign(static_cast<size_t>(count), 0);
+  for (int64_t t = 0; t < n; ++t) {
+    const auto c = static_cast<size_t>(assignment[t]);
+    partial[static_cast<size_t>(t % kWays) * static_cast<size_t>(count) + c] += own[t];
+    ++size[c];
+  }
+  cluster_score.assign(static_cast<size_t>(count), 0.0f);
+  for (size_t c = 0; c < cluster_score.size(); ++c) {
+    if (size[c] == 0) continue;
+    const double sum =
+        (partial[c] + partial[static_cast<size_t>(count) + c]) +
+        (partial[2 * static_cast<size_t>(count) + c] + partial[3 * static_cast<size_t>(count) + c]);
+    // Eq. 18: the cluster mean; psi is the cluster sum.
+    cluster_score[c] =
+        static_cast<float>(kind == ClusterScore::Mean ? sum / static_cast<double>(size[c]) : sum);
+  }
+  for (int64_t t = 0; t < n; ++t) score[t] = cluster_score[static_cast<size_t>(assignment[t])];
+}
+
 int64_t ProtoKvConfig::resolve_chunks(int64_t n_prefix) const {
   if (n_prefix <= 0) return 1;
   int64_t k = chunks;
@@ -315,24 +342,9 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
     if (fused_pass) precomputed = pass.result();
     Clustering clusters =
         cluster_keys(layer.k_head(h), n_prefix, d, clustering, fused_pass ? &precomputed : nullptr);
-    const int count = std::max(1, clusters.n_prototypes());
-    std::vector<double> sum(static_cast<size_t>(count), 0.0);
-    std::vector<int64_t> size(static_cast<size_t>(count), 0);
-    for (int64_t t = 0; t < n_prefix; ++t) {
-      const auto c = static_cast<size_t>(clusters.assignment[static_cast<size_t>(t)]);
-      sum[c] += own[t];
-      ++size[c];
-    }
-    // Eq. 18: the cluster mean; psi is the cluster sum.
-    std::vector<float> cluster_score(static_cast<size_t>(count), 0.0f);
-    for (size_t c = 0; c < cluster_score.size(); ++c) {
-      if (size[c] == 0) continue;
-      cluster_score[c] = static_cast<float>(
-          config_.score == ClusterScore::Mean ? sum[c] / static_cast<double>(size[c]) : sum[c]);
-    }
-    float* score = out.head_score(h);
-    for (int64_t t = 0; t < n_prefix; ++t)
-      score[t] = cluster_score[static_cast<size_t>(clusters.assignment[static_cast<size_t>(t)])];
+    std::vector<int64_t> size;
+    cluster_scores(clusters.assignment.data(), own, n_prefix, std::max(1, clusters.n_prototypes()),
+                   config_.score, out.head_score(h), size);
     if (config_.select == Selection::Clusters)
       std::copy(clusters.assignment.begin(), clusters.assignment.end(), out.head_group(h));
     record_diagnostics(layer.layer, h, std::move(clusters), std::move(size));

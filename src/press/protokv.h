@@ -67,6 +67,11 @@ struct ProtoKvConfig {
 // of keys at head_dim 128), equal at 8K and dearer at 16K.
 int64_t fused_pass_min_bytes();
 
+// ProtoKV Eq. 18 for every token: the mean (score=mean) or the sum (sum_logits) of `own` over its
+// cluster, summed in double. score [n]; size [count] receives the tokens per cluster.
+void cluster_scores(const int32_t* assignment, const float* own, int64_t n, int count,
+                    ClusterScore kind, float* score, std::vector<int64_t>& size);
+
 // Reads every protokv option; throws Error for contradictory combinations.
 ProtoKvConfig read_protokv_options(OptionReader& options);
 

@@ -232,11 +232,17 @@ inline void store_live(float* out, __m128 x, int64_t live) {
   _mm_mask_storeu_ps(out, static_cast<__mmask8>(live >= 4 ? 0xF : (1u << live) - 1u), x);
 }
 
-// dot(row, vec) for rows [begin, end), four rows per reduction: out[t].
-template <int d>
+// dot(row, vec) for rows [begin, end), four rows per reduction: out[t]. kFromMemory: the rows
+// are not in cache; each is fetched into L2 eight rows ahead.
+template <int d, bool kFromMemory = false>
 void dot_rows(const float* keys, int64_t begin, int64_t end, const float* vec, float* out) {
   constexpr int kVectors = d / 16;
   for (int64_t t = begin; t < end; t += 4) {
+    if constexpr (kFromMemory) {
+      for (int64_t r = t + 8; r < std::min(end, t + 12); ++r)
+        for (int c = 0; c < d; c += 16)
+          _mm_prefetch(reinterpret_cast<const char*>(keys + r * d + c), _MM_HINT_T1);
+    }
     const float* row[4];
     four_rows<d>(keys, t, end, row);
     __m512 acc[4][2];
@@ -488,25 +494,25 @@ std::vector<int32_t> top_indices(const float* values, int64_t n, int64_t p) {
     best.reserve(static_cast<size_t>(p) + 1);
     float worst = -INFINITY;  // values[best.back()] once p are held
     constexpr int64_t kBlock = 16;
-    for (int64_t t = 0; t < n; ++t) {
+    const auto consider = [&](int64_t t) {
       const auto i = static_cast<int32_t>(t);
-      const bool full = static_cast<int64_t>(best.size()) == p;
-      if (full && t % kBlock == 0 && t + kBlock <= n) {
-        // Most blocks hold nothing above the p-th value so far: one vectorised maximum each (a NaN
-        // in the block makes the comparison false, so the block is checked value by value).
-        float block_max = values[t];
-        for (int64_t j = 1; j < kBlock; ++j) block_max = std::max(block_max, values[t + j]);
-        if (block_max < worst) {
-          t += kBlock - 1;
-          continue;
-        }
-      }
-      if (full && values[t] < worst) continue;
-      if (full && !before(i, best.back())) continue;
+      if (static_cast<int64_t>(best.size()) == p && (values[t] < worst || !before(i, best.back())))
+        return;
       best.insert(std::upper_bound(best.begin(), best.end(), i, before), i);
       if (static_cast<int64_t>(best.size()) > p) best.pop_back();
       if (static_cast<int64_t>(best.size()) == p) worst = values[best.back()];
+    };
+    int64_t t = 0;
+    for (; t < n && static_cast<int64_t>(best.size()) < p; ++t) consider(t);
+    for (; t + kBlock <= n; t += kBlock) {
+      // Most blocks hold nothing above the p-th value so far: one vectorised maximum each (a NaN
+      // in the block makes the comparison false, so the block is checked value by value).
+      float block_max = values[t];
+      for (int64_t j = 1; j < kBlock; ++j) block_max = std::max(block_max, values[t + j]);
+      if (block_max < worst) continue;
+      for (int64_t j = 0; j < kBlock; ++j) consider(t + j);
     }
+    for (; t < n; ++t) consider(t);
     std::sort(best.begin(), best.end());
     return best;
   }
@@ -727,15 +733,16 @@ constexpr float kBucketPruneMargin = 1e-3f;
 
 // Dots of rows [begin, end) with one vector, into out[t]: four rows per reduction where the build
 // has AVX-512 and head_dim is 64, 128 or 256.
+template <bool kFromMemory = false>
 void rows_dot(const float* rows, int64_t begin, int64_t end, int d, const float* vec, float* out) {
 #if defined(PROTOKV_HAVE_AVX512)
   switch (d) {
     case 64:
-      return dot_rows<64>(rows, begin, end, vec, out);
+      return dot_rows<64, kFromMemory>(rows, begin, end, vec, out);
     case 128:
-      return dot_rows<128>(rows, begin, end, vec, out);
+      return dot_rows<128, kFromMemory>(rows, begin, end, vec, out);
     case 256:
-      return dot_rows<256>(rows, begin, end, vec, out);
+      return dot_rows<256, kFromMemory>(rows, begin, end, vec, out);
     default:
       break;
   }
@@ -773,8 +780,8 @@ int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
     if (lost_tokens[static_cast<size_t>(j)] != 0) {
       scale[static_cast<size_t>(j)] = 1.0f;
       for (int64_t m = std::max<int64_t>(0, j - reach); m <= std::min(k - 1, j + reach); ++m)
-        rows_dot(keys, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d,
-                 prototypes + static_cast<int64_t>(p) * d, local.dots + (j - m + reach) * n);
+        rows_dot<true>(keys, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d,
+                       prototypes + static_cast<int64_t>(p) * d, local.dots + (j - m + reach) * n);
       continue;
     }
     const int64_t count = chunk_begin(j + 1, n, k) - chunk_begin(j, n, k);
@@ -863,11 +870,11 @@ int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
   // only: those rows are scattered over the keys, so each is fetched a few tokens ahead.
   int64_t bucket_dots = 0;
   {
-    constexpr size_t kAhead = 16;
+    constexpr size_t kAhead = 8;
     for (size_t i = 0; i < pending.size(); ++i) {
-      if (i + kAhead < pending.size()) {
+      if (i + kAhead < pending.size()) {  // into L2: more rows in flight than L1's fill buffers
         const float* ahead = keys + static_cast<int64_t>(pending[i + kAhead].token) * d;
-        for (int c = 0; c < d; c += 16) __builtin_prefetch(ahead + c);
+        for (int c = 0; c < d; c += 16) __builtin_prefetch(ahead + c, 0, 2);
       }
       const Pending& entry = pending[i];
       const float* key = keys + static_cast<int64_t>(entry.token) * d;
