@@ -826,10 +826,13 @@ int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
   // The chunk candidates: first maximum over ascending chunks (= ascending prototype index), then
   // the bucket bound; plain loops over the chunk's tokens (vectorised).
   best_score.resize(static_cast<size_t>(n));
+  best_chunk.resize(static_cast<size_t>((n + k - 1) / k));  // the longest chunk
+  threshold.resize(best_chunk.size());
+  int64_t end = 0;
   for (int64_t m = 0; m < k; ++m) {
-    const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k), len = end - begin;
-    best_chunk.resize(static_cast<size_t>(std::max<int64_t>(len, 1)));
-    threshold.resize(best_chunk.size());
+    const int64_t begin = end;
+    end = chunk_begin(m + 1, n, k);
+    const int64_t len = end - begin;
     float* __restrict best = best_score.data() + begin;
     int32_t* __restrict from = best_chunk.data();
     for (int64_t t = 0; t < len; ++t) {
