@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -238,22 +239,10 @@ class DisagreementScorer final : public press::Scorer {
   int neighbours_;
 };
 
-TEST(ProtoKvLocalAssignment, DisagreementOnStoriesKeys) {
-  PROTOKV_REQUIRE_STORIES();
-  const auto dir = testing::stories_dir();
-  const LoadedModel model =
-      load_model((dir / "stories260K.bin").string(), (dir / "tok512.bin").string());
-  const std::string text =
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-      "park with her friend Tom. One day, they found a big red ball under a tree. Lily said, "
-      "\"Let's play with the ball!\" Tom was happy and they played all day. ";
-  std::string long_text;
-  std::vector<int32_t> prompt;
-  while (prompt.size() < 448) {
-    long_text += text;
-    prompt = model.tokenizer->encode(long_text, true);
-  }
-  prompt.resize(448);
+// Disagreement with exact Eq. 17 on the keys a real model computes for `prompt` (every layer and
+// KV head at prefill), printed for the docs.
+void print_disagreement_on_model_keys(const LoadedModel& model, const std::vector<int32_t>& prompt,
+                                      const char* what) {
   for (const int neighbours : {1, 2, 4}) {
     SessionOptions options;
     options.press = PressSpec::from_factory([neighbours]() -> std::unique_ptr<Press> {
@@ -270,10 +259,44 @@ TEST(ProtoKvLocalAssignment, DisagreementOnStoriesKeys) {
     const double rate = scorer->rate_sum / scorer->heads;
     std::printf(
         "[ protokv ] assign=local assign_neighbours=%d: %.4f of tokens differ from exact "
-        "Eq. 17 (stories260K, prompt 448, head_dim 8, %d layer-heads)\n",
-        neighbours, rate, scorer->heads);
+        "Eq. 17 (%s, %d layer-heads)\n",
+        neighbours, rate, what, scorer->heads);
     EXPECT_LT(rate, 0.9);
   }
+}
+
+std::vector<int32_t> repeated_story_prompt(const LoadedModel& model, size_t length) {
+  const std::string text =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friend Tom. One day, they found a big red ball under a tree. Lily said, "
+      "\"Let's play with the ball!\" Tom was happy and they played all day. ";
+  std::string long_text;
+  std::vector<int32_t> prompt;
+  while (prompt.size() < length) {
+    long_text += text;
+    prompt = model.tokenizer->encode(long_text, true);
+  }
+  prompt.resize(length);
+  return prompt;
+}
+
+TEST(ProtoKvLocalAssignment, DisagreementOnStoriesKeys) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto dir = testing::stories_dir();
+  const LoadedModel model =
+      load_model((dir / "stories260K.bin").string(), (dir / "tok512.bin").string());
+  print_disagreement_on_model_keys(model, repeated_story_prompt(model, 448),
+                                   "stories260K, prompt 448, head_dim 8");
+}
+
+// The shipped recall model (head_dim 32, trained on long-context retrieval): the real keys with
+// the largest head dimension available on this machine.
+TEST(ProtoKvLocalAssignment, DisagreementOnRecallModelKeys) {
+  const auto path = std::filesystem::path(PROTOKV_SOURCE_DIR) / "models" / "protokv-recall.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "models/protokv-recall.gguf is absent";
+  const LoadedModel model = load_model(path.string());
+  print_disagreement_on_model_keys(model, repeated_story_prompt(model, 1536),
+                                   "protokv-recall, prompt 1536, head_dim 32");
 }
 
 }  // namespace
