@@ -327,11 +327,7 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
       KeyBlockVisitor visit;
       if (fused_pass) {
         const int64_t chunks = std::clamp<int64_t>(clustering.chunks, 1, n_prefix);
-        pass.start(
-            layer.k_head(h), n_prefix, d, chunks,
-            clustering.assignment == Assignment::Local
-                ? static_cast<int>(std::min<int64_t>(clustering.local_neighbours, chunks - 1))
-                : -1);
+        pass.start(layer.k_head(h), n_prefix, d, chunks, clustering.local_reach(chunks));
         visit = [&](int64_t, int64_t end) { pass.advance(std::min(end, n_prefix)); };
       }
       window_scores_kv_head(layer, h, window_config, own, visit);

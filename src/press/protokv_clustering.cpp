@@ -24,14 +24,9 @@ inline float fast_dot(const float* a, const float* b, int d) {
 #endif
 }
 
-// ||sum||, the norm a prototype is divided by.
-double prototype_norm(const float* sum, int d) {
-  return std::sqrt(static_cast<double>(fast_dot(sum, sum, d)));
-}
-
 // Appends normalise(sum) to the prototypes unless the sum is zero.
 void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
-  const double norm = prototype_norm(sum, d);
+  const double norm = std::sqrt(static_cast<double>(fast_dot(sum, sum, d)));
   if (!(norm > 0.0)) return;
   const auto inv = static_cast<float>(1.0 / norm);
   const size_t at = out.prototypes.size();
@@ -47,7 +42,6 @@ void add_prototype(const float* sum, int d, int32_t origin, Clustering& out) {
 void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, float* sums,
                           const std::vector<int32_t>& irregular, Clustering& out) {
   thread_local std::vector<int64_t> remaining;
-  thread_local std::vector<float> inverse_norm;
   remaining.resize(static_cast<size_t>(k));
   for (int64_t m = 0; m < k; ++m)
     remaining[static_cast<size_t>(m)] = chunk_begin(m + 1, n, k) - chunk_begin(m, n, k);
@@ -58,27 +52,9 @@ void add_chunk_prototypes(const float* keys, int64_t n, int d, int64_t k, float*
     for (int c = 0; c < d; ++c) sum[c] -= key[c];
     --remaining[static_cast<size_t>(m)];
   }
-  // The norms first (independent chunks, so their latencies overlap), then the unit rows: the
-  // same values add_prototype gives.
-  inverse_norm.resize(static_cast<size_t>(k));
-  int64_t kept = 0;
-  for (int64_t m = 0; m < k; ++m) {
-    const double norm =
-        remaining[static_cast<size_t>(m)] > 0 ? prototype_norm(sums + m * d, d) : 0.0;
-    inverse_norm[static_cast<size_t>(m)] = norm > 0.0 ? static_cast<float>(1.0 / norm) : 0.0f;
-    kept += norm > 0.0 ? 1 : 0;
-  }
-  size_t at = out.prototypes.size();
-  out.prototypes.resize(at + static_cast<size_t>(kept * d));
-  for (int64_t m = 0; m < k; ++m) {
-    const float inv = inverse_norm[static_cast<size_t>(m)];
-    if (!(inv > 0.0f)) continue;  // empty chunk or zero sum: dropped
-    const float* sum = sums + m * d;
-    float* prototype = out.prototypes.data() + at;
-    for (int c = 0; c < d; ++c) prototype[c] = sum[c] * inv;
-    out.origin.push_back(static_cast<int32_t>(m));
-    at += static_cast<size_t>(d);
-  }
+  for (int64_t m = 0; m < k; ++m)
+    if (remaining[static_cast<size_t>(m)] > 0)
+      add_prototype(sums + m * d, d, static_cast<int32_t>(m), out);
 }
 
 // Irregular prototypes (ProtoKV Eq. 15): tokens `rows` hashed into 2^bits buckets, each bucket's
@@ -157,53 +133,6 @@ void key_norms(const float* keys, int64_t n, int d, float* norms) {
   for (int64_t t = 0; t < n; ++t) norms[t] = std::sqrt(kernels::dot(keys + t * d, keys + t * d, d));
 }
 
-namespace {
-
-// A chunk's mean as the chunk pass computes it: sum times 1/count, one float multiply per channel.
-void chunk_mean(const float* sum, int d, int64_t count, float* mean) {
-  const float inv_count = 1.0f / static_cast<float>(count);
-  for (int c = 0; c < d; ++c) mean[c] = sum[c] * inv_count;
-}
-
-// Eq. 10's ||sigma_m||: the norm of the chunk's per-channel population standard deviations,
-// ||sigma||^2 = sum_c Var_c = E||k||^2 - ||mu||^2, from the squared key norms the pass computes
-// anyway (no second sweep over the rows). Differences below float rounding of the two terms
-// (1e-6 of E||k||^2) count as zero: a chunk of equal keys has sigma = 0.
-float chunk_sigma_norm(double sum_sq, int64_t count, float mean_sq) {
-  const double mean_key_sq = sum_sq / static_cast<double>(count);
-  const double variance = mean_key_sq - static_cast<double>(mean_sq);
-  return variance > 1e-6 * mean_key_sq ? static_cast<float>(std::sqrt(variance)) : 0.0f;
-}
-
-// assign=local's neighbour slots for chunk m once its mean mu_m is known (its own slot is written
-// with the Eq. 10 cosine's dot): the dots of chunk m's rows with the means of the `reach` chunks
-// before it, and of their rows with mu_m. The chunks after m fill m's later slots when they run.
-// Each earlier mean is recomputed from its sum exactly as the pass computed it (sum times
-// 1/count, one float multiply per channel), so the dots do not depend on how the chunks were cut
-// into ranges. Rows of nearby chunks are still in cache.
-// `rows_dot(keys, begin, end, d, vec, out)` writes out[t] = k_t . vec for the rows [begin, end).
-// The `before_done` chunks right before m already have their "rows of m" dots (the AVX-512 kernel
-// computes the previous chunk's together with the own dot, one read of each row).
-template <class RowsDot>
-void neighbour_dots(const float* keys, int64_t n, int d, int64_t k, int64_t m, const float* mu_m,
-                    const float* chunk_sums, const LocalDots& local, RowsDot rows_dot,
-                    int64_t before_done = 0) {
-  thread_local std::vector<float> mean;
-  mean.resize(static_cast<size_t>(d));
-  const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
-  for (int64_t j = std::max<int64_t>(0, m - local.reach); j < m; ++j) {
-    const int64_t j_begin = chunk_begin(j, n, k), j_end = chunk_begin(j + 1, n, k);
-    const int64_t gap = m - j;
-    if (gap > before_done) chunk_mean(chunk_sums + j * d, d, j_end - j_begin, mean.data());
-    float* before = local.dots + (local.reach - gap) * n;  // rows of m, candidate j
-    float* after = local.dots + (local.reach + gap) * n;   // rows of j, candidate m
-    if (gap > before_done) rows_dot(keys, begin, end, d, mean.data(), before);
-    rows_dot(keys, j_begin, j_end, d, mu_m, after);
-  }
-}
-
-}  // namespace
-
 #if defined(PROTOKV_HAVE_AVX512)
 namespace {
 
@@ -232,17 +161,11 @@ inline void store_live(float* out, __m128 x, int64_t live) {
   _mm_mask_storeu_ps(out, static_cast<__mmask8>(live >= 4 ? 0xF : (1u << live) - 1u), x);
 }
 
-// dot(row, vec) for rows [begin, end), four rows per reduction: out[t]. kFromMemory: the rows
-// are not in cache; each is fetched into L2 eight rows ahead.
-template <int d, bool kFromMemory = false>
+// dot(row, vec) for rows [begin, end), four rows per reduction: out[t].
+template <int d>
 void dot_rows(const float* keys, int64_t begin, int64_t end, const float* vec, float* out) {
   constexpr int kVectors = d / 16;
   for (int64_t t = begin; t < end; t += 4) {
-    if constexpr (kFromMemory) {
-      for (int64_t r = t + 8; r < std::min(end, t + 12); ++r)
-        for (int c = 0; c < d; c += 16)
-          _mm_prefetch(reinterpret_cast<const char*>(keys + r * d + c), _MM_HINT_T1);
-    }
     const float* row[4];
     four_rows<d>(keys, t, end, row);
     __m512 acc[4][2];
@@ -260,6 +183,74 @@ void dot_rows(const float* keys, int64_t begin, int64_t end, const float* vec, f
   }
 }
 
+}  // namespace
+#endif
+
+namespace {
+
+// Dots of rows [begin, end) with one vector, into out[t]: four rows per reduction where the build
+// has AVX-512 and head_dim is 64, 128 or 256.
+void rows_dot(const float* rows, int64_t begin, int64_t end, int d, const float* vec, float* out) {
+#if defined(PROTOKV_HAVE_AVX512)
+  switch (d) {
+    case 64:
+      return dot_rows<64>(rows, begin, end, vec, out);
+    case 128:
+      return dot_rows<128>(rows, begin, end, vec, out);
+    case 256:
+      return dot_rows<256>(rows, begin, end, vec, out);
+    default:
+      break;
+  }
+#endif
+  for (int64_t t = begin; t < end; ++t) out[t] = fast_dot(rows + t * d, vec, d);
+}
+
+// A chunk's mean as the chunk pass computes it: sum times 1/count, one float multiply per channel.
+void chunk_mean(const float* sum, int d, int64_t count, float* mean) {
+  const float inv_count = 1.0f / static_cast<float>(count);
+  for (int c = 0; c < d; ++c) mean[c] = sum[c] * inv_count;
+}
+
+// Eq. 10's ||sigma_m||: the norm of the chunk's per-channel population standard deviations,
+// ||sigma||^2 = sum_c Var_c = E||k||^2 - ||mu||^2, from the squared key norms the pass computes
+// anyway (no second sweep over the rows). Differences below float rounding of the two terms
+// (1e-6 of E||k||^2) count as zero: a chunk of equal keys has sigma = 0.
+float chunk_sigma_norm(double sum_sq, int64_t count, float mean_sq) {
+  const double mean_key_sq = sum_sq / static_cast<double>(count);
+  const double variance = mean_key_sq - static_cast<double>(mean_sq);
+  return variance > 1e-6 * mean_key_sq ? static_cast<float>(std::sqrt(variance)) : 0.0f;
+}
+
+// assign=local's neighbour slots for chunk m once its mean mu_m is known (its own slot is written
+// with the Eq. 10 cosine's dot): the dots of chunk m's rows with the means of the `reach` chunks
+// before it, and of their rows with mu_m. The chunks after m fill m's later slots when they run.
+// Each earlier mean is recomputed from its sum exactly as the pass computed it (sum times
+// 1/count, one float multiply per channel), so the dots do not depend on how the chunks were cut
+// into ranges. Rows of nearby chunks are still in cache.
+// The `before_done` chunks right before m already have their "rows of m" dots (the AVX-512 kernel
+// computes the previous chunk's together with the own dot, one read of each row).
+void neighbour_dots(const float* keys, int64_t n, int d, int64_t k, int64_t m, const float* mu_m,
+                    const float* chunk_sums, const LocalDots& local, int64_t before_done = 0) {
+  thread_local std::vector<float> mean;
+  mean.resize(static_cast<size_t>(d));
+  const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
+  for (int64_t j = std::max<int64_t>(0, m - local.reach); j < m; ++j) {
+    const int64_t j_begin = chunk_begin(j, n, k), j_end = chunk_begin(j + 1, n, k);
+    const int64_t gap = m - j;
+    if (gap > before_done) chunk_mean(chunk_sums + j * d, d, j_end - j_begin, mean.data());
+    float* before = local.dots + (local.reach - gap) * n;  // rows of m, candidate j
+    float* after = local.dots + (local.reach + gap) * n;   // rows of j, candidate m
+    if (gap > before_done) rows_dot(keys, begin, end, d, mean.data(), before);
+    rows_dot(keys, j_begin, j_end, d, mu_m, after);
+  }
+}
+
+}  // namespace
+
+#if defined(PROTOKV_HAVE_AVX512)
+namespace {
+
 // chunk_pass for head_dim = 16 * kVectors: the chunk's per-channel sums stay in registers over its
 // rows (added in row order, as the plain loops do), and the norms and dots of four rows share one
 // reduction tree. The norms, cosines and dots therefore equal the plain loops' up to float
@@ -271,8 +262,6 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin,
   using Ops = kernels::Avx512Ops;
   alignas(64) float mu[d], mu_previous[d];
   alignas(16) float squares[4];
-  const auto rows_dot = [](const float* rows, int64_t begin, int64_t end, int, const float* vec,
-                           float* out) { dot_rows<d>(rows, begin, end, vec, out); };
   for (int64_t m = m_begin; m < m_end; ++m) {
     const int64_t begin = chunk_begin(m, n, k), end = chunk_begin(m + 1, n, k);
     __m512 sum[kVectors];
@@ -364,7 +353,7 @@ void chunk_pass_avx512(const float* keys, int64_t n, int64_t k, int64_t m_begin,
       }
     }
     if (own != nullptr)
-      neighbour_dots(keys, n, d, k, m, mu, chunk_sums, local, rows_dot, with_previous ? 1 : 0);
+      neighbour_dots(keys, n, d, k, m, mu, chunk_sums, local, with_previous ? 1 : 0);
     if (delta == nullptr) continue;
     const float sigma_norm = chunk_sigma_norm(sum_sq, end - begin, mean_sq);
     for (int64_t t = begin; t < end; ++t)  // Eq. 10; identical keys (sigma = 0): nothing deviates
@@ -433,13 +422,7 @@ void chunk_pass_generic_range(const float* keys, int64_t n, int d, int64_t k, in
       const float scale = norms[t] * mean_norm;
       delta[t] = 1.0f - (scale > 0.0f ? dot / scale : 0.0f);
     }
-    if (own != nullptr)
-      neighbour_dots(keys, n, d, k, m, mu, chunk_sums, local,
-                     [](const float* rows, int64_t first, int64_t last, int dim, const float* vec,
-                        float* out) {
-                       for (int64_t t = first; t < last; ++t)
-                         out[t] = kernels::dot(rows + t * dim, vec, dim);
-                     });
+    if (own != nullptr) neighbour_dots(keys, n, d, k, m, mu, chunk_sums, local);
     if (delta == nullptr) continue;
     const float sigma_norm = chunk_sigma_norm(sum_sq, end - begin, mean_sq);
     for (int64_t t = begin; t < end; ++t)  // Eq. 10; identical keys (sigma = 0): nothing deviates
@@ -731,25 +714,6 @@ namespace {
 // The margin keeps float rounding of the cosines on the safe side.
 constexpr float kBucketPruneMargin = 1e-3f;
 
-// Dots of rows [begin, end) with one vector, into out[t]: four rows per reduction where the build
-// has AVX-512 and head_dim is 64, 128 or 256.
-template <bool kFromMemory = false>
-void rows_dot(const float* rows, int64_t begin, int64_t end, int d, const float* vec, float* out) {
-#if defined(PROTOKV_HAVE_AVX512)
-  switch (d) {
-    case 64:
-      return dot_rows<64, kFromMemory>(rows, begin, end, vec, out);
-    case 128:
-      return dot_rows<128, kFromMemory>(rows, begin, end, vec, out);
-    case 256:
-      return dot_rows<256, kFromMemory>(rows, begin, end, vec, out);
-    default:
-      break;
-  }
-#endif
-  for (int64_t t = begin; t < end; ++t) out[t] = fast_dot(rows + t * d, vec, d);
-}
-
 }  // namespace
 
 int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
@@ -780,8 +744,8 @@ int64_t assign_locally(const float* keys, int64_t n, int d, const float* norms,
     if (lost_tokens[static_cast<size_t>(j)] != 0) {
       scale[static_cast<size_t>(j)] = 1.0f;
       for (int64_t m = std::max<int64_t>(0, j - reach); m <= std::min(k - 1, j + reach); ++m)
-        rows_dot<true>(keys, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d,
-                       prototypes + static_cast<int64_t>(p) * d, local.dots + (j - m + reach) * n);
+        rows_dot(keys, chunk_begin(m, n, k), chunk_begin(m + 1, n, k), d,
+                 prototypes + static_cast<int64_t>(p) * d, local.dots + (j - m + reach) * n);
       continue;
     }
     const int64_t count = chunk_begin(j + 1, n, k) - chunk_begin(j, n, k);
@@ -954,7 +918,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
   const auto want_local_dots = [&](int64_t chunks) {
     if (!local) return LocalDots{};
     LocalDots wanted;
-    wanted.reach = static_cast<int>(std::min<int64_t>(config.local_neighbours, chunks - 1));
+    wanted.reach = config.local_reach(chunks);
     local_dots.resize(static_cast<size_t>(wanted.slots() * n));
     wanted.dots = local_dots.data();
     return wanted;
@@ -975,8 +939,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
         PROTOKV_CHECK(precomputed->chunks == k, "precomputed chunk pass has {} chunks, not {}",
                       precomputed->chunks, k);
         PROTOKV_CHECK(!local || (precomputed->local.dots != nullptr &&
-                                 precomputed->local.reach ==
-                                     std::min<int64_t>(config.local_neighbours, k - 1)),
+                                 precomputed->local.reach == config.local_reach(k)),
                       "precomputed chunk pass lacks assign=local's dots");
         key_norm = precomputed->norms;
         delta = precomputed->delta;

@@ -2,6 +2,7 @@
 // ProtoKV's prototype construction and token clustering (ProtoKV paper 000 §4.1-4.3, Algorithm 1
 // lines 1-17; variants from the ICLR version, paper 002), for the prefix keys of one KV head.
 // Kept apart from the press so that every step can be tested on hand-made keys.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -27,6 +28,12 @@ struct ClusteringConfig {
   int local_neighbours = 1;  // chunks on each side of the token's own (Assignment::Local)
 
   int buckets() const { return 1 << lsh_bits; }
+  // assign=local's reach over `n_chunks` chunks (-1: exact assignment, no local dots wanted).
+  int local_reach(int64_t n_chunks) const {
+    return assignment == Assignment::Local
+               ? static_cast<int>(std::min<int64_t>(local_neighbours, n_chunks - 1))
+               : -1;
+  }
 };
 
 struct Clustering {
