@@ -1,8 +1,11 @@
 // ProtoKV's chunk pass (Eq. 10-11 statistics) fused into the window GEMM's loop over key blocks:
 // the fused scorer must give exactly (bit for bit) the scores of the unfused composition it
-// replaced (one GEMM over all keys, then the chunk pass over all keys, then the clustering), so
-// the kept sets cannot change. Checked on random drifting keys, on the bench's synthetic tensors
-// and on stories260K's keys, for assign=local and for the exact Eq. 17 default.
+// replaced (the window GEMM, then the chunk pass over all keys, then the clustering), so the kept
+// sets cannot change. Checked on random drifting keys, on the bench's synthetic tensors and on
+// stories260K's keys, for assign=local and for the exact Eq. 17 default. The window GEMM itself
+// runs in key blocks; it equals one GEMM over all keys bit for bit with OpenBLAS's AVX-512
+// (SkylakeX) kernels but only to float rounding with its Haswell/Zen kernels, whose column tails
+// accumulate in another order (WindowScoresBlocked checks the rounding bound).
 #include <gtest/gtest.h>
 
 #include <cblas.h>
@@ -106,8 +109,13 @@ TEST(WindowScoresBlocked, EqualOneGemmOverAllKeysBitForBit) {
                                        covered = end;
                                      });
         one_gemm_window_attention_sums(view, h, window, reference.data());
-        EXPECT_TRUE(same_bits(blocked.data(), reference.data(), 4 * n_prefix))
-            << "n=" << n << " d=" << d << " head " << h;
+        // Sums of window softmax probabilities (each in [0, 4]): a few float ulps apart at most.
+        double worst = 0.0;
+        for (int64_t i = 0; i < 4 * n_prefix; ++i) {
+          const double a = blocked[static_cast<size_t>(i)], b = reference[static_cast<size_t>(i)];
+          worst = std::max(worst, std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-6}));
+        }
+        EXPECT_LT(worst, 1e-5) << "n=" << n << " d=" << d << " head " << h;
         EXPECT_TRUE(contiguous);
         EXPECT_EQ(covered, n);  // every key row visited once, in order
       }
@@ -156,15 +164,16 @@ TEST(ProtoKvChunkPass, RangesAndStreamEqualTheWholePass) {
   }
 }
 
-// ProtoKV's scores computed the unfused way: one GEMM, the window scores, then cluster_keys with
-// its own chunk pass, then the Eq. 18 cluster means (as ProtoKvScorer computes them).
+// ProtoKV's scores computed the unfused way: the window GEMM (no chunk pass in its loop), the
+// window scores, then cluster_keys with its own chunk pass, then the Eq. 18 cluster means (as
+// ProtoKvScorer computes them).
 void unfused_protokv_scores(const press::ProtoKvConfig& config, const LayerView& layer,
                             int64_t window, int h, std::vector<float>& score,
                             std::vector<float>& own) {
   const int64_t n_prefix = layer.n_tokens - window;
   const int group = layer.group_size();
   std::vector<float> sums(static_cast<size_t>(group * n_prefix));
-  one_gemm_window_attention_sums(layer, h, window, sums.data());
+  press::window_attention_sums(layer, h, window, sums.data());
   press::WindowScoreConfig window_config = config.window_scores;
   window_config.window = window;
   own.assign(static_cast<size_t>(n_prefix), 0.0f);

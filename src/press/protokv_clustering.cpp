@@ -693,15 +693,27 @@ void assign_to_prototypes(const float* keys, int64_t n, int d, const float* prot
     }
   }
 #else
-  constexpr int64_t kBlock = 256;
   // k . c for unit prototypes c: cos(k, c) times ||k||, the same argmax over c (so the keys need
-  // no normalised copy).
-  std::vector<float> cosine(static_cast<size_t>(std::min(n, kBlock) * count));  // [block, count]
-  for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
-    const int64_t rows = std::min(kBlock, n - t0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), count, d, 1.0f,
-                keys + t0 * d, d, prototypes, d, 0.0f, cosine.data(), count);
-    for (int64_t r = 0; r < rows; ++r) out[t0 + r] = first_argmax(cosine.data() + r * count, count);
+  // no normalised copy). Every dot is one FMA chain over the head dimension, as argmax_tile
+  // computes it, vectorised across prototypes (transposed to [d, count]): equal prototypes give
+  // equal dots, so ties resolve to the first maximum on every instruction set. (A BLAS GEMM does
+  // not guarantee that: OpenBLAS's Haswell/Zen kernels round a column tail differently.)
+  thread_local std::vector<float> transposed, dots;
+  transposed.resize(static_cast<size_t>(d) * static_cast<size_t>(count));
+  for (int j = 0; j < count; ++j)
+    for (int c = 0; c < d; ++c)
+      transposed[static_cast<size_t>(c) * static_cast<size_t>(count) + static_cast<size_t>(j)] =
+          prototypes[static_cast<int64_t>(j) * d + c];
+  dots.resize(static_cast<size_t>(count));
+  for (int64_t t = 0; t < n; ++t) {
+    float* dot = dots.data();
+    std::fill(dot, dot + count, 0.0f);
+    for (int c = 0; c < d; ++c) {
+      const float key = keys[t * d + c];
+      const float* column = transposed.data() + static_cast<size_t>(c) * static_cast<size_t>(count);
+      for (int j = 0; j < count; ++j) dot[j] = std::fma(key, column[j], dot[j]);
+    }
+    out[t] = first_argmax(dot, count);
   }
 #endif
 }
