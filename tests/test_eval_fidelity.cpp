@@ -62,6 +62,30 @@ TEST(EvalFidelity, BudgetCoveringThePromptGivesExactlyZeroKlForEveryPress) {
   }
 }
 
+TEST(EvalFidelity, SharedPrefillGivesTheSameMetricsBitForBit) {
+  const auto& run = tiny_run();
+  const ModelWeights weights = make_synthetic_model(SyntheticModelSpec::tiny());
+  FidelityOptions options;
+  options.presses = kAllPresses;
+  options.budgets = {16, 32, run.prompt_len};
+  options.continuation = 8;
+  options.progress = false;
+  options.share_prefill = true;
+  const auto samples = samples_synthetic(weights.config.vocab_size, run.prompt_len, 2, 5);
+  const FidelityReport shared = run_fidelity(weights, samples, options);
+  ASSERT_EQ(shared.rows.size(), run.report.rows.size());
+  for (size_t i = 0; i < shared.rows.size(); ++i) {
+    const FidelityRow& a = run.report.rows[i];
+    const FidelityRow& b = shared.rows[i];
+    EXPECT_EQ(a.kl_samples, b.kl_samples) << a.press << " @ " << a.budget;
+    EXPECT_EQ(a.top1_samples, b.top1_samples) << a.press;
+    EXPECT_EQ(a.recall.mean(), b.recall.mean()) << a.press;
+    EXPECT_EQ(a.attn_err_mean.mean(), b.attn_err_mean.mean()) << a.press;
+    EXPECT_EQ(a.kv_bytes.mean(), b.kv_bytes.mean()) << a.press;
+  }
+  EXPECT_EQ(shared.config.value("share_prefill", false), true);
+}
+
 TEST(EvalFidelity, FullPressMatchesTheReferenceAtEveryBudget) {
   for (const auto& row : tiny_run().report.rows) {
     if (row.press != "full") continue;

@@ -281,6 +281,24 @@ TEST(NiahCli, QueryAgnosticRuns) {
   EXPECT_EQ(j["summary"][0]["scored"], 1);
 }
 
+TEST(NiahCli, SharedPrefillGivesTheSameRecords) {
+  PROTOKV_REQUIRE_STORIES();
+  const std::string base = "eval niah " + stories_args() +
+                           " --press full,snapkv,pyramidkv --budget 24 --lengths 160,200 "
+                           "--depths 0,50 --quiet -t 1 --json";
+  const CommandResult own = run_protokv(base);
+  const CommandResult shared = run_protokv(base + " --share-prefill");
+  ASSERT_EQ(own.exit_code, 0) << own.err;
+  ASSERT_EQ(shared.exit_code, 0) << shared.err;
+  const auto a = nlohmann::json::parse(own.out), b = nlohmann::json::parse(shared.out);
+  ASSERT_EQ(a["summary"].size(), 3u);
+  for (size_t i = 0; i < a["summary"].size(); ++i) {
+    EXPECT_EQ(a["summary"][i]["run"], b["summary"][i]["run"]);
+    EXPECT_EQ(a["summary"][i]["score"], b["summary"][i]["score"]) << i;
+    EXPECT_EQ(a["summary"][i]["kv_bytes"], b["summary"][i]["kv_bytes"]) << i;
+  }
+}
+
 TEST(NiahCli, BadHaystackIsOneClearError) {
   PROTOKV_REQUIRE_STORIES();
   TempDir dir;

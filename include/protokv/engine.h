@@ -23,6 +23,12 @@ struct SessionOptions {
   // activation memory; the logits equal those of one chunk to float rounding. With a compressing
   // press and several chunks, the press runs once the final chunk is in (see prefill()).
   int64_t ubatch = 0;
+  // Models with sliding-window (local) layers (Gemma 3): their caches keep only the window
+  // anyway, so by default the press compresses the global layers only and numbers them as its
+  // layers 0..n-1 (PyramidKV's pyramid, PoD's blocks and calibration profiles span the global
+  // layers). true: the press compresses the local layers too, and each then also drops what
+  // leaves its window. No effect on models without local layers.
+  bool compress_local_layers = false;
 };
 
 struct PrefillStats {
@@ -47,6 +53,35 @@ class DecodeObserver {
   virtual void on_decode(const DecodeStep& step) = 0;
 };
 
+class Session;
+
+// A prompt run once through the model without compression — every layer's post-RoPE K/V and
+// queries, and the last logits — from which any number of sessions start, each compressing it
+// with its own press (Session::prefill(const PrefilledPrompt&)). Compression never changes the
+// prompt's own forward pass (a layer's compression happens after its attention, and later layers
+// read activations, not the cache), so a session started from it equals one that prefilled the
+// tokens itself, bit for bit, given the same ubatch. Evaluations that compare many presses on
+// one prompt run the model over it once instead of once per press. Memory: the full K/V of every
+// layer plus every layer's queries.
+class PrefilledPrompt {
+ public:
+  // Runs `tokens` (positions 0..n-1) through `weights` in chunks of `ubatch` rows (0: at once).
+  // Throws Error as Session::prefill does.
+  static std::shared_ptr<const PrefilledPrompt> make(const ModelWeights& weights,
+                                                     std::span<const int32_t> tokens,
+                                                     int64_t ubatch = 0);
+  ~PrefilledPrompt();
+  int64_t n_tokens() const;
+  double prefill_ms() const;  // the forward pass, once
+
+  struct Data;
+  explicit PrefilledPrompt(std::unique_ptr<Data> data);
+  const Data& data() const { return *data_; }
+
+ private:
+  std::unique_ptr<Data> data_;
+};
+
 class Session {
  public:
   explicit Session(const ModelWeights& weights, SessionOptions options = {});
@@ -61,6 +96,11 @@ class Session {
   // compresses every layer once the final chunk is in, from the same post-RoPE Q/K/V a single
   // chunk gives (to float rounding); peak KV memory is then the whole uncompressed cache.
   std::span<const float> prefill(std::span<const int32_t> tokens);
+  // The same from a prompt run once already (PrefilledPrompt): copies its uncompressed cache and
+  // compresses it with this session's press, as prefill(tokens) would. prefill_stats() times the
+  // copy and the compression only (prefill_ms excludes the forward pass, counted once in
+  // prompt.prefill_ms()). Throws Error for a prompt made from other weights.
+  std::span<const float> prefill(const PrefilledPrompt& prompt);
   // Feeds `tokens` at positions n_past().. without resetting (a follow-up turn, or a question
   // after a compressed context): their K/V are appended in full to whatever the cache holds and
   // they attend to it like decoded tokens do. Never compresses; the press's decode hook sees each
@@ -81,6 +121,7 @@ class Session {
   void reset();
 
  private:
+  friend class PrefilledPrompt;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -59,6 +59,10 @@ class HeadCache {
   // grows back during decode (Chelsea's re-runs), no allocation and no copy of the rows before
   // the first one dropped. Throws Error for indices that are not ascending or out of range.
   void compact(std::span<const int32_t> kept);
+  // Drops the entries at positions below `min_position` (a sliding-window layer's entries that no
+  // later query can see), keeping the others in order and the capacity; returns how many went.
+  // Throws Error for a head that shares keys.
+  int64_t drop_positions_before(int32_t min_position);
   void set_log_weight(int64_t i, float log_weight);
   void release_unused();
 

@@ -11,6 +11,11 @@
 
 namespace protokv {
 
+enum class FfnActivation : uint8_t {
+  kSilu,      // SwiGLU: silu(gate) * up
+  kGeluTanh,  // GeGLU: gelu_tanh(gate) * up, rounded through F16 as ggml's CPU backend does
+};
+
 struct ModelConfig {
   std::string architecture = "llama";
   int dim = 0;         // embedding width
@@ -37,6 +42,27 @@ struct ModelConfig {
   // llama.cpp's converter writes them for Llama 3.x "llama3" RoPE scaling).
   bool rope_freq_factors = false;
 
+  // --- Gemma 3 (llama.cpp src/models/gemma3.cpp) ---
+  // Token embeddings are multiplied by this (Gemma: sqrt(dim)).
+  float embedding_scale = 1.0f;
+  // The gated FFN's activation: SwiGLU (Llama, Qwen) or GeGLU with tanh-approximated GELU (Gemma).
+  FfnActivation ffn_activation = FfnActivation::kSilu;
+  // Sliding-window (local) attention: local_layers[l] != 0 marks a layer whose queries attend to
+  // the last `sliding_window` positions only (their own included); such a layer's cache keeps
+  // only those (DESIGN §3.4). Empty: every layer is global.
+  int sliding_window = 0;
+  std::vector<uint8_t> local_layers;  // [n_layers] or empty
+  float rope_theta_local = 10000.0f;  // RoPE base of the local layers (GGUF rope.freq_base_swa)
+  // > 0: logits = c * tanh(logits / c) (GGUF final_logit_softcapping).
+  float final_logit_softcap = 0.0f;
+  // Query scale before attention; 0: 1 / sqrt(head_dim). Gemma 3 27B uses 1 / sqrt(dim / n_heads).
+  float attention_scale = 0.0f;
+
+  bool is_local_layer(int layer) const {
+    return !local_layers.empty() && local_layers[static_cast<size_t>(layer)] != 0;
+  }
+  bool has_local_layers() const;
+
   int head_dim() const {
     if (explicit_head_dim > 0) return explicit_head_dim;
     return n_heads > 0 ? dim / n_heads : 0;
@@ -58,10 +84,12 @@ struct LayerWeights {
   const float* bv = nullptr;
   const float* attn_q_norm = nullptr;  // optional per-head RMSNorm weights [head_dim] (Qwen3)
   const float* attn_k_norm = nullptr;
-  const float* ffn_norm = nullptr;  // [dim]
-  WeightMatrix w_gate;              // [hidden_dim, dim]  (llama2.c w1)
-  WeightMatrix w_up;                // [hidden_dim, dim]  (llama2.c w3)
-  WeightMatrix w_down;              // [dim, hidden_dim]  (llama2.c w2)
+  const float* attn_post_norm = nullptr;  // optional RMSNorm of the attention output (Gemma 3)
+  const float* ffn_norm = nullptr;        // [dim]
+  const float* ffn_post_norm = nullptr;   // optional RMSNorm of the FFN output (Gemma 3)
+  WeightMatrix w_gate;                    // [hidden_dim, dim]  (llama2.c w1)
+  WeightMatrix w_up;                      // [hidden_dim, dim]  (llama2.c w3)
+  WeightMatrix w_down;                    // [dim, hidden_dim]  (llama2.c w2)
 };
 
 struct ModelWeights {

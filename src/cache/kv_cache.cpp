@@ -144,6 +144,16 @@ void HeadCache::compact(std::span<const int32_t> kept) {
   any_log_weight_ = any;
 }
 
+int64_t HeadCache::drop_positions_before(int32_t min_position) {
+  std::vector<int32_t> kept;
+  kept.reserve(positions_.size());
+  for (size_t i = 0; i < positions_.size(); ++i)
+    if (positions_[i] >= min_position) kept.push_back(static_cast<int32_t>(i));
+  const auto dropped = static_cast<int64_t>(positions_.size() - kept.size());
+  if (dropped > 0) compact(kept);
+  return dropped;
+}
+
 void HeadCache::set_log_weight(int64_t i, float log_weight) {
   log_weights_[static_cast<size_t>(i)] = log_weight;
   any_log_weight_ = any_log_weight_ || log_weight != 0.0f;

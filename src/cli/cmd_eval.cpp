@@ -42,6 +42,7 @@ struct FidelityArgs {
   bool quiet = false;
   bool greedy = false;
   bool no_attention = false;
+  bool share_prefill = false;
 };
 
 void run_fidelity_command(const FidelityArgs& args) {
@@ -70,6 +71,7 @@ void run_fidelity_command(const FidelityArgs& args) {
   options.reference = args.reference;
   options.continuation = args.continuation;
   options.attention_metrics = !args.no_attention;
+  options.share_prefill = args.share_prefill;
   options.progress = !args.quiet;
 
   LoadedModel loaded;
@@ -185,6 +187,10 @@ void register_eval(CLI::App& app) {
                 "force the full cache's greedy output instead of the text's continuation");
   cmd->add_flag("--no-attention-metrics", args->no_attention,
                 "skip attention-output error and recall (faster on large models)");
+  cmd->add_flag("--share-prefill", args->share_prefill,
+                "run each prompt through the model once and compress that for every press and "
+                "budget (the same metrics bit for bit, much faster; prefill_ms then counts "
+                "only the copy and the compression)");
   cmd->add_flag(
       "--json", args->json,
       "JSON on stdout: {config, full, results: [{press, budget, kl_mean, kl_max, top1, "

@@ -42,6 +42,7 @@ struct LongctxArgs {
   bool json = false;
   std::string out_dir;
   bool resume = false;
+  bool share_prefill = false;
   bool quiet = false;
 };
 
@@ -68,6 +69,10 @@ void add_longctx_options(CLI::App& cmd, LongctxArgs& args) {
   cmd.add_option("--out", args.out_dir,
                  "write DIR/results.json, config.json, samples.jsonl (one line per sample, "
                  "written as it is produced) and SVGs");
+  cmd.add_flag("--share-prefill", args.share_prefill,
+               "run each prompt through the model once and compress that for every press and "
+               "budget (the same records bit for bit, much faster; prefill_ms then counts only "
+               "the copy and the compression)");
   cmd.add_flag("--resume", args.resume,
                "continue an interrupted run: reuse DIR/samples.jsonl records (needs --out)");
   cmd.add_flag("--quiet", args.quiet, "no progress bar");
@@ -100,6 +105,7 @@ Prepared prepare(const LongctxArgs& args, const std::string& benchmark) {
   p.options.progress = !args.quiet;
   p.options.progress_label = benchmark;
   p.options.resume = args.resume;
+  p.options.share_prefill = args.share_prefill;
   if (!args.out_dir.empty()) {
     std::error_code ec;
     fs::create_directories(args.out_dir, ec);

@@ -30,6 +30,7 @@ struct GenerateArgs {
   std::string question;
   int n_predict = 256;
   int64_t ubatch = 0;
+  bool compress_local_layers = false;
   bool json = false;
   bool ignore_eos = false;
   bool chat = false;
@@ -85,6 +86,7 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
 
   SessionOptions session_options = setup.session_options();
   session_options.ubatch = o.ubatch;
+  session_options.compress_local_layers = o.compress_local_layers;
   Session session(model.weights, session_options);
   const bool tty = isatty(fileno(stdout)) != 0;
   const bool stream = !o.json;
@@ -121,6 +123,8 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     config_json["max_new_tokens"] = o.n_predict;
     config_json["stop_at_eos"] = !o.ignore_eos;
     if (o.ubatch > 0) config_json["ubatch"] = o.ubatch;
+    if (model.weights.config.has_local_layers())
+      config_json["compress_local_layers"] = o.compress_local_layers;
     nlohmann::json out;
     out["config"] = config_json;
     out["prompt_tokens"] = prompt.size();
@@ -191,6 +195,10 @@ void register_generate(CLI::App& app) {
   add_sampler_options(*cmd, options->sampler);
   add_press_options(*cmd, options->press);
   add_ubatch_option(*cmd, options->ubatch);
+  cmd->add_flag("--compress-local-layers", options->compress_local_layers,
+                "Models with sliding-window layers (Gemma 3): the press also compresses the "
+                "local layers (default: only the global ones; a local layer keeps its window "
+                "anyway)");
   cmd->add_flag("--ignore-eos", options->ignore_eos,
                 "Keep generating after the end-of-sequence token");
   cmd->add_flag("--chat", options->chat, "wrap the prompt in the model's chat template");

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <vector>
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
@@ -80,6 +81,16 @@ nlohmann::json describe(const InfoOptions& options) {
   j["n_rot"] = c.rope_dims();
   j["rope_scaling"] = rope_scaling_text(model.weights);
   j["shared_classifier"] = c.shared_classifier;
+  j["ffn_activation"] = c.ffn_activation == FfnActivation::kGeluTanh ? "geglu" : "swiglu";
+  if (c.has_local_layers()) {
+    std::vector<int> local;
+    for (int l = 0; l < c.n_layers; ++l)
+      if (c.is_local_layer(l)) local.push_back(l);
+    j["sliding_window"] = {{"window", c.sliding_window},
+                           {"local_layers", local},
+                           {"rope_theta_local", std::stod(fmt::format("{}", c.rope_theta_local))}};
+  }
+  if (c.final_logit_softcap > 0.0f) j["final_logit_softcap"] = c.final_logit_softcap;
   j["tensor_types"] = tensor_type_counts(model, gguf ? &*gguf : nullptr);
   if (model.tokenizer) {
     j["tokenizer"] = {{"vocab_size", model.tokenizer->vocab_size()},
@@ -128,6 +139,14 @@ void print_text(const nlohmann::json& j) {
   row("rope scaling", str(j["rope_scaling"]));
   row("rms eps", str(j["norm_eps"]));
   row("classifier", j["shared_classifier"].get<bool>() ? "shared with token embedding" : "own");
+  row("ffn", str(j["ffn_activation"]));
+  if (j.contains("sliding_window")) {
+    const auto& sw = j["sliding_window"];
+    row("swa", fmt::format("{} tokens on {} of {} layers (local rope theta {})",
+                           sw["window"].get<int>(), sw["local_layers"].size(),
+                           j["n_layers"].get<int>(), str(sw["rope_theta_local"])));
+  }
+  if (j.contains("final_logit_softcap")) row("logit softcap", str(j["final_logit_softcap"]));
   std::string types;
   for (const auto& [name, count] : j["tensor_types"].items()) {
     types += fmt::format("{}{}: {}", types.empty() ? "" : ", ", name, count.get<int>());

@@ -20,7 +20,9 @@ struct MakeModelOptions {
   std::string rope_scaling = "none";
   float rope_scaling_factor = 0.0f;  // 0: the scaling's default (linear needs one)
   bool tied = false;
-  int head_dim = 0;  // 0: dim / heads
+  int head_dim = 0;        // 0: dim / heads
+  int sliding_window = 0;  // gemma3: > 0 makes the local layers of the pattern below
+  int swa_period = 6;
   int dim = 0;
   int layers = 0;
   int heads = 0;
@@ -48,13 +50,23 @@ void run_make_model(const MakeModelOptions& o) {
   RandomModelOptions options;
   ModelConfig& c = options.config;
   c.architecture = o.arch;
-  c.rope_neox = architecture_rope_neox(o.arch);  // also rejects an unknown architecture
+  c.dim = o.dim;
+  set_architecture_constants(c);  // also rejects an unknown architecture
   c.shared_classifier = o.tied;
   c.explicit_head_dim = o.head_dim;
-  PROTOKV_CHECK(o.head_dim == 0 || o.arch == "qwen3" || o.dim == o.heads * o.head_dim,
+  const bool free_head_dim = o.arch == "qwen3" || o.arch == "gemma3";
+  PROTOKV_CHECK(o.head_dim == 0 || free_head_dim || o.dim == o.heads * o.head_dim,
                 "--head-dim {} x --heads {} must equal --dim {} for {} (llama.cpp's shapes); "
-                "only qwen3 has wider or narrower heads",
+                "only qwen3 and gemma3 have wider or narrower heads",
                 o.head_dim, o.heads, o.dim, o.arch);
+  PROTOKV_CHECK(o.sliding_window == 0 || o.arch == "gemma3",
+                "--sliding-window is for --arch gemma3, not {}", o.arch);
+  PROTOKV_CHECK(o.sliding_window >= 0 && o.swa_period >= 0,
+                "--sliding-window and --swa-period must be >= 0");
+  if (o.sliding_window > 0) {
+    c.sliding_window = o.sliding_window;
+    c.local_layers = sliding_window_pattern(o.layers, o.swa_period);
+  }
   if (o.rope_scaling == "llama3") {
     PROTOKV_CHECK(o.arch == "llama", "--rope-scaling llama3 is for --arch llama, not {}", o.arch);
     PROTOKV_CHECK(o.rope_scaling_factor == 0.0f,
@@ -71,7 +83,6 @@ void run_make_model(const MakeModelOptions& o) {
     PROTOKV_CHECK(o.rope_scaling_factor == 0.0f,
                   "--rope-scaling-factor needs --rope-scaling linear");
   }
-  c.dim = o.dim;
   c.n_layers = o.layers;
   c.n_heads = o.heads;
   c.n_kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
@@ -103,7 +114,8 @@ void register_make_model(CLI::App& app) {
   auto o = std::make_shared<MakeModelOptions>();
   auto* cmd = app.add_subcommand(
       "make-model",
-      "Write a random-weight llama, qwen2 or qwen3 model of any shape as a standard GGUF file "
+      "Write a random-weight llama, qwen2, qwen3 or gemma3 model of any shape as a standard GGUF "
+      "file "
       "(also loadable by llama.cpp), with a synthetic byte-fallback vocabulary: <unk> <s> </s>, "
       "256 byte "
       "tokens, then pieces such as \"\u2581the\". Weights are approximately normal with standard "
@@ -111,7 +123,9 @@ void register_make_model(CLI::App& app) {
       "1. Synthetic: for tests and benchmarks, its text is meaningless.");
   cmd->add_option("--arch", o->arch,
                   "Architecture, in llama.cpp's GGUF conventions: llama (Meta-order RoPE), qwen2 "
-                  "(q/k/v biases, NeoX RoPE) or qwen3 (per-head q/k RMSNorm, NeoX RoPE)")
+                  "(q/k/v biases, NeoX RoPE), qwen3 (per-head q/k RMSNorm, NeoX RoPE) or gemma3 "
+                  "(q/k norms, post-norms, GeGLU, embeddings x sqrt(dim), sliding-window layers "
+                  "with --sliding-window)")
       ->capture_default_str();
   cmd->add_option("--dim", o->dim, "Embedding width")->required();
   cmd->add_option("--layers", o->layers, "Transformer blocks")->required();
@@ -123,6 +137,11 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--head-dim", o->head_dim,
                   "Per-head width written as attention.key_length (default: dim / heads; other "
                   "values for qwen3 only)");
+  cmd->add_option("--sliding-window", o->sliding_window,
+                  "gemma3: tokens a local layer attends to (0: every layer global)");
+  cmd->add_option("--swa-period", o->swa_period,
+                  "gemma3: layer l is local unless l % P == P - 1 (llama.cpp's pattern)")
+      ->capture_default_str();
   cmd->add_option("--rope-theta", o->rope_theta, "RoPE base")->capture_default_str();
   cmd->add_option("--rope-scaling", o->rope_scaling,
                   "RoPE scaling: none, linear (needs --rope-scaling-factor) or llama3 (writes "

@@ -164,8 +164,16 @@ struct ContinuationDecoder {
   double ms_per_token() const { return steps > 0 ? total_ms / static_cast<double>(steps) : 0.0; }
 };
 
+// Prefills `session` with the sample's prompt: its own forward pass, or the one shared by every
+// run of the sample (FidelityOptions::share_prefill; bit-identical, see PrefilledPrompt).
+std::span<const float> prefill_sample(Session& session, const FidelitySample& sample,
+                                      const PrefilledPrompt* shared) {
+  return shared != nullptr ? session.prefill(*shared) : session.prefill(sample.prompt);
+}
+
 Reference run_reference(const ModelWeights& weights, const FidelitySample& sample,
-                        const FidelityOptions& options, int64_t top_count) {
+                        const FidelityOptions& options, int64_t top_count,
+                        const PrefilledPrompt* shared) {
   const ModelConfig& config = weights.config;
   const int64_t steps = options.continuation;
   const int64_t vocab = config.vocab_size;
@@ -181,8 +189,8 @@ Reference run_reference(const ModelWeights& weights, const FidelitySample& sampl
 
   Session session(weights);
   if (options.attention_metrics) session.set_observer(&observer);
-  auto logits = session.prefill(sample.prompt);
-  ref.prefill_ms = session.prefill_stats().prefill_ms;
+  auto logits = prefill_sample(session, sample, shared);
+  ref.prefill_ms = shared != nullptr ? shared->prefill_ms() : session.prefill_stats().prefill_ms;
   ref.kv_bytes = session.prefill_stats().kv_bytes;
   const bool greedy = sample.continuation.empty();
   ref.continuation = sample.continuation;
@@ -231,7 +239,8 @@ void add_diagnostics(const nlohmann::json& layers,
 
 RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
                      const Reference& ref, const std::shared_ptr<const PressSpec>& press,
-                     int64_t budget, const FidelityOptions& options) {
+                     int64_t budget, const FidelityOptions& options,
+                     const PrefilledPrompt* shared) {
   const ModelConfig& config = weights.config;
   const int64_t steps = options.continuation;
   const int64_t vocab = config.vocab_size;
@@ -244,7 +253,7 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   if (options.attention_metrics) session.set_observer(&observer);
 
   RunMetrics m;
-  auto logits = session.prefill(sample.prompt);
+  auto logits = prefill_sample(session, sample, shared);
   const PrefillStats& stats = session.prefill_stats();
   m.kv_bytes = stats.kv_bytes;
   m.compress_ms = stats.compress_ms;
@@ -404,7 +413,9 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
     const auto& sample = samples[s];
     origins.push_back(sample.origin);
     progress.set_detail(fmt::format("sample {}/{}: full", s + 1, samples.size()));
-    const Reference ref = run_reference(weights, sample, options, top_count);
+    const std::shared_ptr<const PrefilledPrompt> shared =
+        options.share_prefill ? PrefilledPrompt::make(weights, sample.prompt) : nullptr;
+    const Reference ref = run_reference(weights, sample, options, top_count, shared.get());
     report.continuations.push_back(ref.continuation);
     report.reference.ppl.add(ref.ppl);
     report.reference.kv_bytes.add(static_cast<double>(ref.kv_bytes));
@@ -420,7 +431,8 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
             fmt::format("sample {}/{}: {} @ {}", s + 1, samples.size(), row.press, b));
         if (row.error.empty()) {
           try {
-            const RunMetrics m = run_press(weights, sample, ref, presses[p], b, options);
+            const RunMetrics m =
+                run_press(weights, sample, ref, presses[p], b, options, shared.get());
             row.kl_mean.add(m.kl_mean);
             row.kl_samples.push_back(m.kl_mean);
             row.top1_samples.push_back(m.top1);
@@ -499,6 +511,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
   report.config["metrics"]["paired"] =
       "per (press, budget): press minus reference on the same samples; mean, se = sample std / "
       "sqrt(n), ci95 = mean +- t(0.975, n-1) * se";
+  if (options.share_prefill) report.config["share_prefill"] = true;
   return report;
 }
 

@@ -51,6 +51,10 @@ struct FidelityOptions {
   // Empty: snapkv when it is among the presses, else full.
   std::string reference;
   bool attention_metrics = true;  // attention-output error and top-B recall
+  // Run each sample's prompt through the model once and start every (press, budget) from it
+  // (PrefilledPrompt): the same numbers, bit for bit, in a fraction of the time; the presses'
+  // prefill_ms then counts the copy and the compression only.
+  bool share_prefill = false;
   bool progress = true;
 };
 

@@ -334,78 +334,117 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   LongctxResult result;
   Timer wall;
   const int64_t total = static_cast<int64_t>(options.runs.size() * samples.size());
-  int64_t done = 0, computed = 0, to_compute = 0;
+  int64_t computed = 0, to_compute = 0;
   for (const auto& spec : options.runs)
     for (const auto& s : samples)
       if (previous.count({spec.label(), s.id}) == 0) ++to_compute;
   Progress progress(options.progress_label, total, options.progress);
   Timer compute_timer;
 
-  for (size_t run_index = 0; run_index < options.runs.size(); ++run_index) {
-    const LongctxRunSpec& spec = options.runs[run_index];
-    const std::string label = spec.label();
-    SessionOptions session_options;
-    session_options.press = presses[run_index];
-    session_options.budget = spec.budget;
-    Session session(weights, session_options);
-    for (const auto& sample : samples) {
-      ++done;
-      if (auto it = previous.find({label, sample.id}); it != previous.end()) {
-        result.records.push_back(it->second);
-        progress.advance(1, label + " (resumed)");
-        continue;
-      }
-      LongctxRecord rec;
-      rec.run = label;
-      rec.id = sample.id;
-      rec.meta = sample.meta;
-      rec.prompt_tokens = static_cast<int64_t>(sample.context.size() + sample.question.size());
-      try {
-        PROTOKV_CHECK(sample.error.empty(), "{}", sample.error);
-        PROTOKV_CHECK(!sample.context.empty(), "empty prompt");
-        const int64_t need = rec.prompt_tokens + sample.max_new_tokens;
-        PROTOKV_CHECK(need <= context_length,
-                      "prompt {} + {} new tokens exceeds the model's context of {} tokens",
-                      rec.prompt_tokens, sample.max_new_tokens, context_length);
-        session.reset();
+  // One (run, sample): prefill (its own, or from the sample's shared prompt), the question,
+  // greedy answer, score.
+  auto compute = [&](const std::string& label, Session& session, const LongctxSample& sample,
+                     const PrefilledPrompt* shared) {
+    LongctxRecord rec;
+    rec.run = label;
+    rec.id = sample.id;
+    rec.meta = sample.meta;
+    rec.prompt_tokens = static_cast<int64_t>(sample.context.size() + sample.question.size());
+    try {
+      PROTOKV_CHECK(sample.error.empty(), "{}", sample.error);
+      PROTOKV_CHECK(!sample.context.empty(), "empty prompt");
+      const int64_t need = rec.prompt_tokens + sample.max_new_tokens;
+      PROTOKV_CHECK(need <= context_length,
+                    "prompt {} + {} new tokens exceeds the model's context of {} tokens",
+                    rec.prompt_tokens, sample.max_new_tokens, context_length);
+      session.reset();
+      std::span<const float> logits;
+      if (shared != nullptr) {
+        logits = session.prefill(*shared);
+      } else {
         std::vector<int32_t> prefill = sample.context;
         if (!options.query_agnostic)
           prefill.insert(prefill.end(), sample.question.begin(), sample.question.end());
-        std::span<const float> logits = session.prefill(prefill);
-        const PrefillStats stats = session.prefill_stats();
-        rec.compress_ms = stats.compress_ms;
-        rec.prefill_ms = stats.prefill_ms;
-        rec.peak_kv_bytes = stats.peak_kv_bytes;
-        Timer decode_timer;
-        if (options.query_agnostic) {
-          // The question is appended to the compressed cache as a second chunk.
-          if (!sample.question.empty()) logits = session.append(sample.question);
-        }
-        rec.kv_bytes = session.cache().kv_bytes();
-        std::vector<int32_t> generated;
-        for (int i = 0; i < sample.max_new_tokens; ++i) {
-          const int32_t next = argmax(logits);
-          generated.push_back(next);
-          if (tokenizer.is_end_of_generation(next)) break;
-          if (i + 1 < sample.max_new_tokens) logits = session.decode(next);
-        }
-        rec.decode_ms = decode_timer.ms();
-        if (generated.size() > 1)
-          rec.attended_kv_bytes = session.prefill_stats().decode_attended_kv_bytes;
-        rec.generated_tokens = static_cast<int64_t>(generated.size());
-        rec.prediction = decode_prediction(tokenizer, generated);
-        rec.score = scorer(sample, rec.prediction);
-      } catch (const Error& e) {
-        rec.error = e.what();
-        rec.score = 0.0;
+        logits = session.prefill(prefill);
       }
-      if (jsonl) *jsonl << rec.to_json().dump() << '\n' << std::flush;
-      result.records.push_back(std::move(rec));
-      ++computed;
-      progress.advance(1, fmt::format("{}  ETA {}", label,
-                                      format_eta(computed, to_compute, compute_timer.ms())));
+      const PrefillStats stats = session.prefill_stats();
+      rec.compress_ms = stats.compress_ms;
+      rec.prefill_ms = stats.prefill_ms;
+      rec.peak_kv_bytes = stats.peak_kv_bytes;
+      Timer decode_timer;
+      if (options.query_agnostic) {
+        // The question is appended to the compressed cache as a second chunk.
+        if (!sample.question.empty()) logits = session.append(sample.question);
+      }
+      rec.kv_bytes = session.cache().kv_bytes();
+      std::vector<int32_t> generated;
+      for (int i = 0; i < sample.max_new_tokens; ++i) {
+        const int32_t next = argmax(logits);
+        generated.push_back(next);
+        if (tokenizer.is_end_of_generation(next)) break;
+        if (i + 1 < sample.max_new_tokens) logits = session.decode(next);
+      }
+      rec.decode_ms = decode_timer.ms();
+      if (generated.size() > 1)
+        rec.attended_kv_bytes = session.prefill_stats().decode_attended_kv_bytes;
+      rec.generated_tokens = static_cast<int64_t>(generated.size());
+      rec.prediction = decode_prediction(tokenizer, generated);
+      rec.score = scorer(sample, rec.prediction);
+    } catch (const Error& e) {
+      rec.error = e.what();
+      rec.score = 0.0;
     }
+    if (jsonl) *jsonl << rec.to_json().dump() << '\n' << std::flush;
+    ++computed;
+    progress.advance(
+        1, fmt::format("{}  ETA {}", label, format_eta(computed, to_compute, compute_timer.ms())));
+    return rec;
+  };
+
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (size_t run_index = 0; run_index < options.runs.size(); ++run_index) {
+    SessionOptions session_options;
+    session_options.press = presses[run_index];
+    session_options.budget = options.runs[run_index].budget;
+    sessions.push_back(std::make_unique<Session>(weights, session_options));
   }
+  // Records in run-major order whatever the order of computation.
+  std::vector<std::vector<LongctxRecord>> by_run(options.runs.size());
+  auto resumed = [&](size_t run_index, const LongctxSample& sample) {
+    const std::string label = options.runs[run_index].label();
+    auto it = previous.find({label, sample.id});
+    if (it == previous.end()) return false;
+    by_run[run_index].push_back(it->second);
+    progress.advance(1, label + " (resumed)");
+    return true;
+  };
+  if (options.share_prefill) {
+    // Each sample's prompt runs through the model once; every run compresses a copy of it
+    // (PrefilledPrompt: bit-identical to prefilling per run).
+    for (const auto& sample : samples) {
+      std::shared_ptr<const PrefilledPrompt> shared;
+      for (size_t run_index = 0; run_index < options.runs.size(); ++run_index) {
+        if (resumed(run_index, sample)) continue;
+        if (shared == nullptr && sample.error.empty() && !sample.context.empty()) {
+          std::vector<int32_t> prompt = sample.context;
+          if (!options.query_agnostic)
+            prompt.insert(prompt.end(), sample.question.begin(), sample.question.end());
+          if (static_cast<int64_t>(prompt.size()) + sample.max_new_tokens <= context_length)
+            shared = PrefilledPrompt::make(weights, prompt);
+        }
+        by_run[run_index].push_back(
+            compute(options.runs[run_index].label(), *sessions[run_index], sample, shared.get()));
+      }
+    }
+  } else {
+    for (size_t run_index = 0; run_index < options.runs.size(); ++run_index)
+      for (const auto& sample : samples)
+        if (!resumed(run_index, sample))
+          by_run[run_index].push_back(
+              compute(options.runs[run_index].label(), *sessions[run_index], sample, nullptr));
+  }
+  for (auto& records : by_run)
+    for (auto& rec : records) result.records.push_back(std::move(rec));
   progress.finish();
   result.wall_ms = wall.ms();
   return result;

@@ -67,6 +67,10 @@ struct LongctxOptions {
   std::string reference = "full";  // label of the run the others are paired against
   std::string jsonl_path;          // empty: keep records in memory only
   bool resume = false;             // reuse records of jsonl_path whose (run, id) match
+  // Each sample's prompt runs through the model once and every run compresses a copy of it
+  // (PrefilledPrompt; the same records bit for bit, prefill_ms then counts the copy and the
+  // compression only).
+  bool share_prefill = false;
   bool progress = true;
   std::string progress_label = "eval";
 };

@@ -36,6 +36,14 @@ struct GroupAttention {
   int group;
   int d;
   int64_t n_past;
+  // Sliding-window attention (Gemma 3's local layers): > 0: a query at position p sees only keys
+  // at positions p - window < pos <= p (llama.cpp's LLAMA_SWA_TYPE_STANDARD mask).
+  int64_t window = 0;
+  // Positions of the n_past + n_queries rows (nullable: row i is at position i, so key tiles
+  // wholly left of the window are skipped). Given for a cache whose rows need not be contiguous
+  // positions (after compression).
+  const int32_t* positions = nullptr;
+  bool positions_ascending = false;  // then key tiles wholly left of the window are skipped too
 };
 
 int64_t tokens_per_tile(int group) {
@@ -82,7 +90,21 @@ void attend_query_tile(const GroupAttention& a, int64_t t0, int64_t t1, TileScra
 
   const int64_t key_end = a.n_past + t1;           // the tile's last query sees keys < key_end
   const int64_t unmasked_end = a.n_past + t0 + 1;  // keys every row of the tile sees
-  for (int64_t j0 = 0; j0 < key_end; j0 += kKeyTile) {
+  // Keys left of the tile's first query's window are seen by no row of the tile: their tiles are
+  // skipped when the rows' positions are known to ascend (always, without explicit positions).
+  int64_t key_begin = 0;
+  if (a.window > 0) {
+    const int64_t first_row = a.n_past + t0;
+    if (a.positions == nullptr) {
+      key_begin = std::max<int64_t>(0, first_row + 1 - a.window);
+    } else if (a.positions_ascending) {
+      const int64_t min_position = int64_t{a.positions[first_row]} - a.window + 1;
+      key_begin =
+          std::lower_bound(a.positions, a.positions + first_row, min_position) - a.positions;
+    }
+    key_begin = key_begin / kKeyTile * kKeyTile;
+  }
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeyTile) {
     const int64_t width = std::min(kKeyTile, key_end - j0);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
                 static_cast<int>(width), d, 1.0f, q, d, a.k + j0 * a.k_stride,
@@ -94,7 +116,22 @@ void attend_query_tile(const GroupAttention& a, int64_t t0, int64_t t1, TileScra
       if (crosses_diagonal) visible = std::clamp<int64_t>(a.n_past + t0 + r / g + 1 - j0, 0, width);
       if (a.log_weights != nullptr)  // merged cache entries (Chelsea Eq. 2)
         for (int64_t j = 0; j < visible; ++j) s_row[j] += a.log_weights[j0 + j];
-      if (visible > 0) {
+      bool any_visible = visible > 0;
+      if (a.window > 0 && any_visible) {
+        // Keys that left the query's window get logit -inf (probability exactly 0).
+        const int64_t row = a.n_past + t0 + r / g;
+        const int64_t query_pos = a.positions != nullptr ? a.positions[row] : row;
+        any_visible = false;
+        for (int64_t j = 0; j < visible; ++j) {
+          const int64_t key_pos = a.positions != nullptr ? a.positions[j0 + j] : j0 + j;
+          if (query_pos - key_pos >= a.window)
+            s_row[j] = -std::numeric_limits<float>::infinity();
+          else
+            any_visible = true;
+        }
+        if (!any_visible) visible = 0;
+      }
+      if (any_visible) {
         const float new_max = std::max(row_max[r], Ops::max(s_row, visible));
         const float correction = Ops::exp(row_max[r] - new_max);  // 0 on the first tile
         row_sum[r] = row_sum[r] * correction + Ops::exp_shifted_sum(s_row, new_max, visible);
@@ -110,7 +147,7 @@ void attend_query_tile(const GroupAttention& a, int64_t t0, int64_t t1, TileScra
 
   for (int64_t r = 0; r < rows; ++r) {
     float* dst = a.out.data + (t0 + r / g) * a.out.token_stride + (r % g) * a.out.head_stride;
-    const float inv_sum = 1.0f / row_sum[r];  // > 0: every query sees at least key 0
+    const float inv_sum = 1.0f / row_sum[r];  // > 0: every query sees at least its own key
     for (int c = 0; c < d; ++c) dst[c] = o[r * d + c] * inv_sum;
   }
 }
@@ -145,7 +182,8 @@ void attend_groups(int64_t n_queries, int n_heads, int n_kv_heads, int d, GroupO
 
 template <class Ops>
 void prefill_heads_impl(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
-                        int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads, int d) {
+                        int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads, int d,
+                        int64_t window) {
   attend_groups<Ops>(n_queries, n_heads, n_kv_heads, d, [&](int kv, int group) {
     const int first_head = kv * group;
     return GroupAttention{
@@ -158,7 +196,8 @@ void prefill_heads_impl(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView 
         nullptr,
         group,
         d,
-        n_past};
+        n_past,
+        window};
   });
 }
 
@@ -179,7 +218,10 @@ void prefill_cached_impl(HeadsView q, std::span<const KvHeadRows> kv_heads, Muta
         rows.log_weights,
         group,
         d,
-        rows.n_past};
+        rows.n_past,
+        rows.window,
+        rows.positions,
+        rows.positions_ascending};
   });
 }
 
@@ -187,17 +229,18 @@ void prefill_cached_impl(HeadsView q, std::span<const KvHeadRows> kv_heads, Muta
 
 void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
-                             int head_dim) {
+                             int head_dim, int64_t window) {
   with_isa(isa, [&](auto ops) {
     prefill_heads_impl<decltype(ops)>(q, k, v, out, n_queries, n_past, n_heads, n_kv_heads,
-                                      head_dim);
+                                      head_dim, window);
   });
 }
 
 void attention_prefill_heads(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
-                             int head_dim) {
-  attention_prefill_heads(kBestIsa, q, k, v, out, n_queries, n_past, n_heads, n_kv_heads, head_dim);
+                             int head_dim, int64_t window) {
+  attention_prefill_heads(kBestIsa, q, k, v, out, n_queries, n_past, n_heads, n_kv_heads, head_dim,
+                          window);
 }
 
 void attention_prefill_cached(HeadsView q, std::span<const KvHeadRows> kv_heads,

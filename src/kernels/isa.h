@@ -59,7 +59,7 @@ void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y);
 void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
 void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
-                             int head_dim);
+                             int head_dim, int64_t window = 0);
 void attention_decode_group(Isa isa, const float* q, int group, const float* keys,
                             const float* values, const float* log_weights, int64_t n, int d,
                             float* out, float* probs);

@@ -101,9 +101,11 @@ struct MutableHeadsView {
 // the group of query heads sharing a KV head is processed together (stacked as GEMM rows) so
 // each K/V tile is read once per group. Parallel (OpenMP) over (KV head, query tile) work items;
 // BLAS runs single-threaded inside. out [n_queries] tokens x [n_heads] heads x head_dim.
+// window > 0: sliding-window attention (Gemma 3's local layers), query token t sees only keys
+// t + n_past - window < j <= t + n_past; key tiles left of the window are skipped.
 void attention_prefill_heads(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
-                             int head_dim);
+                             int head_dim, int64_t window = 0);
 
 // One KV head's entries as attention_prefill_cached reads them: rows k/v [n_past + n_queries, d]
 // (row i at k + i * token_stride), the first n_past of them already in the cache before the chunk
@@ -115,6 +117,12 @@ struct KvHeadRows {
   int64_t token_stride = 0;
   const float* log_weights = nullptr;
   int64_t n_past = 0;
+  // Sliding-window attention: window > 0 and positions [n_past + n_queries] (each row's token
+  // position; the last n_queries are the chunk's queries): a query at position p sees only rows at
+  // positions p - window < pos <= p.
+  int64_t window = 0;
+  const int32_t* positions = nullptr;
+  bool positions_ascending = false;  // lets the kernel skip key tiles left of every window
 };
 
 // Causal attention of a prefill chunk over a ragged cache: query token t of KV head kv's group

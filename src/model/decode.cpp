@@ -42,7 +42,8 @@ std::span<const float> Session::Impl::decode(int32_t token) {
   for (int l = 0; l < config.n_layers; ++l) {
     const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
     LayerCache& layer_cache = cache.layer(l);
-    attention_inputs(lw, 1, &pos, s);
+    attention_inputs(l, 1, &pos, s);
+    const int press_layer = press_index[static_cast<size_t>(l)];
     if (keep_queries) std::copy(s.q.begin(), s.q.begin() + q_dim, step_queries.begin() + l * q_dim);
 
     int64_t longest = 0;
@@ -55,7 +56,7 @@ std::span<const float> Session::Impl::decode(int32_t token) {
     if (want_probs) ensure_probs_capacity(longest);
 
     // A recall press picks each query head's entries before attention (DESIGN §4).
-    const bool selecting = press != nullptr && press->selects(l);
+    const bool selecting = press != nullptr && press_layer >= 0 && press->selects(press_layer);
     // One pass over each KV head's entries for its whole group of query heads. Short caches stay
     // serial: waking the thread pool would cost more than the attention itself.
     constexpr int64_t kParallelMinWork = int64_t{1} << 15;
@@ -68,11 +69,11 @@ std::span<const float> Session::Impl::decode(int32_t token) {
       // with scores=lower, their logits use that layer's query too, paper 004 Eq. 3).
       std::array<KeySegment, 3> segments;
       const float* lender_queries = head.shares_keys() && head.uses_lender_query()
-                                        ? step_queries.data() + head.key_lender() * q_dim
+                                        ? step_queries.data() + lender_layer(head) * q_dim
                                         : nullptr;
       const int segment_count =
           head.shares_keys()
-              ? head.key_segments(cache.layer(head.key_lender()).heads[static_cast<size_t>(kv)],
+              ? head.key_segments(cache.layer(lender_layer(head)).heads[static_cast<size_t>(kv)],
                                   segments,
                                   lender_queries != nullptr ? lender_queries + first * hd : nullptr)
               : 0;
@@ -92,7 +93,7 @@ std::span<const float> Session::Impl::decode(int32_t token) {
       }
       for (int64_t h = first; h < first + group; ++h) {
         std::vector<int32_t>& chosen = selections[static_cast<size_t>(h)];
-        press->select(l, static_cast<int>(h), s.q.data() + h * hd, head, chosen);
+        press->select(press_layer, static_cast<int>(h), s.q.data() + h * hd, head, chosen);
         float* head_probs = want_probs ? probs.data() + h * probs_stride : nullptr;
         // The lender's query of this very query head (the group segment holds the group's).
         for (KeySegment& segment : segments)
@@ -127,8 +128,12 @@ std::span<const float> Session::Impl::decode(int32_t token) {
                            .selections = selecting ? selections.data() : nullptr};
     if (observer != nullptr) observer->on_decode(decode_step);
     // The press sees the step after this layer's attention, so what it evicts affects later
-    // steps only.
-    if (press != nullptr) press->on_decode(decode_step);
+    // steps only; it numbers the layers it compresses on its own.
+    if (press != nullptr && press_layer >= 0) {
+      decode_step.layer = press_layer;
+      press->on_decode(decode_step);
+    }
+    if (config.is_local_layer(l)) forget_out_of_window(l, pos + 1);
 
     attention_output_and_ffn(lw, 1, s);
   }

@@ -3,6 +3,7 @@
 // (prefill.cpp, decode.cpp); everything else is here. The kernels dispatch on N: one row uses
 // the SIMD mat-vec path, several rows BLAS GEMMs (kernels::matmul).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/kernels.h"
@@ -42,7 +43,40 @@ void rope_rows_parallel(float* x, int64_t n, int n_heads, const int32_t* positio
   }
 }
 
+// ggml's GELU table (ggml-cpu.c, ggml_cpu_init): for every F16 value h, F16(gelu_tanh(h)) with
+// gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) in float.
+const std::vector<float>& gelu_f16_table() {
+  static const std::vector<float> table = [] {
+    constexpr float kGeluCoefA = 0.044715f;
+    constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+    std::vector<float> t(size_t{1} << 16);
+    for (size_t bits = 0; bits < t.size(); ++bits) {
+      const float x = f16_to_f32(static_cast<uint16_t>(bits));
+      const float gelu =
+          0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kGeluCoefA * x * x)));
+      t[bits] = f16_to_f32(f32_to_f16(gelu));
+    }
+    return t;
+  }();
+  return table;
+}
+
 }  // namespace
+
+void geglu(float* gate, const float* up, int64_t n) {
+  const float* table = gelu_f16_table().data();
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    float gelu;
+    if (x <= -10.0f)
+      gelu = 0.0f;
+    else if (x >= 10.0f)
+      gelu = x;
+    else
+      gelu = table[f32_to_f16(x)];
+    gate[i] = gelu * up[i];
+  }
+}
 
 RowBuffers::RowBuffers(int64_t n, const ModelConfig& config)
     : rows(n), ffn_rows(std::min(n, kFfnChunkRows)) {
@@ -61,15 +95,20 @@ RowBuffers::RowBuffers(int64_t n, const ModelConfig& config)
 void Session::Impl::embed(std::span<const int32_t> tokens, RowBuffers& b) const {
   const auto n = static_cast<int64_t>(tokens.size());
   const int dim = config.dim;
+  const float scale = config.embedding_scale;
 #pragma omp parallel for schedule(static) if (n * dim >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i) {
+    float* row = b.x.data() + i * dim;
     dequantize_row(weights.token_embd.type, weights.token_embd.row(tokens[static_cast<size_t>(i)]),
-                   b.x.data() + i * dim, dim);
+                   row, dim);
+    if (scale != 1.0f)  // Gemma: embeddings times sqrt(dim)
+      for (int c = 0; c < dim; ++c) row[c] *= scale;
   }
 }
 
-void Session::Impl::attention_inputs(const LayerWeights& lw, int64_t n, const int32_t* positions,
+void Session::Impl::attention_inputs(int layer, int64_t n, const int32_t* positions,
                                      RowBuffers& b) const {
+  const LayerWeights& lw = weights.layers[static_cast<size_t>(layer)];
   const int64_t q_dim = static_cast<int64_t>(config.n_heads) * config.head_dim();
   const int64_t kv_dim = static_cast<int64_t>(config.n_kv_heads) * config.head_dim();
   kernels::rmsnorm_rows(b.xb.data(), b.x.data(), lw.attn_norm, n, config.dim, config.norm_eps);
@@ -89,8 +128,20 @@ void Session::Impl::attention_inputs(const LayerWeights& lw, int64_t n, const in
     kernels::rmsnorm_rows(b.k.data(), b.k.data(), lw.attn_k_norm, n * config.n_kv_heads, hd,
                           config.norm_eps);
   }
-  rope_rows_parallel(b.q.data(), n, config.n_heads, positions, rope);
-  rope_rows_parallel(b.k.data(), n, config.n_kv_heads, positions, rope);
+  // Local (sliding-window) layers have their own RoPE base (Gemma 3).
+  const kernels::RopeTable& table = config.is_local_layer(layer) ? rope_local : rope;
+  rope_rows_parallel(b.q.data(), n, config.n_heads, positions, table);
+  rope_rows_parallel(b.k.data(), n, config.n_kv_heads, positions, table);
+  // A query scale other than 1/sqrt(head_dim) (Gemma 3 27B) is folded into the queries, so that
+  // the attention kernels, the presses and the observers all see the queries the model attends
+  // with.
+  if (config.attention_scale > 0.0f) {
+    const float fold = config.attention_scale * std::sqrt(static_cast<float>(hd));
+    float* q = b.q.data();
+    const int64_t count = n * q_dim;
+#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
+    for (int64_t i = 0; i < count; ++i) q[i] *= fold;
+  }
 }
 
 void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
@@ -98,6 +149,8 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
   const int dim = config.dim;
   const int64_t hidden = config.hidden_dim;
   kernels::matmul(lw.wo, b.att.data(), n, b.xb.data());
+  if (lw.attn_post_norm != nullptr)  // Gemma 3: the attention output is normalised first
+    kernels::rmsnorm_rows(b.xb.data(), b.xb.data(), lw.attn_post_norm, n, dim, config.norm_eps);
   add_rows(b.x.data(), b.xb.data(), n * dim);
 
   // Feed-forward block, ffn_rows rows at a time (rows are independent).
@@ -108,10 +161,17 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
     kernels::rmsnorm_rows(xb_chunk, x_chunk, lw.ffn_norm, rows, dim, config.norm_eps);
     kernels::matmul(lw.w_gate, xb_chunk, rows, b.gate.data());
     kernels::matmul(lw.w_up, xb_chunk, rows, b.up.data());
+    const bool gelu = config.ffn_activation == FfnActivation::kGeluTanh;
 #pragma omp parallel for schedule(static) if (rows * hidden >= kParallelMinElements)
-    for (int64_t r = 0; r < rows; ++r)
-      swiglu(b.gate.data() + r * hidden, b.up.data() + r * hidden, hidden);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (gelu)
+        geglu(b.gate.data() + r * hidden, b.up.data() + r * hidden, hidden);
+      else
+        swiglu(b.gate.data() + r * hidden, b.up.data() + r * hidden, hidden);
+    }
     kernels::matmul(lw.w_down, b.gate.data(), rows, xb_chunk);
+    if (lw.ffn_post_norm != nullptr)  // Gemma 3: the FFN output is normalised first
+      kernels::rmsnorm_rows(xb_chunk, xb_chunk, lw.ffn_post_norm, rows, dim, config.norm_eps);
     add_rows(x_chunk, xb_chunk, rows * dim);
   }
 }
@@ -119,6 +179,8 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
 void Session::Impl::output_logits(const float* x_row, float* scratch) {
   kernels::rmsnorm(scratch, x_row, weights.output_norm, config.dim, config.norm_eps);
   kernels::matvec(weights.output, scratch, logits.data());
+  if (const float cap = config.final_logit_softcap; cap > 0.0f)  // Gemma 2/3 soft-capping
+    for (float& logit : logits) logit = cap * std::tanh(logit / cap);
 }
 
 }  // namespace protokv

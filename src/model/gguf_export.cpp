@@ -124,6 +124,20 @@ void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
     w.set_f32(names::arch_key(arch, names::kRopeScalingFactor), c.rope_linear_factor);
   }
   w.set_u32(names::arch_key(arch, names::kVocabSize), u32(c.vocab_size));
+  if (c.has_local_layers()) {
+    // llama.cpp reads the pattern as a period p (layer l local unless l % p == p - 1).
+    int period = -1;
+    for (int p = 0; p <= c.n_layers + 1 && period < 0; ++p)
+      if (sliding_window_pattern(c.n_layers, p) == c.local_layers) period = p;
+    PROTOKV_CHECK(period >= 0,
+                  "cannot write sliding-window layers that follow no period (llama.cpp's {})",
+                  names::arch_key(arch, names::kSlidingWindowPattern));
+    w.set_u32(names::arch_key(arch, names::kSlidingWindow), u32(c.sliding_window));
+    w.set_u32(names::arch_key(arch, names::kSlidingWindowPattern), u32(period));
+    w.set_f32(names::arch_key(arch, names::kRopeFreqBaseSwa), c.rope_theta_local);
+  }
+  if (c.final_logit_softcap > 0.0f)
+    w.set_f32(names::arch_key(arch, names::kFinalLogitSoftcapping), c.final_logit_softcap);
 }
 
 std::vector<std::string> export_gguf(const ModelWeights& weights, const Tokenizer* tokenizer,

@@ -2,6 +2,7 @@
 // stored as F32 (and tensors the file leaves misaligned for their type) are copied.
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <cstring>
 #include <unordered_set>
 #include <vector>
@@ -40,6 +41,49 @@ struct ConfigReader {
 int to_int(int64_t v, std::string_view what) {
   PROTOKV_CHECK(v > 0 && v <= (int64_t{1} << 30), "invalid {} {} in GGUF model", what, v);
   return static_cast<int>(v);
+}
+
+// Gemma 3's hyper-parameters beyond the Llama block, as llama.cpp's llama_model_gemma3 reads them:
+// embeddings scaled by sqrt(dim), GeGLU, the query scale, sliding-window layers (a period, 6 by
+// default: layer l is local unless l % 6 == 5, or one flag per layer), their own RoPE base
+// (10000 by default) and optional final-logit soft-capping.
+void read_gemma3_config(const GgufFile& file, const ConfigReader& r, ModelConfig& c) {
+  set_architecture_constants(c);  // embeddings x sqrt(dim), GeGLU
+  // gemma_pytorch config.py: the 27B model scales queries by 1/sqrt(dim / n_heads), the others by
+  // 1/sqrt(head_dim) (llama.cpp identifies the 27B model by its 62 layers).
+  constexpr int kGemma3_27bLayers = 62;
+  if (c.n_layers == kGemma3_27bLayers && c.dim / c.n_heads != c.head_dim())
+    c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.dim / c.n_heads));
+  const std::string attn_softcap_key =
+      names::arch_key(c.architecture, names::kAttnLogitSoftcapping);
+  PROTOKV_CHECK(!r.optional_float(names::kAttnLogitSoftcapping).value_or(0.0),
+                "{} is not supported (llama.cpp's gemma3 ignores it too)", attn_softcap_key);
+  if (const auto softcap = r.optional_float(names::kFinalLogitSoftcapping)) {
+    PROTOKV_CHECK(*softcap >= 0.0 && *softcap < 1e6, "invalid {} {}",
+                  names::arch_key(c.architecture, names::kFinalLogitSoftcapping), *softcap);
+    c.final_logit_softcap = static_cast<float>(*softcap);
+  }
+  const auto window = r.optional_int(names::kSlidingWindow);
+  if (!window || *window <= 0) return;  // no sliding window: every layer is global
+  const std::string window_key = names::arch_key(c.architecture, names::kSlidingWindow);
+  c.sliding_window = to_int(*window, window_key);
+  c.rope_theta_local =
+      static_cast<float>(r.optional_float(names::kRopeFreqBaseSwa).value_or(10000.0));
+  PROTOKV_CHECK(c.rope_theta_local > 0.0f, "invalid {} {}",
+                names::arch_key(c.architecture, names::kRopeFreqBaseSwa), c.rope_theta_local);
+  const std::string pattern_key = names::arch_key(c.architecture, names::kSlidingWindowPattern);
+  c.local_layers.assign(static_cast<size_t>(c.n_layers), 0);
+  if (file.has(pattern_key) && !file.get_int(pattern_key)) {
+    const std::vector<int64_t> flags = *file.get_int_array(pattern_key);
+    PROTOKV_CHECK(static_cast<int>(flags.size()) == c.n_layers, "{} has {} entries for {} layers",
+                  pattern_key, flags.size(), c.n_layers);
+    for (int l = 0; l < c.n_layers; ++l) c.local_layers[static_cast<size_t>(l)] = flags[l] != 0;
+    return;
+  }
+  constexpr int64_t kGemma3Period = 6;
+  const int64_t period = file.get_int(pattern_key).value_or(kGemma3Period);
+  PROTOKV_CHECK(period >= 0 && period <= c.n_layers + 1, "invalid {} {}", pattern_key, period);
+  c.local_layers = sliding_window_pattern(c.n_layers, static_cast<int>(period));
 }
 
 ModelConfig read_config(const GgufFile& file) {
@@ -112,6 +156,7 @@ ModelConfig read_config(const GgufFile& file) {
     PROTOKV_CHECK(*attn_factor == 1.0, "{} = {} is not supported (only 1)",
                   names::arch_key(*arch, names::kRopeScalingAttnFactor), *attn_factor);
   }
+  if (*arch == names::kArchGemma3) read_gemma3_config(file, r, c);
   c.rope_freq_factors = file.find_tensor(std::string(names::kRopeFreqs)) != nullptr;
   PROTOKV_CHECK(!c.rope_freq_factors || *arch == names::kArchLlama,
                 "tensor {} is not used by architecture '{}'", names::kRopeFreqs, *arch);

@@ -31,6 +31,7 @@ inline constexpr uint32_t kFileTypeMostlyBF16 = 32;
 inline constexpr std::string_view kArchLlama = "llama";
 inline constexpr std::string_view kArchQwen2 = "qwen2";
 inline constexpr std::string_view kArchQwen3 = "qwen3";
+inline constexpr std::string_view kArchGemma3 = "gemma3";
 
 // --- per-architecture hyper-parameters: "<arch>.<suffix>" -------------------------------------
 inline constexpr std::string_view kContextLength = "context_length";
@@ -50,6 +51,13 @@ inline constexpr std::string_view kRopeScaleLinear = "rope.scale_linear";  // ol
 inline constexpr std::string_view kRopeScalingAttnFactor = "rope.scaling.attn_factor";
 inline constexpr std::string_view kRopeScalingOrigContext = "rope.scaling.original_context_length";
 inline constexpr std::string_view kVocabSize = "vocab_size";
+// Sliding-window attention (Gemma 3): window size, and the layer pattern as either a period n
+// (layer l is local unless l % n == n - 1) or one bool per layer.
+inline constexpr std::string_view kSlidingWindow = "attention.sliding_window";
+inline constexpr std::string_view kSlidingWindowPattern = "attention.sliding_window_pattern";
+inline constexpr std::string_view kRopeFreqBaseSwa = "rope.freq_base_swa";
+inline constexpr std::string_view kFinalLogitSoftcapping = "final_logit_softcapping";
+inline constexpr std::string_view kAttnLogitSoftcapping = "attn_logit_softcapping";
 
 inline std::string arch_key(std::string_view arch, std::string_view suffix) {
   return fmt::format("{}.{}", arch, suffix);

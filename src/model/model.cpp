@@ -1,5 +1,7 @@
 #include "protokv/model.h"
 
+#include <cmath>
+
 #include "model/tensor_table.h"
 #include "protokv/error.h"
 
@@ -34,6 +36,24 @@ void ModelConfig::validate() const {
                 context_length);
   PROTOKV_CHECK(rope_theta > 0.0f, "invalid RoPE base {}", rope_theta);
   PROTOKV_CHECK(norm_eps > 0.0f && norm_eps < 1.0f, "invalid RMS norm epsilon {}", norm_eps);
+  PROTOKV_CHECK(local_layers.empty() || static_cast<int>(local_layers.size()) == n_layers,
+                "sliding-window layer pattern has {} entries for {} layers", local_layers.size(),
+                n_layers);
+  PROTOKV_CHECK(!has_local_layers() || (sliding_window > 0 && sliding_window <= kMaxContext),
+                "invalid sliding window {} for a model with sliding-window layers", sliding_window);
+  PROTOKV_CHECK(rope_theta_local > 0.0f, "invalid local-layer RoPE base {}", rope_theta_local);
+  PROTOKV_CHECK(std::isfinite(embedding_scale) && embedding_scale > 0.0f,
+                "invalid embedding scale {}", embedding_scale);
+  PROTOKV_CHECK(std::isfinite(final_logit_softcap) && final_logit_softcap >= 0.0f,
+                "invalid final logit soft-capping {}", final_logit_softcap);
+  PROTOKV_CHECK(std::isfinite(attention_scale) && attention_scale >= 0.0f,
+                "invalid attention scale {}", attention_scale);
+}
+
+bool ModelConfig::has_local_layers() const {
+  for (uint8_t local : local_layers)
+    if (local != 0) return true;
+  return false;
 }
 
 size_t ModelWeights::weight_bytes() const {

@@ -57,6 +57,8 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
   std::iota(positions.begin(), positions.end(), static_cast<int32_t>(row0));
 
   // Head-major copies for the press of a whole-prompt chunk.
+  // The whole prompt's K/V go to the press directly at the layers it compresses; the others (a
+  // model's sliding-window layers) take the cached path below.
   const bool to_press = kind == ChunkKind::kPromptWhole;
   std::vector<float> k_heads(to_press ? static_cast<size_t>(n * kv_dim) : 0);  // [n_kv, n, hd]
   std::vector<float> v_heads(to_press ? static_cast<size_t>(n * kv_dim) : 0);  // [n_kv, n, hd]
@@ -71,9 +73,11 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
   for (int l = 0; l < config.n_layers; ++l) {
     const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
     LayerCache& layer_cache = cache.layer(l);
-    attention_inputs(lw, n, positions.data(), b);
+    attention_inputs(l, n, positions.data(), b);
+    const int press_layer = press_index[static_cast<size_t>(l)];
+    const int64_t window = config.is_local_layer(l) ? config.sliding_window : 0;
 
-    if (to_press) {
+    if (to_press && press_layer >= 0) {
       // Causal attention over the chunk's own K/V, then the press writes this layer's cache
       // while the full tensors are at hand.
       rows_to_heads(b.k.data(), n, n_kv, hd, k_heads.data());
@@ -81,11 +85,11 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       rows_to_heads(b.q.data(), n, n_heads, hd, q_heads.data());
       kernels::attention_prefill_heads({b.q.data(), q_dim, hd}, {k_heads.data(), hd, n * hd},
                                        {v_heads.data(), hd, n * hd}, {b.att.data(), q_dim, hd}, n,
-                                       /*n_past=*/0, n_heads, n_kv, hd);
+                                       /*n_past=*/0, n_heads, n_kv, hd, window);
       stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now + chunk_layer_kv_bytes);
       LayerView view;
-      view.layer = l;
-      view.n_layers = config.n_layers;
+      view.layer = press_layer;
+      view.n_layers = static_cast<int>(press_layers.size());
       view.n_tokens = n;
       view.head_dim = hd;
       view.n_heads = n_heads;
@@ -97,6 +101,8 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       const Timer compress_timer;
       press->compress_prefill(view, layer_cache);
       stats.compress_ms += compress_timer.ms();
+      check_key_lenders(l);
+      if (window > 0) forget_out_of_window(l, n);  // compress_local_layers: window on top
       const int64_t headroom = decode_headroom(n);
       for (HeadCache& head : layer_cache.heads) head.reserve(head.size() + headroom);
       kv_bytes_now += layer_cache.kv_bytes();
@@ -124,7 +130,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
           // the row's own query here, not the lender layer's.
           std::array<KeySegment, 3> segments;
           const int count = head.key_segments(
-              cache.layer(head.key_lender()).heads[static_cast<size_t>(h)], segments);
+              cache.layer(lender_layer(head)).heads[static_cast<size_t>(h)], segments);
           std::vector<float>& gathered = gathered_keys[static_cast<size_t>(h)];
           gathered.clear();
           for (int i = 0; i < count; ++i)
@@ -136,6 +142,13 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
         kv_rows[static_cast<size_t>(h)] = {
             keys, head.values(), hd, head.has_log_weights() ? head.log_weights().data() : nullptr,
             head_past};
+        if (window > 0) {  // sliding-window layer: rows are masked by their positions
+          const std::span<const int32_t> pos = head.positions();
+          kv_rows[static_cast<size_t>(h)].window = window;
+          kv_rows[static_cast<size_t>(h)].positions = pos.data();
+          kv_rows[static_cast<size_t>(h)].positions_ascending =
+              std::is_sorted(pos.begin(), pos.end());
+        }
       }
       kv_bytes_now += chunk_layer_kv_bytes;
       if (kind != ChunkKind::kAppend)  // the stats describe the prompt's prefill
@@ -147,9 +160,14 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
         if (layer_queries.empty()) layer_queries.assign(static_cast<size_t>(n_total * q_dim), 0.0f);
         rows_to_heads(b.q.data(), n, n_heads, hd, layer_queries.data(), row0, n_total);
       }
+      // A sliding-window layer forgets the rows no later query sees, unless the press is yet to
+      // compress it from the whole prompt (chunked prefill with compress_local_layers).
+      const bool compression_pending = queries != nullptr && (press_layer >= 0 || capturing_prompt);
+      if (window > 0 && !compression_pending) forget_out_of_window(l, row0 + n);
       // After compression, appended rows reach the press like decoded tokens do.
-      if (kind == ChunkKind::kAppend && press != nullptr) {
-        DecodeStep step{.layer = l, .n_heads = n_heads, .head_dim = hd, .cache = &layer_cache};
+      if (kind == ChunkKind::kAppend && press != nullptr && press_layer >= 0) {
+        DecodeStep step{
+            .layer = press_layer, .n_heads = n_heads, .head_dim = hd, .cache = &layer_cache};
         for (int64_t i = 0; i < n; ++i) {
           step.position = positions[static_cast<size_t>(i)];
           step.q = b.q.data() + i * q_dim;
@@ -167,6 +185,30 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
   n_past += n;
 }
 
+void Session::Impl::forget_out_of_window(int layer, int64_t next_position) {
+  // The next query, at next_position, sees positions > next_position - window (llama.cpp's
+  // LLAMA_SWA_TYPE_STANDARD), and later ones see less.
+  const auto min_position =
+      static_cast<int32_t>(std::max<int64_t>(0, next_position - config.sliding_window + 1));
+  for (HeadCache& head : cache.layer(layer).heads) {
+    if (head.shares_keys())
+      fail("layer {} is a sliding-window layer and cannot share its keys with other layers", layer);
+    head.drop_positions_before(min_position);
+  }
+}
+
+void Session::Impl::check_key_lenders(int layer) const {
+  for (const HeadCache& head : cache.layer(layer).heads) {
+    if (!head.shares_keys()) continue;
+    const int lender = lender_layer(head);
+    if (config.is_local_layer(layer) || config.is_local_layer(lender))
+      fail(
+          "layer {} would read keys from layer {}: a sliding-window layer forgets its keys, so "
+          "it can neither lend nor borrow them (compress the global layers only)",
+          layer, lender);
+  }
+}
+
 void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>& queries,
                                            int64_t n) {
   const int hd = config.head_dim();
@@ -178,7 +220,8 @@ void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>
   std::iota(positions.begin(), positions.end(), 0);
   const size_t row_bytes = static_cast<size_t>(n * hd) * sizeof(float);
   const int64_t headroom = decode_headroom(n);
-  for (int l = 0; l < config.n_layers; ++l) {
+  for (size_t press_layer = 0; press_layer < press_layers.size(); ++press_layer) {
+    const int l = press_layers[press_layer];
     LayerCache& layer_cache = cache.layer(l);
     for (int h = 0; h < n_kv; ++h) {
       HeadCache& head = layer_cache.heads[static_cast<size_t>(h)];
@@ -187,8 +230,8 @@ void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>
       head.clear();  // compress_prefill writes into empty heads
     }
     LayerView view;
-    view.layer = l;
-    view.n_layers = config.n_layers;
+    view.layer = static_cast<int>(press_layer);
+    view.n_layers = static_cast<int>(press_layers.size());
     view.n_tokens = n;
     view.head_dim = hd;
     view.n_heads = config.n_heads;
@@ -200,6 +243,8 @@ void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>
     const Timer compress_timer;
     press->compress_prefill(view, layer_cache);
     stats.compress_ms += compress_timer.ms();
+    check_key_lenders(l);
+    if (config.is_local_layer(l)) forget_out_of_window(l, n);  // compress_local_layers
     for (HeadCache& head : layer_cache.heads) {
       head.release_unused();
       head.reserve(head.size() + headroom);
@@ -207,8 +252,7 @@ void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>
   }
 }
 
-std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
-  const Timer total_timer;
+void Session::Impl::check_prompt(std::span<const int32_t> tokens) const {
   const auto n = static_cast<int64_t>(tokens.size());
   PROTOKV_CHECK(n > 0, "empty prompt: prefill needs at least one token");
   PROTOKV_CHECK(n <= config.context_length,
@@ -217,14 +261,15 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
   PROTOKV_CHECK(options.ubatch >= 0, "ubatch must be >= 0 (0: the whole prompt), got {}",
                 options.ubatch);
   for (int32_t t : tokens) check_token(t);
-  reset();
+}
 
+int64_t Session::Impl::begin_press(int64_t n) {
   int64_t budget_entries = n;
-  if (options.press != nullptr) {
+  if (options.press != nullptr && !press_layers.empty()) {
     options.budget.validate();
     budget_entries = options.budget.resolve(n);
     SequenceInfo info;
-    info.n_layers = config.n_layers;
+    info.n_layers = static_cast<int>(press_layers.size());
     info.n_heads = config.n_heads;
     info.n_kv_heads = config.n_kv_heads;
     info.head_dim = config.head_dim();
@@ -232,6 +277,15 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
     press = options.press->instantiate();  // this sequence's own state
     press->begin(info, options.budget);
   }
+  return budget_entries;
+}
+
+std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
+  const Timer total_timer;
+  const auto n = static_cast<int64_t>(tokens.size());
+  check_prompt(tokens);
+  reset();
+  const int64_t budget_entries = begin_press(n);
   // A budget that covers the prompt keeps everything: the cache is filled exactly as without a
   // press, so the output is bit-identical to no compression.
   const bool compress = press != nullptr && budget_entries < n;
@@ -253,6 +307,83 @@ std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
   stats.kv_bytes = cache.kv_bytes();
   stats.prefill_ms = total_timer.ms();
   return logits;
+}
+
+void Session::Impl::capture_prompt(std::span<const int32_t> tokens, PrefilledPrompt::Data& out) {
+  const Timer total_timer;
+  const auto n = static_cast<int64_t>(tokens.size());
+  check_prompt(tokens);
+  reset();
+  const int64_t chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
+  RowBuffers rows(chunk, config);
+  std::vector<std::vector<float>> queries(static_cast<size_t>(config.n_layers));
+  capturing_prompt = true;  // every row stays, local layers included: a press may want them
+  try {
+    for (int64_t r0 = 0; r0 < n; r0 += chunk)
+      forward_chunk(
+          tokens.subspan(static_cast<size_t>(r0), static_cast<size_t>(std::min(chunk, n - r0))),
+          ChunkKind::kPrompt, rows, &queries, n);
+  } catch (...) {
+    capturing_prompt = false;
+    throw;
+  }
+  capturing_prompt = false;
+  out.weights = &weights;
+  out.n_tokens = n;
+  out.cache = std::move(cache);
+  out.queries = std::move(queries);
+  out.logits = logits;
+  out.peak_kv_bytes = stats.peak_kv_bytes;
+  out.prefill_ms = total_timer.ms();
+  reset();
+}
+
+std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
+  const Timer total_timer;
+  const PrefilledPrompt::Data& d = prompt.data();
+  PROTOKV_CHECK(d.weights == &weights,
+                "the prefilled prompt was made from other weights than this session's");
+  reset();
+  const int64_t n = d.n_tokens;
+  const int64_t budget_entries = begin_press(n);
+  const bool compress = press != nullptr && budget_entries < n;
+  cache = d.cache;
+  n_past = n;
+  std::copy(d.logits.begin(), d.logits.end(), logits.begin());
+  if (compress) compress_cached_prompt(d.queries, n);
+  const int64_t headroom = decode_headroom(n);
+  for (int l = 0; l < config.n_layers; ++l) {
+    const bool compressed = compress && press_index[static_cast<size_t>(l)] >= 0;
+    if (config.is_local_layer(l) && !compressed) forget_out_of_window(l, n);
+    if (!compressed)
+      for (HeadCache& head : cache.layer(l).heads) head.reserve(head.size() + headroom);
+  }
+  stats.n_tokens = n;
+  stats.peak_kv_bytes = d.peak_kv_bytes;
+  stats.kv_bytes = cache.kv_bytes();
+  stats.prefill_ms = total_timer.ms();
+  return logits;
+}
+
+std::shared_ptr<const PrefilledPrompt> PrefilledPrompt::make(const ModelWeights& weights,
+                                                             std::span<const int32_t> tokens,
+                                                             int64_t ubatch) {
+  SessionOptions options;
+  options.ubatch = ubatch;
+  Session::Impl impl(weights, options);
+  auto data = std::make_unique<Data>();
+  impl.capture_prompt(tokens, *data);
+  data->ubatch = ubatch;
+  return std::make_shared<const PrefilledPrompt>(std::move(data));
+}
+
+PrefilledPrompt::PrefilledPrompt(std::unique_ptr<Data> data) : data_(std::move(data)) {}
+PrefilledPrompt::~PrefilledPrompt() = default;
+int64_t PrefilledPrompt::n_tokens() const {
+  return data_->n_tokens;
+}
+double PrefilledPrompt::prefill_ms() const {
+  return data_->prefill_ms;
 }
 
 void Session::Impl::check_append(std::span<const int32_t> tokens) const {

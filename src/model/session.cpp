@@ -18,7 +18,17 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   rope = kernels::make_rope_table(config.head_dim(), config.rope_dims(), config.rope_theta,
                                   config.rope_neox, 1.0f / config.rope_linear_factor,
                                   config.rope_freq_factors ? weights.rope_freqs : nullptr);
+  // Gemma 3's local layers: their own base, no scaling (llama.cpp rope_freq_scale_train_swa = 1).
+  if (config.has_local_layers())
+    rope_local = kernels::make_rope_table(config.head_dim(), config.rope_dims(),
+                                          config.rope_theta_local, config.rope_neox, 1.0f, nullptr);
   cache = KvCache(config.n_layers, config.n_kv_heads, config.head_dim());
+  press_index.assign(static_cast<size_t>(config.n_layers), -1);
+  for (int l = 0; l < config.n_layers; ++l) {
+    if (config.is_local_layer(l) && !options.compress_local_layers) continue;
+    press_index[static_cast<size_t>(l)] = static_cast<int>(press_layers.size());
+    press_layers.push_back(l);
+  }
   logits.assign(static_cast<size_t>(config.vocab_size), 0.0f);
   step = RowBuffers(1, config);
 }
@@ -59,6 +69,15 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
     return impl_->prefill(tokens);
   } catch (...) {
     impl_->reset();  // a press or allocation failure must not leave a half-filled cache behind
+    throw;
+  }
+}
+
+std::span<const float> Session::prefill(const PrefilledPrompt& prompt) {
+  try {
+    return impl_->prefill(prompt);
+  } catch (...) {
+    impl_->reset();
     throw;
   }
 }

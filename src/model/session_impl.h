@@ -36,10 +36,31 @@ enum class ChunkKind {
   kAppend,       // append() after a prefill: no compression, the press's decode hook sees rows
 };
 
+// What a PrefilledPrompt holds (engine.h).
+struct PrefilledPrompt::Data {
+  const ModelWeights* weights = nullptr;  // identity check: a prompt serves its own weights only
+  int64_t n_tokens = 0;
+  int64_t ubatch = 0;
+  KvCache cache;  // every row of every layer, uncompressed (sliding-window layers too)
+  std::vector<std::vector<float>> queries;  // [n_layers][n_heads, n_tokens, head_dim] post-RoPE
+  std::vector<float> logits;                // [vocab] of the last token
+  size_t peak_kv_bytes = 0;
+  double prefill_ms = 0.0;
+};
+
 struct Session::Impl {
   Impl(const ModelWeights& w, SessionOptions opts);
 
   std::span<const float> prefill(std::span<const int32_t> tokens);
+  std::span<const float> prefill(const PrefilledPrompt& prompt);
+  // Runs `tokens` through every layer without a press, keeping every row and every layer's
+  // queries in `out` (PrefilledPrompt::make); leaves the session reset.
+  void capture_prompt(std::span<const int32_t> tokens, PrefilledPrompt::Data& out);
+  // Throws Error for an empty or too long prompt, a bad token or ubatch.
+  void check_prompt(std::span<const int32_t> tokens) const;
+  // Makes and begins this sequence's press for a prompt of n tokens (none without a press or
+  // without layers for it); returns the entries the budget keeps per head.
+  int64_t begin_press(int64_t n);
   std::span<const float> append(std::span<const int32_t> tokens);
   // Throws Error, leaving the session as it is, when `tokens` cannot be appended.
   void check_append(std::span<const int32_t> tokens) const;
@@ -59,8 +80,7 @@ struct Session::Impl {
   // x = embeddings of `tokens`.
   void embed(std::span<const int32_t> tokens, RowBuffers& b) const;
   // q/k/v = projections of rmsnorm(x) (+ biases), RoPE'd at `positions`.
-  void attention_inputs(const LayerWeights& lw, int64_t n, const int32_t* positions,
-                        RowBuffers& b) const;
+  void attention_inputs(int layer, int64_t n, const int32_t* positions, RowBuffers& b) const;
   // x += wo · att, then x += FFN(rmsnorm(x)).
   void attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b) const;
   // logits = output · rmsnorm(x_row); `scratch` [dim] may alias x_row.
@@ -71,6 +91,15 @@ struct Session::Impl {
   // deferred compression.
   void forward_chunk(std::span<const int32_t> tokens, ChunkKind kind, RowBuffers& b,
                      std::vector<std::vector<float>>* queries, int64_t n_total);
+  // Drops the entries of sliding-window layer `layer` that no query from next_position on sees.
+  void forget_out_of_window(int layer, int64_t next_position);
+  // Throws Error when a head of `layer` borrows keys across a sliding-window layer (PoD with
+  // compress_local_layers): the lender would forget them.
+  void check_key_lenders(int layer) const;
+  // The model layer a head borrows its keys from (PoD): the press names its own layer index.
+  int lender_layer(const HeadCache& head) const {
+    return press_layers[static_cast<size_t>(head.key_lender())];
+  }
   // Compresses every layer of a fully prefilled, uncompressed cache with the press, using the
   // queries collected by forward_chunk.
   void compress_cached_prompt(const std::vector<std::vector<float>>& queries, int64_t n);
@@ -78,8 +107,16 @@ struct Session::Impl {
   const ModelWeights& weights;
   const ModelConfig& config;
   SessionOptions options;
-  kernels::RopeTable rope;  // built once, for every step of every sequence of this Session
+  kernels::RopeTable rope;        // built once, for every step of every sequence of this Session
+  kernels::RopeTable rope_local;  // the local (sliding-window) layers' table (Gemma 3)
   KvCache cache;
+  // The layers the press compresses, which it numbers 0 .. press_layers.size() - 1: every layer,
+  // or only the global ones of a model with sliding-window layers (whose caches are already
+  // bounded by their window) unless options.compress_local_layers. press_index is the inverse
+  // (-1: a layer the press never sees).
+  std::vector<int> press_layers;
+  std::vector<int> press_index;   // [n_layers]
+  bool capturing_prompt = false;  // capture_prompt(): no row leaves any cache
   int64_t n_past = 0;
   // The current sequence's press state, made from options.press and begun at prefill; null
   // without a press and until prefill.
@@ -109,5 +146,10 @@ inline void add_bias(float* x, const float* bias, int64_t n) {
 inline void swiglu(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
+
+// GeGLU (Gemma): gate[i] = gelu(gate[i]) * up[i] with the tanh approximation of GELU, computed as
+// ggml's CPU backend computes it (GGML_GELU_FP16): the input rounded to F16, looked up in a table
+// of F16-rounded values, saturating to 0 / x beyond |x| >= 10 (forward.cpp).
+void geglu(float* gate, const float* up, int64_t n);
 
 }  // namespace protokv

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "model/gguf_names.h"
 
 namespace protokv {
@@ -110,6 +113,22 @@ const TensorEntry kQwen3[] = {
     {"blk.{}.attn_q_norm.weight", true, true,  P::kRequired, head_vector, I::kNearOnes, false, 17, nullptr, nullptr, nullptr, &LW::attn_q_norm},
     PROTOKV_FFN_TENSORS,
 };
+// Gemma 3 (llama.cpp src/models/gemma3.cpp): per-head q/k RMSNorm before NeoX RoPE, RMSNorm of
+// the attention output and of the FFN output before each joins the residual stream, GeGLU FFN,
+// tied classifier (output.weight optional). Norm weights are stored as 1 + w by the converter.
+const TensorEntry kGemma3[] = {
+    PROTOKV_GLOBAL_TENSORS,
+    {"blk.{}.attn_norm.weight",           true, true,  P::kRequired, dim_vector, I::kOnes, false, 3, nullptr, nullptr, nullptr, &LW::attn_norm},
+    {"blk.{}.attn_q.weight",              true, false, P::kRequired, q_by_dim, I::kFanIn, true, 4, nullptr, nullptr, &LW::wq, nullptr},
+    {"blk.{}.attn_k.weight",              true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 5, nullptr, nullptr, &LW::wk, nullptr},
+    {"blk.{}.attn_v.weight",              true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 6, nullptr, nullptr, &LW::wv, nullptr},
+    {"blk.{}.attn_output.weight",         true, false, P::kRequired, dim_by_q, I::kResidual, true, 7, nullptr, nullptr, &LW::wo, nullptr},
+    {"blk.{}.post_attention_norm.weight", true, true,  P::kRequired, dim_vector, I::kNearOnes, false, 18, nullptr, nullptr, nullptr, &LW::attn_post_norm},
+    {"blk.{}.attn_k_norm.weight",         true, true,  P::kRequired, head_vector, I::kNearOnes, false, 16, nullptr, nullptr, nullptr, &LW::attn_k_norm},
+    {"blk.{}.attn_q_norm.weight",         true, true,  P::kRequired, head_vector, I::kNearOnes, false, 17, nullptr, nullptr, nullptr, &LW::attn_q_norm},
+    PROTOKV_FFN_TENSORS,
+    {"blk.{}.post_ffw_norm.weight",       true, true,  P::kRequired, dim_vector, I::kNearOnes, false, 19, nullptr, nullptr, nullptr, &LW::ffn_post_norm},
+};
 #undef PROTOKV_GLOBAL_TENSORS
 #undef PROTOKV_FFN_TENSORS
 // clang-format on
@@ -120,12 +139,29 @@ std::span<const TensorEntry> tensor_table(std::string_view architecture) {
   if (architecture == gguf_names::kArchLlama) return kLlama;
   if (architecture == gguf_names::kArchQwen2) return kQwen2;
   if (architecture == gguf_names::kArchQwen3) return kQwen3;
-  fail("unsupported model architecture '{}' (supported: llama, qwen2, qwen3)", architecture);
+  if (architecture == gguf_names::kArchGemma3) return kGemma3;
+  fail("unsupported model architecture '{}' (supported: llama, qwen2, qwen3, gemma3)",
+       architecture);
 }
 
 bool architecture_rope_neox(std::string_view architecture) {
   tensor_table(architecture);  // throws for an unsupported architecture
   return architecture != gguf_names::kArchLlama;
+}
+
+void set_architecture_constants(ModelConfig& config) {
+  config.rope_neox = architecture_rope_neox(config.architecture);
+  if (config.architecture == gguf_names::kArchGemma3) {
+    config.embedding_scale = std::sqrt(static_cast<float>(config.dim));
+    config.ffn_activation = FfnActivation::kGeluTanh;
+  }
+}
+
+std::vector<uint8_t> sliding_window_pattern(int n_layers, int period) {
+  std::vector<uint8_t> local(static_cast<size_t>(std::max(0, n_layers)));
+  for (int l = 0; l < n_layers; ++l)
+    local[static_cast<size_t>(l)] = period == 0 || l % period < period - 1;
+  return local;
 }
 
 std::vector<TensorSpec> tensor_specs(const ModelConfig& config, bool with_optional) {

@@ -63,6 +63,15 @@ std::span<const TensorEntry> tensor_table(std::string_view architecture);
 // Meta's adjacent pairs (llama.cpp's llama_model_rope_type: NORM for llama, NEOX for qwen2/3).
 bool architecture_rope_neox(std::string_view architecture);
 
+// Sets what `config.architecture` fixes rather than stores in GGUF, from the config's shape:
+// rope_neox, and for gemma3 the embedding scale sqrt(dim) and GeGLU. Throws Error for an
+// unsupported architecture.
+void set_architecture_constants(ModelConfig& config);
+
+// llama.cpp's sliding-window layer pattern of period p (llama_hparams::set_swa_pattern): layer l
+// is local unless l % p == p - 1; p = 0 makes every layer local.
+std::vector<uint8_t> sliding_window_pattern(int n_layers, int period);
+
 // One tensor of a concrete config.
 struct TensorSpec {
   const TensorEntry* entry = nullptr;

@@ -27,8 +27,13 @@ for tool in llama-quantize protokv-dump-logits; do
   [[ -x $BIN/$tool ]] || { echo "make_fixtures.sh: $BIN/$tool missing: run tools/llama_cpp/build.sh" >&2; exit 1; }
 done
 
-ARCHS=(llama qwen2 qwen3)
+ARCHS=(llama qwen2 qwen3 gemma3)
 TYPES=(F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K)
+# gemma3: the types of the real Gemma 3 270M Q4_K_M file (F32 norms, Q8_0 embedding, Q5_0, Q4_K,
+# Q6_K matrices) plus F32; a window of 8 tokens on every other layer (layer 0 local, layer 1
+# global), so the 32-token sequence crosses the window 24 times.
+GEMMA3_TYPES=(F32 Q8_0 Q5_0 Q4_K Q6_K)
+GEMMA3_FLAGS=(--sliding-window 8 --swa-period 2 --tied)
 
 # Shape: every matrix row is 256 long (dim = ffn = 256), so the K-quants (256-value super-blocks)
 # apply to every tensor and llama-quantize never falls back to another type. 4 query heads share
@@ -60,12 +65,17 @@ for arch in "${ARCHS[@]}"; do
     fi
   fi
   [[ $has_arch_flag == 1 ]] && arch_flags=(--arch "$arch")
+  arch_types=("${TYPES[@]}")
+  if [[ $arch == gemma3 ]]; then
+    arch_flags+=("${GEMMA3_FLAGS[@]}")
+    arch_types=("${GEMMA3_TYPES[@]}")
+  fi
   for layers in 1 2; do
     "$PROTOKV" make-model "${arch_flags[@]}" --dim $DIM --ffn $FFN --layers $layers --heads $HEADS \
       --kv-heads $KV_HEADS --vocab $VOCAB --ctx $CTX --type f32 --seed $SEED -t 1 \
       --name "protokv-oracle-$arch" -o "$tmp/${arch}_${layers}.gguf" >/dev/null
   done
-  for type in "${TYPES[@]}"; do
+  for type in "${arch_types[@]}"; do
     gguf=$OUT/${arch}_${type}.gguf
     if [[ $type == F32 ]]; then
       cp "$tmp/${arch}_1.gguf" "$gguf"
