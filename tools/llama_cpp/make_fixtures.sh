@@ -27,7 +27,8 @@ for tool in llama-quantize protokv-dump-logits; do
   [[ -x $BIN/$tool ]] || { echo "make_fixtures.sh: $BIN/$tool missing: run tools/llama_cpp/build.sh" >&2; exit 1; }
 done
 
-ARCHS=(llama qwen2 qwen3 gemma3)
+ALL_ARCHS=(llama qwen2 qwen3 gemma3)
+read -r -a ARCHS <<<"${ONLY_ARCHS:-${ALL_ARCHS[*]}}"  # ONLY_ARCHS="a b": regenerate those only
 TYPES=(F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K)
 # gemma3: the types of the real Gemma 3 270M Q4_K_M file (F32 norms, Q8_0 embedding, Q5_0, Q4_K,
 # Q6_K matrices) plus F32; a window of 8 tokens on every other layer (layer 0 local, layer 1
@@ -101,7 +102,7 @@ done
 # The manifest lists what is on disk (rows from earlier runs included).
 {
   printf 'arch\ttype\tgguf_bytes\tact_rounding\tgguf_sha256\tlogits_sha256\tllama_cpp\n'
-  for arch in "${ARCHS[@]}"; do
+  for arch in "${ALL_ARCHS[@]}"; do
     for type in "${TYPES[@]}"; do
       gguf=$OUT/${arch}_${type}.gguf
       [[ -f $gguf ]] || continue
