@@ -70,6 +70,14 @@ using LW = LayerWeights;
     {"blk.{}.ffn_up.weight",      true, false, P::kRequired, hidden_by_dim, I::kFanIn, true, 10, nullptr, nullptr, &LW::w_up, nullptr}, \
     {"blk.{}.ffn_down.weight",    true, false, P::kRequired, dim_by_hidden, I::kResidual, true, 11, nullptr, nullptr, &LW::w_down, nullptr}
 
+// The attention block without biases (Qwen3, Gemma 3).
+#define PROTOKV_UNBIASED_ATTENTION_TENSORS \
+    {"blk.{}.attn_norm.weight",   true, true,  P::kRequired, dim_vector, I::kOnes, false, 3, nullptr, nullptr, nullptr, &LW::attn_norm}, \
+    {"blk.{}.attn_q.weight",      true, false, P::kRequired, q_by_dim, I::kFanIn, true, 4, nullptr, nullptr, &LW::wq, nullptr}, \
+    {"blk.{}.attn_k.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 5, nullptr, nullptr, &LW::wk, nullptr}, \
+    {"blk.{}.attn_v.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 6, nullptr, nullptr, &LW::wv, nullptr}, \
+    {"blk.{}.attn_output.weight", true, false, P::kRequired, dim_by_q, I::kResidual, true, 7, nullptr, nullptr, &LW::wo, nullptr}
+
 // Llama (Llama 2/3.x, Mistral, TinyLlama, SmolLM2): Meta-order RoPE; optional q/k/v biases;
 // rope_freqs.weight carries Llama 3.x "llama3" RoPE scaling.
 const TensorEntry kLlama[] = {
@@ -104,11 +112,7 @@ const TensorEntry kQwen2[] = {
 // be wider than dim / n_heads (attention.key_length).
 const TensorEntry kQwen3[] = {
     PROTOKV_GLOBAL_TENSORS,
-    {"blk.{}.attn_norm.weight",   true, true,  P::kRequired, dim_vector, I::kOnes, false, 3, nullptr, nullptr, nullptr, &LW::attn_norm},
-    {"blk.{}.attn_q.weight",      true, false, P::kRequired, q_by_dim, I::kFanIn, true, 4, nullptr, nullptr, &LW::wq, nullptr},
-    {"blk.{}.attn_k.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 5, nullptr, nullptr, &LW::wk, nullptr},
-    {"blk.{}.attn_v.weight",      true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 6, nullptr, nullptr, &LW::wv, nullptr},
-    {"blk.{}.attn_output.weight", true, false, P::kRequired, dim_by_q, I::kResidual, true, 7, nullptr, nullptr, &LW::wo, nullptr},
+    PROTOKV_UNBIASED_ATTENTION_TENSORS,
     {"blk.{}.attn_k_norm.weight", true, true,  P::kRequired, head_vector, I::kNearOnes, false, 16, nullptr, nullptr, nullptr, &LW::attn_k_norm},
     {"blk.{}.attn_q_norm.weight", true, true,  P::kRequired, head_vector, I::kNearOnes, false, 17, nullptr, nullptr, nullptr, &LW::attn_q_norm},
     PROTOKV_FFN_TENSORS,
@@ -118,11 +122,7 @@ const TensorEntry kQwen3[] = {
 // tied classifier (output.weight optional). Norm weights are stored as 1 + w by the converter.
 const TensorEntry kGemma3[] = {
     PROTOKV_GLOBAL_TENSORS,
-    {"blk.{}.attn_norm.weight",           true, true,  P::kRequired, dim_vector, I::kOnes, false, 3, nullptr, nullptr, nullptr, &LW::attn_norm},
-    {"blk.{}.attn_q.weight",              true, false, P::kRequired, q_by_dim, I::kFanIn, true, 4, nullptr, nullptr, &LW::wq, nullptr},
-    {"blk.{}.attn_k.weight",              true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 5, nullptr, nullptr, &LW::wk, nullptr},
-    {"blk.{}.attn_v.weight",              true, false, P::kRequired, kv_by_dim, I::kFanIn, true, 6, nullptr, nullptr, &LW::wv, nullptr},
-    {"blk.{}.attn_output.weight",         true, false, P::kRequired, dim_by_q, I::kResidual, true, 7, nullptr, nullptr, &LW::wo, nullptr},
+    PROTOKV_UNBIASED_ATTENTION_TENSORS,
     {"blk.{}.post_attention_norm.weight", true, true,  P::kRequired, dim_vector, I::kNearOnes, false, 18, nullptr, nullptr, nullptr, &LW::attn_post_norm},
     {"blk.{}.attn_k_norm.weight",         true, true,  P::kRequired, head_vector, I::kNearOnes, false, 16, nullptr, nullptr, nullptr, &LW::attn_k_norm},
     {"blk.{}.attn_q_norm.weight",         true, true,  P::kRequired, head_vector, I::kNearOnes, false, 17, nullptr, nullptr, nullptr, &LW::attn_q_norm},
@@ -131,6 +131,7 @@ const TensorEntry kGemma3[] = {
 };
 #undef PROTOKV_GLOBAL_TENSORS
 #undef PROTOKV_FFN_TENSORS
+#undef PROTOKV_UNBIASED_ATTENTION_TENSORS
 // clang-format on
 
 }  // namespace
