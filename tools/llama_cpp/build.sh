@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds llama.cpp (CPU, Release) from the source that the npm package node-llama-cpp ships as a
 # git bundle (package/llama/gitRelease.bundle; llama.cpp upstream de3ff81, MIT), plus
-# protokv-dump-logits (tools/llama_cpp/dump_logits.cpp) linked against it. Not part of CI: it is
-# the oracle for tools/llama_cpp/make_fixtures.sh and bench/vs_llama_cpp.sh.
+# protokv-dump-logits (tools/llama_cpp/dump_logits.cpp) and protokv-llama-oracle
+# (tools/llama_cpp/llama_oracle.cpp) linked against it. Not part of CI: it is the oracle for
+# tools/llama_cpp/make_fixtures.sh, make_real_model_fixtures.sh and bench/vs_llama_cpp.sh.
 #
 #   tools/llama_cpp/build.sh            # prints the build folder; skips what is already built
 #
@@ -41,12 +42,17 @@ if [[ $have_all == 0 ]]; then
   cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >/dev/null
 fi
 
-DUMP=$BUILD/bin/protokv-dump-logits
-if [[ ! -x $DUMP || $HERE/dump_logits.cpp -nt $DUMP ]]; then
-  log "building $DUMP"
-  # Static libraries in link order: llama, then ggml (backend registry), its CPU backend, its base.
-  ${CXX:-c++} -O2 -std=c++17 "$HERE/dump_logits.cpp" -I"$SRC/include" -I"$SRC/ggml/include" \
-    "$BUILD/src/libllama.a" "$BUILD/ggml/src/libggml.a" "$BUILD/ggml/src/libggml-cpu.a" \
-    "$BUILD/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl -o "$DUMP"
-fi
+# Our own small programs against the llama.cpp libraries: protokv-dump-logits (teacher-forced
+# logits, tools/llama_cpp/dump_logits.cpp) and protokv-llama-oracle (greedy continuations and chat
+# templates, tools/llama_cpp/llama_oracle.cpp; it reads JSON with llama.cpp's vendored nlohmann).
+for tool in dump_logits:protokv-dump-logits llama_oracle:protokv-llama-oracle; do
+  src=$HERE/${tool%%:*}.cpp exe=$BUILD/bin/${tool#*:}
+  if [[ ! -x $exe || $src -nt $exe ]]; then
+    log "building $exe"
+    # Static libraries in link order: llama, then ggml (backend registry), its CPU backend, its base.
+    ${CXX:-c++} -O2 -std=c++17 "$src" -I"$SRC/include" -I"$SRC/ggml/include" -I"$SRC/vendor" \
+      "$BUILD/src/libllama.a" "$BUILD/ggml/src/libggml.a" "$BUILD/ggml/src/libggml-cpu.a" \
+      "$BUILD/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl -o "$exe"
+  fi
+done
 echo "$BUILD"
