@@ -40,6 +40,34 @@ inline bool running_in_ci() {
     }                                                                                           \
   } while (0)
 
+// Folder of the real pretrained models that tools/fetch_models.sh downloads, by the script's own
+// rule: $PROTOKV_MODELS_DIR, else ${PROTOKV_CACHE:-$HOME/.cache/protokv}/models.
+inline std::filesystem::path real_models_dir() {
+  auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value != nullptr ? value : "";
+  };
+  if (!env("PROTOKV_MODELS_DIR").empty()) return env("PROTOKV_MODELS_DIR");
+  if (!env("PROTOKV_CACHE").empty()) return std::filesystem::path(env("PROTOKV_CACHE")) / "models";
+  return std::filesystem::path(env("HOME")) / ".cache" / "protokv" / "models";
+}
+
+// Skips the current test when the real model file `name` (e.g.
+// "SmolLM2-135M-Instruct.Q4_1.gguf") has not been fetched; fails instead under CI, whose run
+// fetches the models first (.ci/run), so that a failed fetch cannot pass as skipped tests.
+#define PROTOKV_REQUIRE_REAL_MODEL(name)                                                        \
+  do {                                                                                          \
+    const std::filesystem::path protokv_real_model_ =                                           \
+        ::protokv::testing::real_models_dir() / (name);                                         \
+    if (!std::filesystem::exists(protokv_real_model_)) {                                        \
+      if (::protokv::testing::running_in_ci())                                                  \
+        FAIL() << protokv_real_model_ << " not found and CI is set: the real-model tests must " \
+               << "run (tools/fetch_models.sh downloads the models; PROTOKV_MODELS_DIR)";       \
+      GTEST_SKIP() << protokv_real_model_ << " not found: run tools/fetch_models.sh (or set "   \
+                   << "PROTOKV_MODELS_DIR); skipping real-model test";                          \
+    }                                                                                           \
+  } while (0)
+
 // A fresh temporary directory, removed at destruction.
 class TempDir {
  public:
