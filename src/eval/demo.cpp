@@ -3,8 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <random>
+#include <span>
 
+#include "eval/fetched_models.h"
+#include "eval/longctx_words.h"
 #include "eval/report/table.h"
 #include "press/entry.h"
 #include "protokv/error.h"
@@ -151,12 +156,129 @@ std::string press_list(const RecallDemoReport& report) {
   return list;
 }
 
+// RULER's niah template (scripts/data/synthetic/constants.py, as src/eval/ruler.cpp has it), in
+// the singular for one needle, as an instruct model is asked: the instruction and the text in the
+// user turn, the question after it, and the answer prefix opening the assistant turn so that the
+// greedy answer starts with the value.
+constexpr const char* kChatInstruction =
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. I "
+    "will quiz you about the numbers afterwards.\n";
+constexpr const char* kChatQuestion =
+    "\nWhat is the special magic number for {key} mentioned in the provided text?";
+constexpr const char* kChatAnswerPrefix =
+    "The special magic number for {key} mentioned in the provided text is";
+
+struct ChatPrompt {
+  LongctxSample sample;
+  std::string needle_text;
+  std::string question_text;
+  std::string answer_prefix;
+};
+
+// One prompt of exactly `length` tokens: the chat markup up to the user's text, the story with the
+// needle at `depth` percent of it (moved back to just after a sentence's '.', as `eval niah`
+// does), then the question, the markup that opens the assistant turn and the answer prefix. The
+// story is repeated (paragraph break between copies) when the length asks for more text.
+ChatPrompt make_chat_prompt(const Tokenizer& tokenizer, ChatTemplate family, int64_t length,
+                            double depth, int max_new_tokens, uint64_t seed) {
+  // Key and value drawn as make_niah_samples draws sample 0's.
+  std::mt19937_64 rng(seed * 1000003ULL);
+  const auto& keys = adjective_noun_keys();
+  const std::string key =
+      keys[static_cast<size_t>(uniform_int(rng, 0, static_cast<int64_t>(keys.size()) - 1))];
+  const std::string value = random_number_text(rng);
+
+  ChatPrompt p;
+  p.needle_text = fill_niah_template(NiahOptions{}.needle, key, value);
+  p.question_text = fill_niah_template(kChatQuestion, key, value);
+  p.answer_prefix = fill_niah_template(kChatAnswerPrefix, key, value);
+  // The template's text around the user's message, found by rendering a marker in its place.
+  const std::string marker = "\x1f";
+  const ChatMessage user{"user", marker};
+  const std::string rendered =
+      render_chat(family, std::span<const ChatMessage>(&user, 1), /*add_generation_prompt=*/true);
+  const size_t at_marker = rendered.find(marker);
+  PROTOKV_CHECK(at_marker != std::string::npos, "demo: the chat template dropped the user's text");
+  const std::vector<int32_t> head = tokenizer.encode(
+      rendered.substr(0, at_marker) + kChatInstruction, {tokenizer.add_bos(), true});
+  p.sample.question = tokenizer.encode(
+      p.question_text + rendered.substr(at_marker + marker.size()) + p.answer_prefix,
+      {false, true});
+  // After a sentence the needle is a sentence of its own (leading space); at depth 0 it opens the
+  // text and a line break separates it from the story.
+  const bool first = depth == 0.0;
+  const std::vector<int32_t> needle =
+      tokenizer.encode(first ? p.needle_text + "\n" : " " + p.needle_text, {false, false});
+  const int64_t n =
+      length - static_cast<int64_t>(head.size() + needle.size() + p.sample.question.size());
+  PROTOKV_CHECK(n >= 16,
+                "demo: length {} leaves no room for the story (chat markup, needle and question "
+                "take {} tokens)",
+                length, length - n);
+  std::string text(demo_story());
+  std::vector<int32_t> story = tokenizer.encode(text, {false, false});
+  while (static_cast<int64_t>(story.size()) < n) {
+    text += "\n\n" + std::string(demo_story());
+    story = tokenizer.encode(text, {false, false});
+  }
+  auto at = static_cast<int64_t>(std::floor(static_cast<double>(n) * depth / 100.0));
+  if (!first && at < n) {
+    while (at > 0 &&
+           tokenizer.decode(-1, story[static_cast<size_t>(at - 1)]).find('.') == std::string::npos)
+      --at;
+  }
+  p.sample.id = fmt::format("L{}_D{:g}_S0", length, depth);
+  p.sample.answers = {value};
+  p.sample.max_new_tokens = max_new_tokens;
+  p.sample.meta = {{"length", length},
+                   {"depth", depth},
+                   {"key", key},
+                   {"value", value},
+                   {"needle_token", static_cast<int64_t>(head.size()) + at}};
+  std::vector<int32_t>& context = p.sample.context;
+  context = head;
+  context.insert(context.end(), story.begin(), story.begin() + at);
+  context.insert(context.end(), needle.begin(), needle.end());
+  context.insert(context.end(), story.begin() + at, story.begin() + n);
+  return p;
+}
+
+// The family of the chat template to use ("" for the plain layout); see
+// RecallDemoOptions::chat_template.
+std::string resolve_chat_template(const std::string& requested, const Tokenizer& tokenizer) {
+  if (requested == "none") return "";
+  if (!requested.empty())
+    return std::string(chat_template_name(chat_template_from_name(requested)));
+  if (tokenizer.chat_template().empty()) return "";
+  try {
+    return std::string(chat_template_name(detect_chat_template(tokenizer.chat_template())));
+  } catch (const Error&) {
+    return "";  // a template of no known family: the plain layout still works
+  }
+}
+
 }  // namespace
 
+DemoModelChoice choose_demo_model(const std::string& explicit_path,
+                                  const std::string& recall_model) {
+  if (!explicit_path.empty()) return {explicit_path, "given with -m"};
+  const std::filesystem::path smollm2 = find_fetched_model(kSmollm2File);
+  if (!smollm2.empty())
+    return {smollm2.string(),
+            fmt::format("SmolLM2-135M-Instruct, a real pretrained instruct model, fetched by "
+                        "tools/fetch_models.sh into {} (-m {} for the shipped recall model)",
+                        fetched_models_dir().string(), recall_model)};
+  return {recall_model,
+          fmt::format("the shipped recall model: {} has no {} (tools/fetch_models.sh fetches "
+                      "SmolLM2-135M-Instruct, which the demo then runs)",
+                      fetched_models_dir().string(), kSmollm2File)};
+}
+
 RecallDemoReport run_recall_demo(const RecallDemoOptions& options) {
-  PROTOKV_CHECK(!options.budgets.empty(), "demo: at least one budget is needed");
   for (int64_t b : options.budgets)
     PROTOKV_CHECK(b >= 1, "demo: budget {} must be a positive number of entries per head", b);
+  PROTOKV_CHECK(options.length == 0 || options.length >= 16,
+                "demo: length {} is too short (at least 16 tokens)", options.length);
   PROTOKV_CHECK(options.depth >= 0.0 && options.depth <= 100.0,
                 "demo: depth {} is outside [0, 100]", options.depth);
   PROTOKV_CHECK(options.max_new_tokens >= 1, "demo: at least one new token is needed");
@@ -168,43 +290,66 @@ RecallDemoReport run_recall_demo(const RecallDemoOptions& options) {
   PROTOKV_CHECK(model.tokenizer != nullptr, "demo: {} carries no tokenizer", options.model_path);
   const Tokenizer& tokenizer = *model.tokenizer;
   const ModelConfig& c = model.weights.config;
-  PROTOKV_CHECK(options.length >= 16 && options.length + options.max_new_tokens <= c.context_length,
-                "demo: length {} + {} new tokens does not fit the model's context of {} tokens",
-                options.length, options.max_new_tokens, c.context_length);
 
   RecallDemoReport report;
+  report.chat_template = resolve_chat_template(options.chat_template, tokenizer);
+  const bool chat = !report.chat_template.empty();
   report.options = options;
+  RecallDemoOptions& o = report.options;
+  if (o.length == 0) o.length = chat ? 1024 : 2032;
+  if (o.budgets.empty())
+    o.budgets = chat ? std::vector<int64_t>{128} : std::vector<int64_t>{32, 128};
+  PROTOKV_CHECK(o.length + o.max_new_tokens <= c.context_length,
+                "demo: length {} + {} new tokens does not fit the model's context of {} tokens",
+                o.length, o.max_new_tokens, c.context_length);
   report.threads = num_threads();
   report.model_description = fmt::format(
       "{} ({}, {:.2f}M parameters, {} layers, {} query / {} KV heads, head dim {}, context {})",
-      options.model_path, c.architecture,
-      static_cast<double>(model.weights.parameter_count()) / 1e6, c.n_layers, c.n_heads,
-      c.n_kv_heads, c.head_dim(), c.context_length);
+      o.model_path, c.architecture, static_cast<double>(model.weights.parameter_count()) / 1e6,
+      c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.context_length);
 
-  // One `eval niah` cell: the same generator, haystack, needle and question templates.
-  NiahOptions niah;
-  niah.lengths = {options.length};
-  niah.depths = {options.depth};
-  niah.max_new_tokens = options.max_new_tokens;
-  niah.seed = options.seed;
-  const auto samples =
-      make_niah_samples(tokenizer, haystack_noise(tokenizer, options.length), niah);
-  PROTOKV_CHECK(samples.size() == 1 && samples[0].error.empty(), "demo: {}",
-                samples.empty() ? "no sample" : samples[0].error);
+  std::vector<LongctxSample> samples;
+  if (chat) {
+    ChatPrompt prompt = make_chat_prompt(tokenizer, chat_template_from_name(report.chat_template),
+                                         o.length, o.depth, o.max_new_tokens, o.seed);
+    report.needle_text = std::move(prompt.needle_text);
+    report.question_text = std::move(prompt.question_text);
+    report.answer_prefix = std::move(prompt.answer_prefix);
+    samples.push_back(std::move(prompt.sample));
+  } else {
+    // One `eval niah` cell: the same generator, haystack, needle and question templates.
+    NiahOptions niah;
+    niah.lengths = {o.length};
+    niah.depths = {o.depth};
+    niah.max_new_tokens = o.max_new_tokens;
+    niah.seed = o.seed;
+    samples = make_niah_samples(tokenizer, haystack_noise(tokenizer, o.length), niah);
+    PROTOKV_CHECK(samples.size() == 1 && samples[0].error.empty(), "demo: {}",
+                  samples.empty() ? "no sample" : samples[0].error);
+    const std::string key = samples[0].meta.at("key").get<std::string>();
+    report.needle_text = fill_niah_template(niah.needle, key, samples[0].answers.at(0));
+    report.question_text = fill_niah_template(niah.question, key, samples[0].answers.at(0));
+  }
   report.sample = samples[0];
-  const std::string key = report.sample.meta.at("key").get<std::string>();
   report.value = report.sample.answers.at(0);
-  report.needle_text = fill_niah_template(niah.needle, key, report.value);
-  report.question_text = fill_niah_template(niah.question, key, report.value);
+  PROTOKV_CHECK(static_cast<int64_t>(report.sample.context.size() +
+                                     report.sample.question.size()) == o.length,
+                "demo: internal error: the prompt has {} tokens, not {}",
+                report.sample.context.size() + report.sample.question.size(), o.length);
 
-  std::vector<std::string> presses = options.presses;
-  if (presses.empty())
-    for (const press::PressEntry* entry : press::press_table()) presses.emplace_back(entry->name);
+  std::vector<std::string> presses = o.presses;
+  if (presses.empty()) {
+    if (chat) {
+      presses = kChatPresses;
+    } else {
+      for (const press::PressEntry* entry : press::press_table()) presses.emplace_back(entry->name);
+    }
+  }
   if (std::find(presses.begin(), presses.end(), "full") == presses.end())
     presses.insert(presses.begin(), "full");
   LongctxOptions run_options;
-  run_options.runs = make_run_specs(presses, options.budgets, {});
-  run_options.progress = options.progress;
+  run_options.runs = make_run_specs(presses, o.budgets, {});
+  run_options.progress = o.progress;
   run_options.progress_label = "demo";
   const LongctxResult result =
       run_longctx(model.weights, tokenizer, samples, niah_score, run_options);
@@ -221,11 +366,14 @@ RecallDemoReport run_recall_demo(const RecallDemoOptions& options) {
   }
 
   std::string budgets;
-  for (int64_t b : options.budgets) budgets += (budgets.empty() ? "" : ",") + std::to_string(b);
+  for (int64_t b : o.budgets) budgets += (budgets.empty() ? "" : ",") + std::to_string(b);
+  // `eval niah` asks in the plain layout only (no chat template, noise haystack unless
+  // --haystack): for a chat model the heat maps are the plain-prompt counterpart of this demo.
   report.heatmap_command = fmt::format(
-      "protokv eval niah -m {} --press {} --budget {} --lengths 512,1024,2032 "
-      "--depths 0,25,50,75,100 --out niah_heatmaps",
-      options.model_path, press_list(report), budgets);
+      "protokv eval niah -m {} --press {} --budget {} --lengths {} --depths 0,25,50,75,100{} "
+      "--out niah_heatmaps",
+      o.model_path, press_list(report), budgets, chat ? "1024,2048,4096" : "512,1024,2032",
+      chat ? " --haystack TEXT_FILE" : "");
   return report;
 }
 
@@ -235,15 +383,32 @@ std::string render_recall_demo(const RecallDemoReport& report) {
   std::string out;
   out += "protokv demo — what does a compressed KV cache still remember?\n";
   out += fmt::format("model:     {}\n", report.model_description);
-  out += fmt::format(
-      "prompt:    {} tokens in `eval niah`'s layout: RULER's noise haystack \"{}\" repeated, with "
-      "one planted fact at token {} ({:g}% depth):\n",
-      length, kRulerNoise, report.sample.meta.value("needle_token", int64_t{0}), o.depth);
+  if (!o.model_choice.empty()) out += fmt::format("why:       {}\n", o.model_choice);
+  const int64_t needle_token = report.sample.meta.value("needle_token", int64_t{0});
+  if (report.chat_template.empty()) {
+    out += fmt::format(
+        "prompt:    {} tokens in `eval niah`'s layout: RULER's noise haystack \"{}\" repeated, "
+        "with one planted fact at token {} ({:g}% depth):\n",
+        length, kRulerNoise, needle_token, o.depth);
+  } else {
+    out += fmt::format(
+        "prompt:    {} tokens in the model's chat template ({}): RULER's niah instruction, then a "
+        "short story (English prose written for this demo, repeated when the length asks for "
+        "more) with one planted fact at token {} ({:g}% depth):\n",
+        length, report.chat_template, needle_token, o.depth);
+  }
   out += fmt::format("             \"{}\"\n", report.needle_text);
   std::string question = report.question_text;
   std::replace(question.begin(), question.end(), '\n', ' ');
-  out += fmt::format("question:  \"{}\" (prefilled and compressed with the context)\n",
-                     question.substr(question.find_first_not_of(' ')));
+  question = question.substr(question.find_first_not_of(' '));
+  if (report.chat_template.empty()) {
+    out += fmt::format("question:  \"{}\" (prefilled and compressed with the context)\n", question);
+  } else {
+    out += fmt::format(
+        "question:  \"{}\" ending the user turn; the assistant turn opens with \"{}\" (all "
+        "prefilled and compressed with the context)\n",
+        question, report.answer_prefix);
+  }
   std::string budgets;
   for (int64_t b : o.budgets)
     budgets += fmt::format("{}{} ({:.1f}% of the prompt)", budgets.empty() ? "" : ", ", b,
@@ -319,7 +484,11 @@ nlohmann::json recall_demo_json(const RecallDemoReport& report) {
     runs.push_back(std::move(j));
   }
   return {{"model", o.model_path},
+          {"model_choice", o.model_choice},
           {"model_description", report.model_description},
+          {"prompt_format", report.chat_template.empty() ? "eval niah layout"
+                                                         : "chat template " + report.chat_template},
+          {"answer_prefix", report.answer_prefix},
           {"prompt_tokens", o.length},
           {"depth", o.depth},
           {"needle_token", report.sample.meta.value("needle_token", int64_t{0})},
