@@ -1,6 +1,7 @@
 // The tokenizer as GGUF metadata: write_gguf -> GgufWriter::write -> GgufFile::open -> from_gguf.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "protokv/error.h"
@@ -189,6 +190,39 @@ TEST(TokenizerGguf, RejectsBadMetadata) {
                  w.set_string("tokenizer.ggml.unknown_token_id", "zero");  // wrong type
                }),
                Error);
+}
+
+// llama.cpp forces end-of-generation texts to control type whatever the file says (Gemma 3 stores
+// "</s>" as user-defined): plain text keeps them as characters, generation stops on them.
+TEST(TokenizerGguf, EndOfGenerationTextsAreControlTokensAsInLlamaCpp) {
+  const Tokenizer base = small_tokenizer();
+  std::vector<std::string> pieces = base.pieces();
+  std::vector<int32_t> types = base.types();
+  pieces[2] = "<eos>";  // the EOS id, so "</s>" below is only an end-of-generation text
+  pieces.push_back("</s>");
+  types.push_back(Tokenizer::kUserDefined);
+  const auto end_of_text = static_cast<int32_t>(pieces.size() - 1);
+  TempDir dir;
+  const std::string path = (dir / "tok.gguf").string();
+  GgufWriter writer;
+  writer.set_string("tokenizer.ggml.model", "llama");
+  writer.set_string_array("tokenizer.ggml.tokens", pieces);
+  writer.set_i32_array("tokenizer.ggml.token_type", types);
+  writer.write(path);
+  const auto loaded = Tokenizer::from_gguf(GgufFile::open(path));
+
+  EXPECT_EQ(loaded->types()[end_of_text], Tokenizer::kControl);
+  EXPECT_TRUE(loaded->is_end_of_generation(end_of_text));
+  const auto special = loaded->encode("ab</s>", Tokenizer::EncodeOptions{false, true});
+  EXPECT_EQ(special.back(), end_of_text);
+  const auto plain = loaded->encode("ab</s>", Tokenizer::EncodeOptions{false, false});
+  EXPECT_EQ(std::ranges::count(plain, end_of_text), 0);
+  EXPECT_EQ(loaded->decode(plain), " ab</s>");  // SentencePiece adds the leading space
+  // "<sep>", user-defined and not an end-of-generation text, is still matched in plain text.
+  const auto sep = static_cast<int32_t>(base.pieces().size() - 1);
+  EXPECT_EQ(loaded->encode("<sep>", Tokenizer::EncodeOptions{false, false}),
+            std::vector<int32_t>{sep});
+  EXPECT_FALSE(loaded->is_end_of_generation(sep));
 }
 
 }  // namespace

@@ -48,6 +48,19 @@ int32_t PieceIndex::find(std::string_view text) const {
 
 }  // namespace tokenizer
 
+namespace {
+
+// Token texts llama.cpp (llama-vocab.cpp, load) treats as end of generation, in its order.
+// clang-format off
+constexpr std::string_view kEndOfGenerationTexts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~["};
+// clang-format on
+
+}  // namespace
+
 Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
                      std::vector<int32_t> types, int32_t bos_id, int32_t eos_id, int32_t unk_id)
     : impl_(std::make_unique<Impl>()) {
@@ -83,6 +96,31 @@ void Tokenizer::Impl::finish() {
   for (auto [name, id] : {std::pair{"BOS", bos_id}, {"EOS", eos_id}, {"unknown", unk_id}}) {
     PROTOKV_CHECK(id >= -1 && id < static_cast<int64_t>(n),
                   "tokenizer {} token id {} out of range (vocabulary size {})", name, id, n);
+  }
+
+  // llama.cpp (llama-vocab.cpp, load) treats these texts as end-of-generation tokens and forces
+  // them to control type even where the GGUF says otherwise (Gemma 3 stores "</s>" as
+  // user-defined): they then stay unmatched in plain text and decode to "" unless specials are
+  // rendered. Gemma 4 keeps "</s>" as ordinary text when "<|tool_response>" ends generation.
+  std::vector<int32_t> control_looking;
+  if (!llama2c_compat) {
+    bool has_tool_response = false;
+    int32_t end_of_sequence_text = -1;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string_view piece = pieces[i];
+      if (piece.empty() ||
+          std::ranges::find(kEndOfGenerationTexts, piece) == std::end(kEndOfGenerationTexts)) {
+        continue;
+      }
+      control_looking.push_back(static_cast<int32_t>(i));
+      has_tool_response |= piece == "<|tool_response>";
+      if (piece == "</s>") end_of_sequence_text = static_cast<int32_t>(i);
+    }
+    if (has_tool_response && end_of_sequence_text >= 0) {
+      std::erase(control_looking, end_of_sequence_text);
+      types[end_of_sequence_text] = kNormal;
+    }
+    for (const int32_t id : control_looking) types[id] = kControl;
   }
 
   byte_tokens.fill(-1);
@@ -136,12 +174,7 @@ void Tokenizer::Impl::finish() {
                    [&](int32_t a, int32_t b) { return pieces[a].size() > pieces[b].size(); });
 
   if (eos_id >= 0) end_of_generation.push_back(eos_id);
-  for (const char* name : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>",
-                           "<|endoftext|>", "<|end_of_text|>", "<EOT>"}) {
-    const auto it = std::find(pieces.begin(), pieces.end(), name);
-    if (it == pieces.end()) continue;
-    const auto id = static_cast<int32_t>(it - pieces.begin());
-    if (types[id] != kControl && types[id] != kUserDefined) continue;
+  for (const int32_t id : control_looking) {
     if (std::find(end_of_generation.begin(), end_of_generation.end(), id) ==
         end_of_generation.end()) {
       end_of_generation.push_back(id);
