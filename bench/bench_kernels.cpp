@@ -190,6 +190,53 @@ void matvec_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Matvec)->Apply(matvec_args)->ArgNames({"dtype", "isa"})->UseRealTime();
 
+// The legacy 4/5-bit types on one thread at 2816 x 1024 (a 1.5-2 MB matrix, in L3 as a small
+// model's layers are between tokens): matvec's int8 path (quantised activation, ggml's vec_dot
+// arithmetic) against dequantising each row to F32 and dotting it with x, matvec's method before
+// (variant 1). Random bytes are valid blocks; the FP16 scales are set to small values.
+const DType kLegacyTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1};
+
+void BM_MatvecLegacy(benchmark::State& state) {
+  const DType type = kLegacyTypes[state.range(0)];
+  const bool dequantised = state.range(1) == 1;
+  state.SetLabel(std::string(dtype_name(type)) + (dequantised ? "/dequantise+dot" : "/int8"));
+  const int64_t rows = 2816, cols = 1024;
+  const size_t row_bytes = dtype_row_bytes(type, cols);
+  const size_t block_bytes = dtype_row_bytes(type, 32);
+  std::vector<uint8_t> bytes(row_bytes * rows);
+  std::mt19937 rng(5);
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  for (size_t b = 0; b < bytes.size(); b += block_bytes) {
+    const uint16_t d = f32_to_f16(0.01f), m = f32_to_f16(-0.05f);
+    std::memcpy(&bytes[b], &d, 2);
+    if (type == DType::Q4_1 || type == DType::Q5_1) std::memcpy(&bytes[b + 2], &m, 2);
+  }
+  const WeightMatrix w{type, bytes.data(), rows, cols};
+  const auto x = random_floats(cols);
+  std::vector<float> y(rows), dense(cols);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (auto _ : state) {
+    if (dequantised) {
+      for (int64_t r = 0; r < rows; ++r) {
+        dequantize_row(type, w.row(r), dense.data(), cols);
+        y[r] = dot(dense.data(), x.data(), cols);
+      }
+    } else {
+      matvec(w, x.data(), y.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  omp_set_num_threads(threads);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(w.bytes()));
+}
+BENCHMARK(BM_MatvecLegacy)
+    ->ArgsProduct({{0, 1, 2, 3}, {0, 1}})
+    ->ArgNames({"dtype", "dequantised"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 // One KV head with n entries of d = 128: K and V bytes processed. group = query heads sharing
 // the KV head (attention_decode_group reads K/V once for all of them).
 void BM_AttentionDecode(benchmark::State& state) {

@@ -61,8 +61,13 @@ inline double ref_abs_dot(const float* a, const float* b, int64_t n) {
 
 // Bound on |matvec - exact dot| for quantised weights, whose mat-vec quantises x to int8 per
 // activation block (dtype_block_size values: each value moves by at most half a step, step =
-// max|x| / 127 of its block), plus F32 rounding of the sums.
-inline double int8_activation_bound(const float* w, const float* x, int64_t cols, int64_t block) {
+// max|x| / 127 of its block), plus F32 rounding of the sums. fp16_scale: the step is stored as
+// FP16 (ggml's Q8_0 / Q8_1 blocks, the legacy types' decode), so a value q * FP16(step) moves by
+// up to 127 |step - FP16(step)| <= 127 * 2^-11 step more. (Q8_1's s = FP16(step * sum q) adds
+// |m| 2^-10 step |sum q| for a weight block's min m, which these bounds' slack covers.)
+inline double int8_activation_bound(const float* w, const float* x, int64_t cols, int64_t block,
+                                    bool fp16_scale = false) {
+  const double per_step = 0.5 + (fp16_scale ? 127.0 / 2048.0 : 0.0);
   double bound = 0;
   for (int64_t b = 0; b < cols / block; ++b) {
     double amax = 0, wsum = 0;
@@ -70,7 +75,7 @@ inline double int8_activation_bound(const float* w, const float* x, int64_t cols
       amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
       wsum += std::fabs(static_cast<double>(w[i]));
     }
-    bound += 0.5 * amax / 127.0 * wsum * 1.0001;
+    bound += per_step * amax / 127.0 * wsum * 1.0001;
   }
   return bound + 1e-5 * ref_abs_dot(w, x, cols) + 1e-6;
 }

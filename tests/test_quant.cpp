@@ -4,6 +4,7 @@
 // and GGUF files holding these types.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -12,6 +13,7 @@
 #include "kernel_reference.h"
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "kernels/quant_matvec.h"
 #include "model/loaders.h"
 #include "model/random_model.h"
 #include "protokv/dtype.h"
@@ -28,6 +30,18 @@ using kernels::Isa;
 
 const DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
                              DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+// The types whose decode takes ggml's Q8_0 / Q8_1 activation blocks (FP16 scales).
+const DType kLegacyTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1};
+
+bool is_legacy(DType type) {
+  return std::find(std::begin(kLegacyTypes), std::end(kLegacyTypes), type) !=
+         std::end(kLegacyTypes);
+}
+
+bool takes_q8_1(DType type) {
+  return type == DType::Q4_1 || type == DType::Q5_1;
+}
 
 template <class Block>
 std::vector<float> dequantize(DType type, const Block& block) {
@@ -347,7 +361,8 @@ TEST(QuantKernels, MatvecEveryIsaMatchesDequantisedReference) {
             const float* wr = &dense[r * cols];
             const double exact = testing::ref_dot(wr, x.data(), cols);
             ASSERT_NEAR(y[r], exact,
-                        testing::int8_activation_bound(wr, x.data(), cols, activation_block(type)))
+                        testing::int8_activation_bound(wr, x.data(), cols, activation_block(type),
+                                                       is_legacy(type)))
                 << "row " << r;
             // The integer part is exact in every variant: they differ by F32 summation order only.
             ASSERT_NEAR(y[r], scalar[r], 2e-6 * testing::ref_abs_dot(wr, x.data(), cols) + 1e-6)
@@ -360,9 +375,12 @@ TEST(QuantKernels, MatvecEveryIsaMatchesDequantisedReference) {
 }
 
 // The kernels' integer ranges at their extremes: every quant bit and small scale set (all 0xff
-// bytes) and activations at +-127 after quantisation.
+// bytes) and activations at +-127 after quantisation. Not the legacy types: their activation has
+// an FP16 scale, so +-1 comes back as +-127 * FP16(1 / 127); LegacyKernelsExtremeBlocks checks
+// them against ggml's formula instead.
 TEST(QuantKernels, ExtremeBlocksStayExact) {
   for (DType type : kQuantTypes) {
+    if (is_legacy(type)) continue;
     const int64_t cols = 512, rows = 2;
     std::vector<uint8_t> bytes(dtype_row_bytes(type, cols) * rows, 0xff);
     const size_t block_bytes = dtype_row_bytes(type, dtype_block_size(type));
@@ -380,6 +398,199 @@ TEST(QuantKernels, ExtremeBlocksStayExact) {
         const float* wr = &dense[r * cols];
         EXPECT_NEAR(y[r], testing::ref_dot(wr, x.data(), cols),
                     1e-5 * testing::ref_abs_dot(wr, x.data(), cols) + 1e-6)
+            << kernels::isa_name(isa) << " " << dtype_name(type);
+      }
+    }
+  }
+}
+
+// ---- Q4_0 / Q4_1 / Q5_0 / Q5_1 decode: ggml's Q8_0 / Q8_1 activation and vec_dot ----
+
+// Hand-made blocks with answers worked out from ggml's x86 quantize_row_q8_0 / q8_1.
+TEST(QuantActivation, GgmlQ8BlocksRoundAsLlamaCpp) {
+  std::vector<float> x(128, 0.0f);
+  // Block 0: d = 1 / 127, not an FP16 value: stored as FP16 0x2008 = 0.00787353515625. s uses
+  // the unrounded d: FP16(17 / 127) = 0.1339111328125, where the FP16 d would give 0.1337890625.
+  x[0] = 1.0f;
+  x[1] = -110.0f / 127.0f;
+  // Block 1: max 127 (d = 1): ties round half to even (ggml's roundf-based reference would round
+  // 2.5 to 3); +-max both present give +-127.
+  const float ties[] = {127.0f, 2.5f, -2.5f, 3.5f, -0.5f, 0.5f, 1.5f, -127.0f};
+  for (int j = 0; j < 8; ++j) x[32 + j] = ties[j];
+  // Block 2: 127 / max|x| times x is exactly -126.5 (to even: -126), where 1 / (max|x| / 127)
+  // times x is -126.50001 (-127).
+  x[64] = 0.3f;
+  x[65] = -0x1.31fd96p-2f;
+  // Block 3: all zero.
+  kernels::QuantizedActivation q8_0, q8_1;
+  kernels::quantize_activation_ggml_q8(x.data(), 128, false, q8_0);
+  kernels::quantize_activation_ggml_q8(x.data(), 128, true, q8_1);
+  EXPECT_TRUE(q8_0.s.empty());
+  ASSERT_EQ(q8_1.s.size(), 4u);
+  for (const auto* a : {&q8_0, &q8_1}) {
+    ASSERT_EQ(a->q.size(), 128u);
+    ASSERT_EQ(a->scale.size(), 4u);
+    EXPECT_EQ(f32_to_f16(a->scale[0]), 0x2008);
+    EXPECT_EQ(a->scale[0], 0.00787353515625f);
+    EXPECT_EQ(a->q[0], 127);
+    EXPECT_EQ(a->q[1], -110);
+    EXPECT_EQ(a->scale[1], 1.0f);
+    const int expected_ties[] = {127, 2, -2, 4, 0, 0, 2, -127};
+    for (int j = 0; j < 8; ++j) EXPECT_EQ(a->q[static_cast<size_t>(32 + j)], expected_ties[j]) << j;
+    EXPECT_EQ(a->q[64], 127);
+    EXPECT_EQ(a->q[65], -126);
+    EXPECT_EQ(a->scale[3], 0.0f);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(a->q[static_cast<size_t>(96 + j)], 0);
+    for (size_t j = 2; j < 32; ++j) EXPECT_EQ(a->q[j], 0) << j;
+  }
+  EXPECT_EQ(q8_1.s[0], 0.1339111328125f);
+  EXPECT_EQ(q8_1.s[1], 6.0f);  // 127 + 2 - 2 + 4 + 0 + 0 + 2 - 127
+  EXPECT_EQ(q8_1.s[3], 0.0f);
+}
+
+// ggml's formula for one row in double from the unpacked blocks and the Q8_0 / Q8_1 activation:
+// per block d_w d_x sum (q_w - offset) q_x, plus m_w s_x for the min types. abs_sum gets the same
+// sum over the absolute products (the scale of the F32 rounding, cancellation included).
+double ggml_legacy_reference(DType type, const void* row, int64_t cols,
+                             const kernels::QuantizedActivation& x, double* abs_sum) {
+  double total = 0.0;
+  *abs_sum = 0.0;
+  kernels::with_unpacker(type, [&](auto unpack) {
+    using Unpack = decltype(unpack);
+    const auto* blocks = static_cast<const typename Unpack::Block*>(row);
+    kernels::UnpackedBlock u;
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      Unpack::unpack(blocks[b], u);
+      int64_t dot = 0, abs_dot = 0;
+      for (int j = 0; j < 32; ++j) {
+        const int64_t p =
+            (u.q[j] - u.offset) * static_cast<int64_t>(x.q[static_cast<size_t>(32 * b + j)]);
+        dot += p;
+        abs_dot += p < 0 ? -p : p;
+      }
+      const double d = static_cast<double>(u.d) * x.scale[static_cast<size_t>(b)];
+      // UnpackedBlock's m is minus the weight's min for Q4_1 / Q5_1 (value = d q - m).
+      const double min_term =
+          takes_q8_1(type) ? -static_cast<double>(u.m) * x.s[static_cast<size_t>(b)] : 0.0;
+      total += d * static_cast<double>(dot) + min_term;
+      *abs_sum += std::fabs(d) * static_cast<double>(abs_dot) + std::fabs(min_term);
+    }
+  });
+  return total;
+}
+
+// ggml's x86 vec_dot to the bit, emulated here: 8 F32 lanes, lane l accumulating by FMA
+// (d_w * d_x) * (the int32 dot of values 4l..4l+3) block after block, summed at the end as
+// hsum_float_8 does ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), plus the FMA-accumulated
+// m_w * s_x of the min types.
+float ggml_x86_emulation(DType type, const void* row, int64_t cols,
+                         const kernels::QuantizedActivation& x) {
+  float lanes[8] = {};
+  float mins = 0.0f;
+  kernels::with_unpacker(type, [&](auto unpack) {
+    using Unpack = decltype(unpack);
+    const auto* blocks = static_cast<const typename Unpack::Block*>(row);
+    kernels::UnpackedBlock u;
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      Unpack::unpack(blocks[b], u);
+      const float d = u.d * x.scale[static_cast<size_t>(b)];
+      if (takes_q8_1(type)) mins = std::fma(-u.m, x.s[static_cast<size_t>(b)], mins);
+      for (int l = 0; l < 8; ++l) {
+        int32_t dot = 0;
+        for (int k = 0; k < 4; ++k)
+          dot += (u.q[4 * l + k] - u.offset) * x.q[static_cast<size_t>(32 * b + 4 * l + k)];
+        lanes[l] = std::fma(d, static_cast<float>(dot), lanes[l]);
+      }
+    }
+  });
+  float t[4];
+  for (int k = 0; k < 4; ++k) t[k] = lanes[k] + lanes[k + 4];
+  return ((t[0] + t[2]) + (t[1] + t[3])) + mins;
+}
+
+float legacy_kernel(Isa isa, DType type, const void* row, int64_t cols,
+                    const kernels::QuantizedActivation& x) {
+  return kernels::with_isa(isa, [&](auto ops) {
+    using Ops = decltype(ops);
+    const int64_t n = cols / 32;
+    switch (type) {
+      case DType::Q4_0:
+        return Ops::dot_q4_0_q8_0(static_cast<const BlockQ4_0*>(row), x.q.data(), x.scale.data(),
+                                  n);
+      case DType::Q5_0:
+        return Ops::dot_q5_0_q8_0(static_cast<const BlockQ5_0*>(row), x.q.data(), x.scale.data(),
+                                  n);
+      case DType::Q4_1:
+        return Ops::dot_q4_1_q8_1(static_cast<const BlockQ4_1*>(row), x.q.data(), x.scale.data(),
+                                  x.s.data(), n);
+      default:
+        return Ops::dot_q5_1_q8_1(static_cast<const BlockQ5_1*>(row), x.q.data(), x.scale.data(),
+                                  x.s.data(), n);
+    }
+  });
+}
+
+// Every legacy kernel of every instruction set against ggml's formula in double (F32 rounding
+// only: the integer part is exact), the vector variants bit for bit against the emulation of
+// ggml's x86 arithmetic, and matvec against the kernel of its instruction set. Random bytes are
+// valid blocks; one activation block is all zero, one has a large outlier.
+TEST(QuantKernels, LegacyKernelsMatchGgmlFormula) {
+  std::mt19937 rng(23);
+  for (DType type : kLegacyTypes) {
+    for (int64_t cols : {32, 96, 1024, 4096}) {
+      const int64_t rows = 9;
+      const auto bytes = random_blocks(rng, type, rows, cols);
+      const WeightMatrix w{type, bytes.data(), rows, cols};
+      auto x = testing::random_vector(rng, cols);
+      x[0] = 8.0f;
+      if (cols >= 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);
+      kernels::QuantizedActivation xq;
+      kernels::quantize_activation_ggml_q8(x.data(), cols, takes_q8_1(type), xq);
+      if (cols >= 64) {
+        EXPECT_EQ(xq.scale[1], 0.0f);
+      }
+      for (Isa isa : kernels::compiled_isas()) {
+        SCOPED_TRACE(::testing::Message()
+                     << kernels::isa_name(isa) << " " << dtype_name(type) << " x" << cols);
+        std::vector<float> y(static_cast<size_t>(rows), NAN);
+        kernels::matvec(isa, w, x.data(), y.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          double abs_sum = 0.0;
+          const double expected = ggml_legacy_reference(type, w.row(r), cols, xq, &abs_sum);
+          const float got = legacy_kernel(isa, type, w.row(r), cols, xq);
+          // Per block: d_w * d_x, its product with the dot and the sum round once each (and m_w
+          // s_x, its sum): at most (cols / 32 + 3) half-ulps of the absolute terms' sum.
+          const double tolerance = (static_cast<double>(cols) / 32 + 3) * 0x1p-24 * abs_sum;
+          EXPECT_NEAR(got, expected, tolerance + 1e-30) << "row " << r;
+          EXPECT_EQ(y[r], got) << "row " << r;  // matvec is this kernel on each row
+          if (isa != Isa::kScalar) {
+            EXPECT_EQ(got, ggml_x86_emulation(type, w.row(r), cols, xq)) << "row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Weights with every quant bit set (all 0xff bytes) against activations at +-max: the largest
+// products the int8 paths see, exact in int32.
+TEST(QuantKernels, LegacyKernelsExtremeBlocks) {
+  for (DType type : kLegacyTypes) {
+    const int64_t cols = 256, rows = 2;
+    std::vector<uint8_t> bytes(dtype_row_bytes(type, cols) * rows, 0xff);
+    const size_t block_bytes = dtype_row_bytes(type, 32);
+    for (size_t b = 0; b < bytes.size(); b += block_bytes)
+      put_scales(type, bytes.data() + b, 0.01f, -0.02f);
+    std::vector<float> x(cols);
+    for (int64_t i = 0; i < cols; ++i) x[i] = i % 3 == 0 ? -1.0f : 1.0f;
+    kernels::QuantizedActivation xq;
+    kernels::quantize_activation_ggml_q8(x.data(), cols, takes_q8_1(type), xq);
+    for (Isa isa : kernels::compiled_isas()) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const void* row = bytes.data() + r * dtype_row_bytes(type, cols);
+        double abs_sum = 0.0;
+        const double expected = ggml_legacy_reference(type, row, cols, xq, &abs_sum);
+        EXPECT_NEAR(legacy_kernel(isa, type, row, cols, xq), expected, 1e-6 * abs_sum)
             << kernels::isa_name(isa) << " " << dtype_name(type);
       }
     }
@@ -411,7 +622,8 @@ TEST(QuantKernels, MatmulMatchesReferenceAndMatvec) {
           ASSERT_NEAR(y[t * rows + r], testing::ref_dot(wr, xt, cols),
                       1e-5 * testing::ref_abs_dot(wr, xt, cols) + 1e-6);
           ASSERT_NEAR(y[t * rows + r], row_out[r],
-                      testing::int8_activation_bound(wr, xt, cols, activation_block(type)));
+                      testing::int8_activation_bound(wr, xt, cols, activation_block(type),
+                                                     is_legacy(type)));
         }
       }
     }

@@ -344,8 +344,9 @@ class RealModelGreedy : public ::testing::TestWithParam<GreedyCase> {};
 // margin_rounding of the model's prompts, i.e. of llama.cpp against itself on the model
 // dequantised to F32 (make_real_model_fixtures.sh). llama.cpp multiplies Q8-rounded activations
 // with the quantised weights; protokv's prefill multiplies F32 activations with the dequantised
-// weights, and so does its decode for Q4_0/Q4_1/Q5_0/Q5_1 (Q8_0 and K-quants take int8
-// activations, as ggml): the rounding llama.cpp does and protokv does not is what separates them.
+// weights, while its decode takes int8 activations as ggml does (for Q4_0/Q4_1/Q5_0/Q5_1 ggml's
+// own Q8_0 / Q8_1 blocks and vec_dot arithmetic): the rounding llama.cpp does and protokv does
+// not is what separates them.
 // The 3x is the headroom tests/test_llama_cpp_oracle.cpp gives its act_rounding.
 double margin_tolerance(const RealModel& m) {
   double worst = 0.0;
@@ -442,10 +443,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RealModelGreedy, ::testing::ValuesIn(greedy_c
 // `protokv perplexity` on the first chunk of the GPL-3 text within 0.5% of llama-perplexity's
 // estimate after its first chunk (same protocol: -c 512, BOS per chunk where the vocabulary adds
 // one, the second half of each chunk scored: 255 tokens). One chunk because protokv scores a chunk
-// by decoding its second half token by token, 255 steps, and its decode of the legacy quant types
-// (SmolLM2's Q4_1, Gemma's Q5_0 layers) dequantises rows to F32: about 30 s of one core per chunk
-// on either model. Under the sanitizers the perplexity path runs on one chunk of 64 (31 steps) and
-// its numbers are only printed: the 0.5% check is the Release build's.
+// by decoding its second half token by token, 255 steps: about 6 s (SmolLM2) and 11 s (Gemma 3)
+// of one core per chunk. Under the sanitizers the perplexity path runs on one chunk of 64 (31
+// steps) and its numbers are only printed: the 0.5% check is the Release build's.
 TEST_P(RealModelTest, PerplexityWithinHalfPercentOfLlamaPerplexity) {
   const RealModel& m = real_model(GetParam());
   PROTOKV_REQUIRE_FIXTURE_MODEL(m);

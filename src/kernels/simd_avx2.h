@@ -1,6 +1,7 @@
 #pragma once
 // The AVX2 + FMA + F16C vector primitives (see kernels/simd.h); empty unless compiled for them.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -148,6 +149,94 @@ struct Avx2Ops {
                             _mm256_set1_ps(_cvtsh_ss(w[b].scale) * x_scale[b]), acc);
     }
     return hsum(acc);
+  }
+
+  // sum over i of q_i x_i for 32 pairs of unsigned q (<= 31 here, so maddubs's pair sums cannot
+  // saturate) and int8 x, as 8 int32 lanes of 4 consecutive pairs (ggml's mul_sum_us8_pairs).
+  static __m256i dot_u8i8x32(__m256i q, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+  }
+
+  // The 32 nibbles of a legacy block as bytes in value order: value j is the low nibble of qs[j]
+  // for j < 16, the high nibble of qs[j - 16] after (ggml's bytes_from_nibbles_32).
+  static __m256i legacy_nibbles(const uint8_t* qs) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
+                            _mm256_set1_epi8(0x0f));
+  }
+
+  // 0xff in byte j where bit j of the little-endian uint32 qh (Q5_0 / Q5_1's fifth bits) is set,
+  // 0 elsewhere: byte j takes byte j / 8 of qh, then keeps its bit j % 8.
+  static __m256i legacy_high_bits(const uint8_t* qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(bits)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  }
+
+  // Legacy weights against ggml's Q8_0 / Q8_1 activation blocks (see ScalarOps::dot_q4_0_q8_0):
+  // ggml's x86 ggml_vec_dot_q4_0_q8_0 ... ggml_vec_dot_q5_1_q8_1 arithmetic, so that a row's F32
+  // result is llama.cpp's to the bit. Per block, the int32 dot as 8 lanes of 4 consecutive values,
+  // converted to F32 and accumulated by one FMA with d_w * d_x into 8 running lanes; Q4_1 / Q5_1
+  // also accumulate m_w * s_x in one scalar by FMA (as GCC contracts ggml's summs += m * s); at
+  // the end the 8 lanes are summed (hsum, ggml's hsum_float_8) and the scalar added.
+  static float dot_q4_0_q8_0(const BlockQ4_0* w, const int8_t* x, const float* xd,
+                             int64_t n_blocks) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const __m256i q = _mm256_sub_epi8(legacy_nibbles(w[b].qs), _mm256_set1_epi8(8));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * b));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[b].d) * xd[b]),
+                            _mm256_cvtepi32_ps(dot_i8x32(q, xb)), acc);
+    }
+    return hsum(acc);
+  }
+
+  static float dot_q5_0_q8_0(const BlockQ5_0* w, const int8_t* x, const float* xd,
+                             int64_t n_blocks) {
+    const __m256i high_clear = _mm256_set1_epi8(static_cast<char>(0xf0));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      // q - 16 in int8: the nibble where the fifth bit is set, the nibble | 0xf0 where it is not.
+      const __m256i q = _mm256_or_si256(legacy_nibbles(w[b].qs),
+                                        _mm256_andnot_si256(legacy_high_bits(w[b].qh), high_clear));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * b));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[b].d) * xd[b]),
+                            _mm256_cvtepi32_ps(dot_i8x32(q, xb)), acc);
+    }
+    return hsum(acc);
+  }
+
+  static float dot_q4_1_q8_1(const BlockQ4_1* w, const int8_t* x, const float* xd, const float* xs,
+                             int64_t n_blocks) {
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      mins = std::fma(_cvtsh_ss(w[b].m), xs[b], mins);
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * b));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[b].d) * xd[b]),
+                            _mm256_cvtepi32_ps(dot_u8i8x32(legacy_nibbles(w[b].qs), xb)), acc);
+    }
+    return hsum(acc) + mins;
+  }
+
+  static float dot_q5_1_q8_1(const BlockQ5_1* w, const int8_t* x, const float* xd, const float* xs,
+                             int64_t n_blocks) {
+    const __m256i fifth = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      mins = std::fma(_cvtsh_ss(w[b].m), xs[b], mins);
+      const __m256i q = _mm256_or_si256(legacy_nibbles(w[b].qs),
+                                        _mm256_and_si256(legacy_high_bits(w[b].qh), fifth));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * b));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w[b].d) * xd[b]),
+                            _mm256_cvtepi32_ps(dot_u8i8x32(q, xb)), acc);
+    }
+    return hsum(acc) + mins;
   }
 
   static void to_f32(DType type, const void* src, float* dst, int64_t n) {

@@ -149,6 +149,26 @@ struct Avx512Ops {
 #endif
   }
 
+  // Legacy weights against ggml's Q8_0 / Q8_1 blocks: the AVX2 kernels. ggml's AVX-512 builds
+  // run the same 256-bit vec_dot (their VNNI dpbusd gives the same int32 lanes), so the F32
+  // rounding stays llama.cpp's.
+  static float dot_q4_0_q8_0(const BlockQ4_0* w, const int8_t* x, const float* xd,
+                             int64_t n_blocks) {
+    return Avx2Ops::dot_q4_0_q8_0(w, x, xd, n_blocks);
+  }
+  static float dot_q5_0_q8_0(const BlockQ5_0* w, const int8_t* x, const float* xd,
+                             int64_t n_blocks) {
+    return Avx2Ops::dot_q5_0_q8_0(w, x, xd, n_blocks);
+  }
+  static float dot_q4_1_q8_1(const BlockQ4_1* w, const int8_t* x, const float* xd, const float* xs,
+                             int64_t n_blocks) {
+    return Avx2Ops::dot_q4_1_q8_1(w, x, xd, xs, n_blocks);
+  }
+  static float dot_q5_1_q8_1(const BlockQ5_1* w, const int8_t* x, const float* xd, const float* xs,
+                             int64_t n_blocks) {
+    return Avx2Ops::dot_q5_1_q8_1(w, x, xd, xs, n_blocks);
+  }
+
   static void to_f32(DType type, const void* src, float* dst, int64_t n) {
     switch (type) {
       case DType::F32:

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "protokv/dtype.h"
@@ -93,6 +94,70 @@ struct ScalarOps {
       for (int j = 0; j < kQ8BlockSize; ++j) block += w[b].quants[j] * x[32 * b + j];
       s += static_cast<float>(block) * (f16[w[b].scale] * x_scale[b]);
     }
+    return s;
+  }
+
+  // The int32 dot of a legacy block's 32 weight values, less `offset`, with 32 int8 activations.
+  // Value j is the low nibble of qs[j] for j < 16, the high nibble of qs[j - 16] after, and, for
+  // the 5-bit types (qh not null), bit j of the little-endian uint32 qh its fifth bit (ggml's
+  // block_q4_0 ... block_q5_1 layouts, as quant_blocks.h unpacks them).
+  static int32_t legacy_block_dot(const uint8_t* qs, const uint8_t* qh, int offset,
+                                  const int8_t* x) {
+    uint32_t high = 0;
+    if (qh != nullptr) std::memcpy(&high, qh, 4);
+    int32_t dot = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0x0f) | static_cast<int>(((high >> j) & 1u) << 4);
+      const int hi = (qs[j] >> 4) | static_cast<int>(((high >> (j + 16)) & 1u) << 4);
+      dot += (lo - offset) * x[j] + (hi - offset) * x[j + 16];
+    }
+    return dot;
+  }
+
+  // Legacy weights against ggml's Q8_0 (Q4_0, Q5_0) or Q8_1 (Q4_1, Q5_1) activation blocks of
+  // kernels/quant_matvec.h: x the int8 values, xd the blocks' FP16 d widened to F32, xs Q8_1's s.
+  // Per block an exact int32 dot, then, as ggml's ggml_vec_dot_q4_0_q8_0_generic ...
+  // ggml_vec_dot_q5_1_q8_1_generic:
+  //   Q4_0 / Q5_0 (weights offset by 8 / 16): sum += (d_w * d_x) * dot
+  //   Q4_1 / Q5_1 (unsigned weights, min m_w): sum += (d_w * d_x) * dot + m_w * s_x
+  // The vector variants keep 8 partial sums per row (ggml's x86 form), so they differ from these
+  // by F32 summation order only.
+  static float dot_q4_0_q8_0(const BlockQ4_0* w, const int8_t* x, const float* xd,
+                             int64_t n_blocks) {
+    const float* f16 = f16_table();
+    float s = 0;
+    for (int64_t b = 0; b < n_blocks; ++b)
+      s += (f16[w[b].d] * xd[b]) *
+           static_cast<float>(legacy_block_dot(w[b].qs, nullptr, 8, x + 32 * b));
+    return s;
+  }
+  static float dot_q5_0_q8_0(const BlockQ5_0* w, const int8_t* x, const float* xd,
+                             int64_t n_blocks) {
+    const float* f16 = f16_table();
+    float s = 0;
+    for (int64_t b = 0; b < n_blocks; ++b)
+      s += (f16[w[b].d] * xd[b]) *
+           static_cast<float>(legacy_block_dot(w[b].qs, w[b].qh, 16, x + 32 * b));
+    return s;
+  }
+  static float dot_q4_1_q8_1(const BlockQ4_1* w, const int8_t* x, const float* xd, const float* xs,
+                             int64_t n_blocks) {
+    const float* f16 = f16_table();
+    float s = 0;
+    for (int64_t b = 0; b < n_blocks; ++b)
+      s += (f16[w[b].d] * xd[b]) *
+               static_cast<float>(legacy_block_dot(w[b].qs, nullptr, 0, x + 32 * b)) +
+           f16[w[b].m] * xs[b];
+    return s;
+  }
+  static float dot_q5_1_q8_1(const BlockQ5_1* w, const int8_t* x, const float* xd, const float* xs,
+                             int64_t n_blocks) {
+    const float* f16 = f16_table();
+    float s = 0;
+    for (int64_t b = 0; b < n_blocks; ++b)
+      s += (f16[w[b].d] * xd[b]) *
+               static_cast<float>(legacy_block_dot(w[b].qs, w[b].qh, 0, x + 32 * b)) +
+           f16[w[b].m] * xs[b];
     return s;
   }
 
