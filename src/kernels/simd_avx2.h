@@ -181,8 +181,9 @@ struct Avx2Ops {
   // ggml's x86 ggml_vec_dot_q4_0_q8_0 ... ggml_vec_dot_q5_1_q8_1 arithmetic, so that a row's F32
   // result is llama.cpp's to the bit. Per block, the int32 dot as 8 lanes of 4 consecutive values,
   // converted to F32 and accumulated by one FMA with d_w * d_x into 8 running lanes; Q4_1 / Q5_1
-  // also accumulate m_w * s_x in one scalar by FMA (as GCC contracts ggml's summs += m * s); at
-  // the end the 8 lanes are summed (hsum, ggml's hsum_float_8) and the scalar added.
+  // also accumulate m_w * s_x in one scalar by FMA (ggml's summs += m * s, which GCC contracts
+  // under ggml's -std=gnu11: vfmadd231ss in llama.cpp's own object); at the end the 8 lanes are
+  // summed (hsum, ggml's hsum_float_8) and the scalar added.
   static float dot_q4_0_q8_0(const BlockQ4_0* w, const int8_t* x, const float* xd,
                              int64_t n_blocks) {
     __m256 acc = _mm256_setzero_ps();
