@@ -1,4 +1,4 @@
-// Chelsea (paper 001 §5, Appendix C; DESIGN §5 chelsea): merge steps on hand-made inputs, the
+// Chelsea (§5, Appendix C; DESIGN §5 chelsea): merge steps on hand-made inputs, the
 // attention of merged exact duplicates, the degree bias, the ratio schedule, outlier heads, a
 // brute-force double reference of one full compression, decode-time re-runs and bad options.
 #include <gtest/gtest.h>
@@ -157,7 +157,7 @@ TEST(Chelsea, AStepMergesFloorOfRatioTimesTheMiddleAndCompressionMeetsTheBudget)
   EXPECT_EQ(all.members.size(), 120u);
 }
 
-// Brute force in double, straight from paper 001 §5: clusters as member sets, keys and values as
+// Brute force in double, straight from Chelsea §5: clusters as member sets, keys and values as
 // degree-weighted means of the original rows, cosine similarities over all A x B pairs of each
 // chunk.
 struct ReferenceEntry {

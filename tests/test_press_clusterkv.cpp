@@ -1,4 +1,4 @@
-// ClusterKV (paper 003, DESIGN §5): cosine k-means and cluster recall against brute-force
+// ClusterKV (DESIGN §5): cosine k-means and cluster recall against brute-force
 // computations in double precision, more than 256 clusters, exact truncation of the last
 // cluster, exact partial ranking, and the press's cluster-contiguous storage, selection (the
 // recalled token positions equal a brute-force recall over the unpermuted keys) and decode-time

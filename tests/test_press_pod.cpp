@@ -1,4 +1,4 @@
-// PoD (paper 004, DESIGN §5 pod): shared keys in the cache, the segmented decode kernel, the
+// PoD (DESIGN §5 pod): shared keys in the cache, the segmented decode kernel, the
 // press's layout and calibration, and the engine reading a block's lowest layer's keys.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -87,7 +87,7 @@ TEST(PodKernel, OneSegmentIsBitIdenticalToTheDenseKernel) {
 }
 
 TEST(PodKernel, ASegmentWithItsOwnQueryUsesItForItsLogits) {
-  // scores=lower (paper 004 Eq. 3): the borrowed segment's logits use the lower layer's query.
+  // scores=lower (PoD Eq. 3): the borrowed segment's logits use the lower layer's query.
   std::mt19937 rng(44);
   const int64_t n = 70;
   const int d = 16, group = 2;

@@ -1,6 +1,6 @@
 // ProtoKV: each step of Algorithm 1 on hand-made keys (deviation, irregular set, LSH, prototypes,
 // assignment, cluster-pooled scores), the planted-cluster scenario the method is built for, and
-// the variants of paper 002.
+// the variants of ProtoKV's ICLR version.
 #include <gtest/gtest.h>
 
 #include <algorithm>

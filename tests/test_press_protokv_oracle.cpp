@@ -1,5 +1,5 @@
 // ProtoKV against an independent oracle: the paper's equations written out naively in double
-// precision (paper 000 Eqs. 4-5, 10-18, Algorithm 1; paper 002 variants), sharing no code with
+// precision (ProtoKV Eqs. 4-5, 10-18, Algorithm 1; ICLR-version variants), sharing no code with
 // src/press/ except the random draws of the LSH projection (make_lsh_projection, whose
 // distribution and reproducibility are tested on their own). Also the Eq. 17 argmax against a
 // naive first-maximum for prototype counts around the 16-lane boundaries, with planted ties.
@@ -291,7 +291,7 @@ std::vector<int> naive_clusters(const Rows& keys, const press::ProtoKvConfig& c,
           deviation[static_cast<size_t>(t)] =
               sigma > 0.0 ? (1.0 - cosine(keys[static_cast<size_t>(t)], mu)) / sigma : 0.0;
       }
-    } else {  // paper 002: Theta = -zscore(mean cosine to the neighbours within kappa)
+    } else {  // ProtoKV's ICLR version: Theta = -zscore(mean cosine to the neighbours within kappa)
       std::vector<double> similarity(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
         double sum = 0.0;

@@ -76,7 +76,7 @@ class HeadCache {
   bool key_is_shared(int64_t i) const { return i >= shared_begin_ && i < shared_end_; }
   // Releases the keys of entries [begin, end) of a head that shares none yet; they are read from
   // layer `lender` from now on. With `lender_query`, their logits also use the lender layer's
-  // query (its attention scores, paper 004 Eq. 3). Throws Error on a bad range.
+  // query (its attention scores, PoD Eq. 3). Throws Error on a bad range.
   void share_keys(int lender, int64_t begin, int64_t end, bool lender_query = false);
   bool uses_lender_query() const { return lender_query_; }
   // Grows the shared range to end at `end` (decode: tokens leaving the recent window). The rows

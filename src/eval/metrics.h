@@ -1,5 +1,5 @@
 #pragma once
-// Fidelity metrics (docs/DESIGN.md §6; definitions: the founding brief's §6): every metric compares
+// Fidelity metrics (definitions: docs/DESIGN.md §6): every metric compares
 // a compressed run ("press") against the full-cache run on the same tokens.
 #include <cstdint>
 #include <span>

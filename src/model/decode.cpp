@@ -66,7 +66,7 @@ std::span<const float> Session::Impl::decode(int32_t token) {
       const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
       const float* log_weights = head.has_log_weights() ? head.log_weights().data() : nullptr;
       // PoD: the keys of the head's distant entries are those of its block's lowest layer (and
-      // with scores=lower, their logits use that layer's query too, paper 004 Eq. 3).
+      // with scores=lower, their logits use that layer's query too, PoD Eq. 3).
       std::array<KeySegment, 3> segments;
       const float* lender_queries = head.shares_keys() && head.uses_lender_query()
                                         ? step_queries.data() + lender_layer(head) * q_dim

@@ -71,7 +71,7 @@ void link_chunk(const float* keys, int head_dim, int64_t begin, int64_t end,
   // cos(a, b) = (a / |a|) . (b / |b|): each row is normalised once (norm in double), then all
   // A x B dot products of the chunk are one sgemm (A rows are the odd rows, B rows the even ones
   // of the normalised chunk: both with a row stride of 2 * head_dim), a quarter of the chunk's
-  // c^2 pairs (paper 001 Table 1). Chelsea runs this over the whole middle at every step of every
+  // c^2 pairs (Chelsea Table 1). Chelsea runs this over the whole middle at every step of every
   // compression, prefill and decode, so it is the press's inner loop.
   thread_local std::vector<float> unit, similarity;
   const int64_t count = end - begin;

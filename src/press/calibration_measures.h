@@ -9,7 +9,7 @@
 
 namespace protokv::press {
 
-// Chelsea (paper 001 §5, Appendix C), chunked soft matching inside one chunk: the entries
+// Chelsea (§5, Appendix C), chunked soft matching inside one chunk: the entries
 // [begin, end) are rows of `keys` (stride head_dim); offsets 1, 3, 5, ... from `begin` form the
 // set A, offsets 0, 2, 4, ... the set B. Every A entry links to the B entry of highest cosine
 // similarity (the lowest index on ties; a zero vector has similarity 0 with everything),
@@ -31,7 +31,7 @@ struct ChelseaLayout {
   int64_t chunk = 256;
 };
 
-// Outlier-head measure (paper 001 §5, DESIGN §5 chelsea): the share of A entries whose link has
+// Outlier-head measure (Chelsea §5, DESIGN §5 chelsea): the share of A entries whose link has
 // similarity < `threshold` (0.8 by default), over all chunks of one KV head's keys [n, head_dim].
 // 0 when there is nothing to match.
 double chelsea_unlinked_share(const float* keys, int64_t n, int head_dim,
@@ -43,7 +43,7 @@ double chelsea_unlinked_share(const float* keys, int64_t n, int head_dim,
 std::vector<std::vector<uint8_t>> chelsea_outlier_heads(
     const std::vector<std::vector<float>>& unlinked_share, double fraction);
 
-// PoD (paper 004 Eq. 2 with DESIGN §5's orientation): similarity of two layers' attention rows =
+// PoD (Eq. 2 with DESIGN §5's orientation): similarity of two layers' attention rows =
 // the mean over rows of 1 - JS(p, q), with the Jensen-Shannon divergence in base 2 (so in
 // [0, 1]). a and b hold `rows` probability rows of `columns` entries each, row-major. The paper
 // writes sim as the JS divergence itself, which would make identical layers least similar; the

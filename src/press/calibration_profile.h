@@ -44,14 +44,14 @@ struct CalibrationProfile {
   int64_t samples = 0;  // sequences run through the full cache
   int64_t tokens = 0;   // tokens per sequence (BOS included)
 
-  // Chelsea (paper 001 §5).
+  // Chelsea (§5).
   double chelsea_threshold = 0.8;
   double chelsea_fraction = 0.04;
   ChelseaLayout chelsea_layout;
   std::vector<std::vector<float>> chelsea_unlinked_share;  // [layer][kv_head] in [0, 1]
   std::vector<std::vector<uint8_t>> chelsea_outlier;       // [layer][kv_head] 0 or 1
 
-  // PoD (paper 004 §3, Algorithm 1).
+  // PoD (§3, Algorithm 1).
   double pod_delta = 0.5;
   int64_t pod_rows = 32;  // attention rows of the last queries compared per layer pair
   // [kv_head][i * n_layers + j]: similarity of layers i and j, symmetric, 1 on the diagonal.

@@ -41,7 +41,7 @@ void MergedHead::append(const float* key, const float* value, int32_t position,
 
 namespace {
 
-// One Chunked Soft Matching step's plan (paper 001 §5.2-5.3) over keys [size, head_dim]: which
+// One Chunked Soft Matching step's plan (Chelsea §5.2-5.3) over keys [size, head_dim]: which
 // A entries merge into which B entry.
 struct MergePlan {
   int64_t count = 0;                      // links merged = entries removed
@@ -318,7 +318,7 @@ void ChelseaPress::compress_prefill(const LayerView& layer, LayerCache& out) {
   const int64_t n = layer.n_tokens;
   const int n_kv = layer.n_kv_heads;
   const int d = layer.head_dim;
-  // Outlier heads (paper 001 §5.4): from the profile, or measured on this prompt as the layers
+  // Outlier heads (Chelsea §5.4): from the profile, or measured on this prompt as the layers
   // arrive. A global ranking needs every layer, but each layer's cache is written now; so after
   // layer l, round(outliers * heads of layers 0..l) heads are outliers in total, and layer l adds
   // the difference: its heads of highest unlinked share (ties: the lower head).
@@ -416,7 +416,7 @@ const PressEntry kChelseaEntry{
         [] {
           const ChelseaOptions o;
           return fmt::format(
-              "training-free, merging (paper 001): per KV head keeps `sinks` first and `recent`\n"
+              "training-free, merging (Chelsea): per KV head keeps `sinks` first and `recent`\n"
               "last entries; the middle, in chunks of `chunk`, is merged by Chunked Soft\n"
               "Matching: odd offsets (A) link to their most cosine-similar even offset (B) of\n"
               "the chunk; the top r share of the middle's links (r = r_init - alpha*min(m, i)\n"

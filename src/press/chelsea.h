@@ -1,5 +1,5 @@
 #pragma once
-// Chelsea (paper 001 §5 and Appendix C, DESIGN §5 chelsea): training-free KV-cache clustering by
+// Chelsea (§5 and Appendix C, DESIGN §5 chelsea): training-free KV-cache clustering by
 // Chunked Soft Matching. Per KV head, the first `sinks` and the last `recent` entries stay as they
 // are; the middle is cut into chunks of `chunk` entries; inside each chunk the odd offsets (A)
 // link to their most cosine-similar even offset (B) (link_chunk, calibration_measures.h); the
@@ -59,7 +59,7 @@ struct MergedHead {
               std::span<const int32_t> member_positions);
 };
 
-// One Chunked Soft Matching step (paper 001 §5.2-5.3): links every A to its best B in each chunk
+// One Chunked Soft Matching step (Chelsea §5.2-5.3): links every A to its best B in each chunk
 // of the middle, keeps the min(floor(ratio * middle), max_merges, links) most similar links over
 // all chunks (at least one while max_merges > 0; ties: the lower A first) and merges each B with
 // its linked A entries. Returns the number of entries removed.

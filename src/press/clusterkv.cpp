@@ -285,7 +285,7 @@ void ClusterKvPress::on_decode(const DecodeStep& step) {
     HeadState& s = state(step.layer, h);
     const HeadCache& head = step.cache->heads[static_cast<size_t>(h)];
     if (head.size() - s.indexed_end < options_.recluster) continue;
-    // Decode-time clustering (paper 003): the `recluster` newest keys get their own clusters.
+    // Decode-time clustering (ClusterKV): the `recluster` newest keys get their own clusters.
     const int64_t count = options_.recluster;
     const int64_t clusters = std::min(options_.decode_clusters, count);
     const auto initial =
@@ -309,7 +309,7 @@ const PressEntry kClusterKvEntry{
     .help =
         [] {
           return fmt::format(
-              "training-free, recallable (paper 003): keeps EVERY entry; layers >= full_layers\n"
+              "training-free, recallable (ClusterKV): keeps EVERY entry; layers >= full_layers\n"
               "cluster each KV head's keys after the sinks by cosine k-means (C0 = n/{} by\n"
               "default, {} iterations, init by sampled tokens). Each decode step, every query\n"
               "head ranks its clusters by q.centroid and attends over the sinks + its best\n"

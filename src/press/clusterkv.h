@@ -1,5 +1,5 @@
 #pragma once
-// ClusterKV (paper 003, DESIGN §5 clusterkv): recallable compression. Every entry stays in the
+// ClusterKV (DESIGN §5 clusterkv): recallable compression. Every entry stays in the
 // cache; the keys of each KV head (layers >= full_layers, after `sinks` sink tokens) are grouped by
 // cosine K-means into C0 = n/80 clusters at prefill. At each decode step every query head ranks
 // its KV head's clusters by q·μ and attends over the sinks, the members of its best clusters up to
@@ -72,7 +72,7 @@ void recall_clusters(const ClusterIndex& index, const float* q, int64_t budget,
 
 struct ClusterKvOptions {
   static constexpr int64_t kDefaultSinks = 16;
-  static constexpr int64_t kTokensPerCluster = 80;  // C0 = n / 80 (paper 003)
+  static constexpr int64_t kTokensPerCluster = 80;  // C0 = n / 80 (ClusterKV)
   static constexpr int kDefaultIterations = 20;
   static constexpr int64_t kDefaultRecluster = 320;
   static constexpr int64_t kDefaultDecodeClusters = 8;  // paper says 4 (DESIGN §5)

@@ -240,7 +240,7 @@ const PressEntry kPodEntry{
     .help =
         [] {
           return fmt::format(
-              "training-free PoD (paper 004 post-trains; we do not): every entry keeps its value;\n"
+              "training-free PoD (the paper post-trains; we do not): every entry keeps its value;\n"
               "per KV head the first `sinks` and the last B - sinks tokens keep their keys at\n"
               "every layer, the distant ones in between only at the lowest layer of the head's\n"
               "block of layers, whose keys the block's other layers use (with their own query\n"

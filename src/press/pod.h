@@ -1,5 +1,5 @@
 #pragma once
-// PoD (paper 004, DESIGN §5 pod), training-free: per KV head, the proximal entries (the first
+// PoD (DESIGN §5 pod), training-free: per KV head, the proximal entries (the first
 // `sinks` = n_s and the last n_r = B - n_s) keep their own keys at every layer; the distant ones
 // in between keep their keys only at the lowest layer ℓ_a of the head's block of layers, and every
 // other layer of the block reads them from there (HeadCache::share_keys) with its own query.
@@ -27,14 +27,14 @@
 namespace protokv::press {
 
 struct PodOptions {
-  static constexpr int64_t kDefaultSinks = 16;    // n_s (paper 004 §3)
+  static constexpr int64_t kDefaultSinks = 16;    // n_s (PoD §3)
   static constexpr int64_t kDefaultQueries = 32;  // q calibration rows per head
-  static constexpr double kDefaultDelta = 0.5;    // grouping threshold δ (paper 004 §3)
+  static constexpr double kDefaultDelta = 0.5;    // grouping threshold δ (PoD §3)
 
   int64_t sinks = kDefaultSinks;
   int64_t queries = kDefaultQueries;
   double delta = kDefaultDelta;
-  // Gate threshold τ (paper 004 §2.3): at a layer that shares keys, a query head skips the
+  // Gate threshold τ (PoD §2.3): at a layer that shares keys, a query head skips the
   // distant entries when the gate of Eq. 4 (its share of attention on the proximal entries) at
   // the block's lowest layer, this decode step, is >= tau. Empty: never skip.
   std::optional<double> tau;

@@ -39,7 +39,7 @@ std::string to_string(PrototypeSet p) {
 }
 
 // Sum over the group's window queries of q . k_t for every prefix token: the token's share of
-// psi (paper 002: psi(C) = (sum_m q_m) . (sum_{i in C} k_i) = sum_{i in C} (sum_m q_m) . k_i).
+// psi (ProtoKV ICLR: psi(C) = (sum_m q_m) . (sum_{i in C} k_i) = sum_{i in C} (sum_m q_m) . k_i).
 void window_logit_sums(const LayerView& layer, int kv_head, int64_t window, float* out) {
   const int64_t n = layer.n_tokens, n_prefix = n - window;
   const int d = layer.head_dim, group = layer.group_size();
@@ -373,7 +373,7 @@ const PressEntry kProtoKvEntry{
               "seed={} plus window/pool/pool_type/gqa as snapkv except pool=1 (GQA: the scores "
               "are\n"
               "reduced over the group before the cluster mean).\n"
-              "Variants: deviation=chunk|neighbourhood (paper 002: S(i) = mean cosine to\n"
+              "Variants: deviation=chunk|neighbourhood (ProtoKV ICLR: S(i) = mean cosine to\n"
               "the keys within kappa positions, kappa={}; O = top-p of -zscore(S));\n"
               "score=mean|sum_logits (psi(C) = (sum of the group's window queries) .\n"
               "(sum of C's keys), no softmax, no pooling); select=tokens|clusters (whole\n"

@@ -1,5 +1,5 @@
 #pragma once
-// ProtoKV (paper 000, Algorithm 1; variants from the ICLR version, paper 002). Per KV head, over
+// ProtoKV (Algorithm 1; variants from its ICLR version). Per KV head, over
 // the prefix keys (positions < n - w): hybrid semantic prototypes (chunk means for regular tokens,
 // LSH buckets for the irregular ones), every token assigned to its nearest prototype, the
 // observation-window scores averaged over each cluster (Eq. 18), then the top B - w tokens by
@@ -41,7 +41,7 @@ struct ProtoKvConfig {
   int64_t chunk_len = kDefaultChunkLen;
   int64_t max_chunks = kDefaultMaxChunks;
   int lsh_bits = kDefaultLshBits;
-  int64_t irregular = 3 * (1 << kDefaultLshBits);  // p = 3u by default (paper 000 §5.5)
+  int64_t irregular = 3 * (1 << kDefaultLshBits);  // p = 3u by default (ProtoKV §5.5)
   double gamma = kDefaultGamma;
   uint64_t seed = kDefaultSeed;
   Deviation deviation = Deviation::Chunk;

@@ -1,6 +1,6 @@
 #pragma once
-// ProtoKV's prototype construction and token clustering (ProtoKV paper 000 §4.1-4.3, Algorithm 1
-// lines 1-17; variants from the ICLR version, paper 002), for the prefix keys of one KV head.
+// ProtoKV's prototype construction and token clustering (ProtoKV §4.1-4.3, Algorithm 1
+// lines 1-17; variants from its ICLR version), for the prefix keys of one KV head.
 // Kept apart from the press so that every step can be tested on hand-made keys.
 #include <algorithm>
 #include <cstdint>
