@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Turns the output folders of `protokv eval niah` and `protokv eval ruler` (as run by
-tools/longctx_tables.sh) into the README's long-context tables and figures.
+tools/longctx_tables.sh) into the long-context tables of docs/results/longcontext_recall_model.md and figures.
 
 Writes:
   FIGURES/niah_b<B>.svg  one figure per budget: the NIAH heat maps of every run side by side
                          (the full cache first), composed from the eval's heatmap_<run>.svg files;
-  the markdown block (stdout, or between the README's longctx-tables markers with --readme):
+  the markdown block (stdout, or between the file's longctx-tables markers with --readme):
   NIAH accuracy per length, RULER accuracy per task, the paired difference against the full cache
   per task with its 95% Student-t interval, and the discrimination check of issue 12 (two presses
   at the same budget >= 20 points apart on one task), with the paired interval of that gap.

@@ -1,13 +1,14 @@
 #!/bin/sh
-# Regenerates every number and figure of the README's long-context tables (the block between its
-# longctx-tables markers, and docs/figures/niah_b*.svg) on a recall model:
+# Regenerates every number and figure of docs/results/longcontext_recall_model.md (the block between
+# its longctx-tables markers, and docs/figures/niah_b*.svg) on a recall model:
 #   tools/longctx_tables.sh [MODEL [OUTDIR]]    (default models/protokv-recall.gguf, /tmp/longctx)
 # Runs `eval niah` (3 lengths x 11 depths x 2 samples) and `eval ruler` (2048 tokens, every task,
 # RULER_SAMPLES samples each), every registered press at budgets 32 and 120 (1.6% and 5.9% of
 # 2032 tokens), one thread, then
 # tools/longctx_tables.py. Environment: PROTOKV (binary, default build/protokv), THREADS (1),
-# RULER_SAMPLES (10), NIAH_SAMPLES (2), BUDGETS (32,120), README (README.md; "-": print the block
-# instead of editing the README), LIMIT (smoke test: only the first N samples of each eval).
+# RULER_SAMPLES (10), NIAH_SAMPLES (2), BUDGETS (32,120), README (the markdown file to edit,
+# default docs/results/longcontext_recall_model.md; "-": print the block instead), LIMIT (smoke
+# test: only the first N samples of each eval).
 # Measured here: 113 s + 352 s wall (NIAH + RULER, -t 1, an ASan build on the other core).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,7 +20,7 @@ threads=${THREADS:-1}
 ruler_samples=${RULER_SAMPLES:-10}
 niah_samples=${NIAH_SAMPLES:-2}
 budgets=${BUDGETS:-32,120}
-readme=${README:-README.md}
+readme=${README:-docs/results/longcontext_recall_model.md}
 limit=${LIMIT:+ --limit $LIMIT}  # smoke test only: the first LIMIT samples of each eval
 presses=full,streaming_llm,h2o,snapkv,pyramidkv,adakv,protokv,clusterkv,chelsea,pod
 
@@ -58,6 +59,6 @@ if [ "$readme" = "-" ]; then
     --figures docs/figures --commands "$out/commands.txt"
 else
   python3 tools/longctx_tables.py --niah "$out/niah" --ruler "$out/ruler" \
-    --figures docs/figures --commands "$out/commands.txt" --readme "$readme"
+    --figures docs/figures --figures-link ../figures --commands "$out/commands.txt" --readme "$readme"
   echo "updated $readme and docs/figures/niah_b*.svg from $out" >&2
 fi

