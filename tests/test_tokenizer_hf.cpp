@@ -202,6 +202,12 @@ TEST_P(HfGolden, SurvivesGgufRoundTrip) {
   for (const auto& entry : texts) {
     const std::string text = entry.get<std::string>();
     if (text.find("\xCC\x81") != std::string::npos) continue;
+    const Tokenizer::EncodeOptions plain{.add_bos = false, .parse_special = false};
+    EXPECT_EQ(loaded->encode(text, plain), original->encode(text, plain)) << text;
+    // A GGUF loads with llama.cpp's rule that end-of-generation texts are control tokens, so with
+    // special tokens parsed it matches "</s>" where Qwen3's tokenizer.json holds it as a normal
+    // piece that only BPE can produce.
+    if (text.find("</s>") != std::string::npos) continue;
     EXPECT_EQ(loaded->encode(text, false), original->encode(text, false)) << text;
   }
 }

@@ -36,6 +36,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
   const bool spm = *model == "llama";
 
   auto impl = std::make_unique<Impl>();
+  impl->llama_cpp_rules = true;
   impl->model = spm ? Model::kSentencePiece : Model::kByteLevelBpe;
   auto pieces = file.get_string_array("tokenizer.ggml.tokens");
   PROTOKV_CHECK(pieces.has_value(), "GGUF tokenizer has no tokenizer.ggml.tokens");

@@ -40,6 +40,9 @@ struct Tokenizer::Impl {
   Model model = Model::kSentencePiece;
   // llama2.c-compatible SentencePiece encoding (see the public constructor).
   bool llama2c_compat = false;
+  // A GGUF vocabulary, loaded with llama.cpp's rules (llama-vocab.cpp): end-of-generation texts
+  // become control tokens whatever their stored type. tokenizer.json keeps Hugging Face's types.
+  bool llama_cpp_rules = false;
   std::vector<std::string> pieces;
   std::vector<float> scores;
   std::vector<int32_t> types;

@@ -98,11 +98,11 @@ void Tokenizer::Impl::finish() {
                   "tokenizer {} token id {} out of range (vocabulary size {})", name, id, n);
   }
 
-  // llama.cpp (llama-vocab.cpp, load) treats these texts as end-of-generation tokens and forces
-  // them to control type even where the GGUF says otherwise (Gemma 3 stores "</s>" as
-  // user-defined): they then stay unmatched in plain text and decode to "" unless specials are
-  // rendered. Gemma 4 keeps "</s>" as ordinary text when "<|tool_response>" ends generation.
-  std::vector<int32_t> control_looking;
+  // The vocabulary's end-of-generation texts. llama.cpp (llama-vocab.cpp, load) also forces them
+  // to control type even where the GGUF says otherwise (Gemma 3 stores "</s>" as user-defined):
+  // they then stay unmatched in plain text and decode to "" unless specials are rendered. Gemma 4
+  // keeps "</s>" as ordinary text when "<|tool_response>" ends generation.
+  std::vector<int32_t> end_texts;
   if (!llama2c_compat) {
     bool has_tool_response = false;
     int32_t end_of_sequence_text = -1;
@@ -112,15 +112,17 @@ void Tokenizer::Impl::finish() {
           std::ranges::find(kEndOfGenerationTexts, piece) == std::end(kEndOfGenerationTexts)) {
         continue;
       }
-      control_looking.push_back(static_cast<int32_t>(i));
+      end_texts.push_back(static_cast<int32_t>(i));
       has_tool_response |= piece == "<|tool_response>";
       if (piece == "</s>") end_of_sequence_text = static_cast<int32_t>(i);
     }
-    if (has_tool_response && end_of_sequence_text >= 0) {
-      std::erase(control_looking, end_of_sequence_text);
-      types[end_of_sequence_text] = kNormal;
+    if (llama_cpp_rules) {
+      if (has_tool_response && end_of_sequence_text >= 0) {
+        std::erase(end_texts, end_of_sequence_text);
+        types[end_of_sequence_text] = kNormal;
+      }
+      for (const int32_t id : end_texts) types[id] = kControl;
     }
-    for (const int32_t id : control_looking) types[id] = kControl;
   }
 
   byte_tokens.fill(-1);
@@ -174,7 +176,8 @@ void Tokenizer::Impl::finish() {
                    [&](int32_t a, int32_t b) { return pieces[a].size() > pieces[b].size(); });
 
   if (eos_id >= 0) end_of_generation.push_back(eos_id);
-  for (const int32_t id : control_looking) {
+  for (const int32_t id : end_texts) {
+    if (types[id] != kControl && types[id] != kUserDefined) continue;  // tokenizer.json: text
     if (std::find(end_of_generation.begin(), end_of_generation.end(), id) ==
         end_of_generation.end()) {
       end_of_generation.push_back(id);
