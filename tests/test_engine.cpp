@@ -13,6 +13,8 @@
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/press.h"
+#include "protokv/press_spec.h"
+#include "protokv/sampler.h"
 #include "test_engine_model.h"
 #include "test_util.h"
 
@@ -487,6 +489,72 @@ TEST(Session, RejectsInconsistentWeights) {
   auto model = make_random_model({});
   model.weights.layers[1].wk.rows = 48;
   EXPECT_THROW(Session{model.weights}, Error);
+}
+
+// decode_batch (the server's decode round): each session's logits equal its own decode()'s bit
+// for bit, whatever its press (dense, evicting at decode, recall), length and weight type.
+TEST(DecodeBatch, EachSessionEqualsItsOwnDecodeBitForBit) {
+  for (DType type : {DType::F32, DType::F16, DType::Q8_0}) {
+    SCOPED_TRACE(dtype_name(type));
+    RandomModelSpec spec;
+    spec.type = type;
+    const auto model = make_random_model(spec);
+    const std::vector<std::string> presses = {"full", "snapkv", "h2o", "clusterkv:sinks=2",
+                                              "streaming_llm"};
+    std::vector<std::unique_ptr<Session>> batched, alone;
+    for (size_t i = 0; i < presses.size(); ++i) {
+      SessionOptions o;
+      if (presses[i] != "full") {
+        o.press = PressSpec::parse(presses[i]);
+        o.budget = Budget{12, 0.0};
+      }
+      const auto prompt = random_tokens(20 + 7 * static_cast<int>(i), spec.vocab_size, 40 + i);
+      batched.push_back(std::make_unique<Session>(model.weights, o));
+      alone.push_back(std::make_unique<Session>(model.weights, o));
+      batched.back()->prefill(prompt);
+      alone.back()->prefill(prompt);
+    }
+    std::vector<int32_t> next(presses.size());
+    for (size_t i = 0; i < presses.size(); ++i) next[i] = static_cast<int32_t>(3 + 5 * i);
+    for (int step = 0; step < 6; ++step) {
+      std::vector<Session*> sessions;
+      for (auto& s : batched) sessions.push_back(s.get());
+      const auto logits = decode_batch(sessions, next);
+      ASSERT_EQ(logits.size(), presses.size());
+      for (size_t i = 0; i < presses.size(); ++i) {
+        SCOPED_TRACE(presses[i] + " step " + std::to_string(step));
+        const auto expected = alone[i]->decode(next[i]);
+        ASSERT_EQ(logits[i].size(), expected.size());
+        for (size_t v = 0; v < expected.size(); ++v)
+          ASSERT_EQ(logits[i][v], expected[v]) << "logit " << v;
+        EXPECT_EQ(batched[i]->n_past(), alone[i]->n_past());
+        EXPECT_EQ(batched[i]->cache().kv_bytes(), alone[i]->cache().kv_bytes());
+        next[i] = argmax(expected);
+      }
+    }
+  }
+}
+
+TEST(DecodeBatch, BadInputThrowsBeforeAnySessionChanges) {
+  const auto model = make_random_model({});
+  Session a(model.weights), b(model.weights);
+  a.prefill(random_tokens(10, 300, 1));
+  b.prefill(random_tokens(12, 300, 2));
+  std::vector<Session*> both = {&a, &b};
+  EXPECT_THROW(decode_batch(both, std::vector<int32_t>{1}), Error);
+  EXPECT_THROW(decode_batch(both, std::vector<int32_t>{1, 300}), Error);  // out of the vocabulary
+  std::vector<Session*> twice = {&a, &a};
+  EXPECT_THROW(decode_batch(twice, std::vector<int32_t>{1, 2}), Error);
+  const auto other_model = make_random_model({});
+  Session c(other_model.weights);
+  c.prefill(random_tokens(5, 300, 3));
+  std::vector<Session*> mixed = {&a, &c};
+  EXPECT_THROW(decode_batch(mixed, std::vector<int32_t>{1, 2}), Error);
+  EXPECT_EQ(a.n_past(), 10);
+  EXPECT_EQ(b.n_past(), 12);
+  EXPECT_EQ(c.n_past(), 5);
+  EXPECT_EQ(decode_batch(both, std::vector<int32_t>{1, 2}).size(), 2u);
+  EXPECT_EQ(a.n_past(), 11);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "protokv/engine.h"
@@ -132,6 +133,39 @@ TEST(ChunkedPrefill, PressRunsOnceOverTheWholePromptAndKeepsTheSameEntries) {
     for (int32_t t : {7, 1})
       EXPECT_LE(worst_error(chunked.decode(t), to_vector(one.decode(t))), kTol);
   }
+}
+
+// begin_prefill + prefill_chunk (the server's chunk-per-round prefill) is prefill(), bit for bit:
+// same chunk count, same cache, same logits, with and without a press.
+TEST(ChunkedPrefill, ChunkByChunkEqualsPrefill) {
+  const auto model = make_random_model({});
+  const auto prompt = random_tokens(37, 300, 5);
+  for (const std::string press : {"full", "snapkv", "pyramidkv"}) {
+    for (int64_t ubatch : {0, 8}) {
+      SCOPED_TRACE(press + " ubatch " + std::to_string(ubatch));
+      SessionOptions o;
+      o.ubatch = ubatch;
+      if (press != "full") {
+        o.press = PressSpec::parse(press);
+        o.budget = Budget{12, 0.0};
+      }
+      Session whole(model.weights, o), stepped(model.weights, o);
+      const auto expected = whole.prefill(prompt);
+      stepped.begin_prefill(prompt);
+      int chunks = 1;
+      while (!stepped.prefill_chunk()) ++chunks;
+      EXPECT_EQ(chunks, ubatch == 0 ? 1 : (37 + 7) / 8);
+      const auto got = stepped.logits();
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], expected[i]) << i;
+      EXPECT_EQ(stepped.n_past(), whole.n_past());
+      EXPECT_EQ(stepped.cache().kv_bytes(), whole.cache().kv_bytes());
+      EXPECT_EQ(stepped.decode(7)[3], whole.decode(7)[3]);
+    }
+  }
+  Session s(model.weights);
+  EXPECT_THROW(s.prefill_chunk(), Error);  // no begin_prefill
+  EXPECT_THROW(s.begin_prefill(std::vector<int32_t>{}), Error);
 }
 
 TEST(SessionAppend, FollowUpTurnEqualsOneShotPrefillOfBoth) {

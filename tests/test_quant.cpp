@@ -339,6 +339,40 @@ std::vector<int64_t> widths_for(DType type) {
   return {256, 512, 2816, 4096};
 }
 
+// matvec_rows (decode_batch): every row's result is matvec's for that row, bit for bit, for every
+// weight type (each takes its own activation quantisation path).
+TEST(QuantKernels, MatvecRowsEqualsMatvecPerRowBitForBit) {
+  std::mt19937 rng(93);
+  std::vector<DType> types = {DType::F32, DType::F16, DType::BF16};
+  types.insert(types.end(), std::begin(kQuantTypes), std::end(kQuantTypes));
+  for (DType type : types) {
+    for (int64_t n : {1, 2, 5}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(type) << " n=" << n);
+      const int64_t rows = 37, cols = 512;
+      WeightMatrix w;
+      std::vector<uint8_t> bytes;
+      testing::TestWeight plain;
+      if (dtype_block_size(type) > 1) {
+        bytes = random_blocks(rng, type, rows, cols);
+        w = {type, bytes.data(), rows, cols};
+      } else {
+        plain = testing::random_weight(rng, type, rows, cols);
+        w = plain.matrix;
+      }
+      const auto x = testing::random_vector(rng, n * cols);
+      std::vector<float> batched(static_cast<size_t>(n * rows), NAN);
+      kernels::matvec_rows(w, x.data(), n, batched.data());
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<float> one(static_cast<size_t>(rows), NAN);
+        kernels::matvec(w, x.data() + i * cols, one.data());
+        for (int64_t r = 0; r < rows; ++r)
+          ASSERT_EQ(batched[static_cast<size_t>(i * rows + r)], one[static_cast<size_t>(r)])
+              << "row " << i << ", output " << r;
+      }
+    }
+  }
+}
+
 TEST(QuantKernels, MatvecEveryIsaMatchesDequantisedReference) {
   std::mt19937 rng(91);
   for (DType type : kQuantTypes) {

@@ -14,10 +14,21 @@ if [ "${SKIP_APT:-0}" != "1" ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config ccache libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev \
-    libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libicu-dev python3 python3-pip >/dev/null
+    libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libcpp-httplib-dev python3 \
+    python3-pip >/dev/null
 fi
 
 tools/fetch_models.sh
+
+# The official OpenAI Node.js client, pinned, for the server's client test
+# (tests/server/openai_client.sh), into the cache folder, never into the repo.
+OPENAI_NPM_VERSION=6.30.1
+npm_dir=${PROTOKV_CACHE:-$HOME/.cache/protokv}/npm
+if command -v npm >/dev/null &&
+  [ "$(node -p "require('$npm_dir/node_modules/openai/package.json').version" 2>/dev/null)" != "$OPENAI_NPM_VERSION" ]; then
+  mkdir -p "$npm_dir"
+  npm install --prefix "$npm_dir" --no-audit --no-fund --silent "openai@$OPENAI_NPM_VERSION"
+fi
 
 # ccache (Debian's; cache under ~/.cache/ccache) makes a rebuild of an unchanged tree seconds; with
 # these sloppiness settings it also caches the files built against the precompiled headers, which

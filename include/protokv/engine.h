@@ -82,6 +82,16 @@ class PrefilledPrompt {
   std::unique_ptr<Data> data_;
 };
 
+// One decode step of several sessions over the same weights at once (a server's decode round):
+// session i takes tokens[i] at its own position n_past(). The transformer block runs once over
+// all their rows, so each weight matrix is read once per step instead of once per session, while
+// each session attends to its own cache with its own press. Returns each session's logits, in
+// order, equal bit for bit to what sessions[i]->decode(tokens[i]) would return. Throws Error,
+// before any session changes, for mismatched sizes, sessions of different weights, a session
+// given twice, a token out of range or a full context.
+std::vector<std::span<const float>> decode_batch(std::span<Session* const> sessions,
+                                                 std::span<const int32_t> tokens);
+
 class Session {
  public:
   explicit Session(const ModelWeights& weights, SessionOptions options = {});
@@ -96,6 +106,16 @@ class Session {
   // compresses every layer once the final chunk is in, from the same post-RoPE Q/K/V a single
   // chunk gives (to float rounding); peak KV memory is then the whole uncompressed cache.
   std::span<const float> prefill(std::span<const int32_t> tokens);
+  // prefill(tokens) one chunk at a time, so that a caller (the server) can run other sessions'
+  // decode steps between the chunks of a long prompt: begin_prefill resets the session, checks
+  // the prompt (throwing as prefill does) and begins the press; each prefill_chunk() runs the
+  // next options.ubatch rows (the whole prompt when ubatch is 0) and returns true once the
+  // prompt is in and compressed, when logits() holds its last token's logits. prefill(tokens) is
+  // exactly begin_prefill and prefill_chunk until true. A failure resets the session.
+  void begin_prefill(std::span<const int32_t> tokens);
+  bool prefill_chunk();
+  // The logits of the last token run (prefill, append or decode).
+  std::span<const float> logits() const;
   // The same from a prompt run once already (PrefilledPrompt): copies its uncompressed cache and
   // compresses it with this session's press, as prefill(tokens) would. prefill_stats() times the
   // copy and the compression only (prefill_ms excludes the forward pass, counted once in
@@ -122,6 +142,8 @@ class Session {
 
  private:
   friend class PrefilledPrompt;
+  friend std::vector<std::span<const float>> decode_batch(std::span<Session* const> sessions,
+                                                          std::span<const int32_t> tokens);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

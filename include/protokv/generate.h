@@ -5,6 +5,7 @@
 // callback and stop conditions (max tokens, EOS unless ignored, full context).
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,58 @@ struct GenerateResult {
 
 // Called with each generated token and its decoded text piece, as soon as it is sampled.
 using TokenCallback = std::function<void(int32_t token, std::string_view piece)>;
+
+// The generate loop one token at a time, for front ends that interleave many sequences (the
+// server's scheduler steps every active session once per round). start() resets the session,
+// prefills prompt.prefill and appends prompt.fed_after; each step() then runs the forward pass
+// of the token sampled before (none before the first) and samples the next. generate() is
+// start() followed by step() until it returns false, so both give the same tokens.
+class Generation {
+ public:
+  // The references must outlive the Generation. Throws Error when max_new_tokens is negative.
+  Generation(Session& session, const Tokenizer& tokenizer, Sampler& sampler,
+             GenerateOptions options);
+  // Throws Error when the prompt is empty or longer than the session's context.
+  void start(const PromptTokens& prompt);
+  // start() in steps, for a caller that interleaves a long prompt's chunks with other work:
+  // begin() checks the prompt and begins the prefill (Session::begin_prefill); each
+  // advance_prefill() runs one chunk (SessionOptions::ubatch rows) and returns true once the
+  // prompt (and the question appended after it) is in and step() may sample. start() is begin()
+  // then advance_prefill() until true.
+  void begin(const PromptTokens& prompt);
+  bool advance_prefill();
+  // Instead of start(): continues the session's current sequence with `tokens` (Session::append:
+  // appended in full, never compressed), e.g. a follow-up turn after a cached conversation.
+  // result().prefill then describes this append. Throws Error, leaving the session unchanged,
+  // when the session holds nothing yet or the tokens do not fit (Session::append).
+  void continue_with(std::span<const int32_t> tokens);
+  // Runs the forward pass of the token sampled last (if any), samples one token and reports it
+  // through on_token; false once generation has stopped (result().stopped says why; no token is
+  // reported then).
+  bool step(const TokenCallback& on_token = {});
+  // The forward pass on its own, for a caller that batches it across sessions (decode_batch):
+  // whether the token sampled last still needs its forward pass (false, and generation stops
+  // with kContextFull, when the context is full); then forwarded() hands over its logits and
+  // time, and step() only samples.
+  bool forward_pending();
+  int32_t last_token() const { return prev_; }
+  void forwarded(std::span<const float> logits, double ms);
+  bool finished() const { return finished_; }
+  const GenerateResult& result() const { return result_; }
+
+ private:
+  Session& session_;
+  const Tokenizer& tokenizer_;
+  Sampler& sampler_;
+  GenerateOptions options_;
+  GenerateResult result_;
+  std::span<const float> logits_;
+  std::vector<int32_t> fed_after_;  // the question, appended once the prompt is in
+  int32_t prev_ = 0;
+  bool started_ = false;
+  bool finished_ = false;
+  bool pending_ = false;  // the token sampled last has not been through the model yet
+};
 
 // Resets `session`, prefills prompt.prefill, appends prompt.fed_after, then samples up to
 // options.max_new_tokens tokens. Throws Error when the prompt is empty, longer than the

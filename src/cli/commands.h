@@ -18,6 +18,7 @@ void register_demo(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_calibrate(CLI::App& app);
+void register_serve(CLI::App& app);
 
 inline void register_all(CLI::App& app) {
   register_generate(app);
@@ -30,6 +31,7 @@ inline void register_all(CLI::App& app) {
   register_tokenize(app);
   register_perplexity(app);
   register_calibrate(app);
+  register_serve(app);
 }
 
 }  // namespace protokv::cli

@@ -64,9 +64,14 @@ void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
 // Q8_0 and K-quant weights: as in ggml, x is quantised to int8 per block of the weight type (32
 // values for Q8_0, 256 for K-quants, scale max|x| / 127) and each block is multiplied in int32
 // (kernels/quant_matvec.h), so the result differs from the dequantised F32 product by at most
-// sum over blocks of (scale / 2) * sum |w| (tests/test_quant.cpp). Q4_0/Q4_1/Q5_0/Q5_1 rows
-// are dequantised to F32 and multiplied with F32 x (faster here for 32-value blocks).
+// sum over blocks of (scale / 2) * sum |w| (tests/test_quant.cpp). Q4_0/Q4_1/Q5_0/Q5_1 take
+// ggml's Q8_0 / Q8_1 activation blocks and its vec_dot arithmetic (matvec.cpp).
 void matvec(const WeightMatrix& w, const float* x, float* y);
+
+// n independent mat-vecs, y[i, rows] = W · x[i, cols] (decode steps of n sequences batched):
+// each row's result equals matvec(W, x[i]) bit for bit, but W is streamed from memory once for
+// all n (each weight row is dotted with every x[i] while it is in cache).
+void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y);
 
 // Y[n, rows] = X[n, cols] · W^T (prefill projections), W in any supported dtype, through BLAS.
 // F32 calls sgemm directly; other dtypes convert W in panels of rows to F32 scratch (per thread,

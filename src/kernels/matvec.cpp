@@ -15,46 +15,55 @@ namespace {
 // Below this many weight bytes the fork/join costs more than a second thread saves.
 constexpr size_t kParallelMinBytes = size_t{1} << 17;
 
+// y[i * w.rows + r] = row_dot(row r, i) for each of the n activations i: a weight row is read
+// once and dotted with every activation while it is in cache.
 template <class RowDot>
-void for_each_row(const WeightMatrix& w, float* y, RowDot row_dot) {
+void for_each_row(const WeightMatrix& w, int64_t n, float* y, RowDot row_dot) {
   const auto* base = static_cast<const char*>(w.data);
   const size_t row_bytes = dtype_row_bytes(w.type, w.cols);
+  const int64_t rows = w.rows;
 #pragma omp parallel for schedule(static) if (w.bytes() >= kParallelMinBytes)
-  for (int64_t r = 0; r < w.rows; ++r) y[r] = row_dot(base + static_cast<size_t>(r) * row_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row = base + static_cast<size_t>(r) * row_bytes;
+    for (int64_t i = 0; i < n; ++i) y[i * rows + r] = row_dot(row, i);
+  }
 }
 
-// The calling thread's quantised activation (reused: decode calls matvec hundreds of times per
-// token).
-QuantizedActivation& activation_scratch() {
-  thread_local QuantizedActivation scratch;
+// The calling thread's quantised activations, one per row (reused: decode calls matvec hundreds
+// of times per token).
+std::vector<QuantizedActivation>& activation_scratch(int64_t n) {
+  thread_local std::vector<QuantizedActivation> scratch;
+  if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(static_cast<size_t>(n));
   return scratch;
 }
 
 template <class Ops>
-void matvec_impl(const WeightMatrix& w, const float* x, float* y) {
+void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols;
+  auto x_row = [&](int64_t i) { return x + i * cols; };
   switch (w.type) {
     case DType::F32:
-      for_each_row(
-          w, y, [&](const void* row) { return Ops::dot(static_cast<const float*>(row), x, cols); });
+      for_each_row(w, n, y, [&](const void* row, int64_t i) {
+        return Ops::dot(static_cast<const float*>(row), x_row(i), cols);
+      });
       return;
     case DType::F16:
-      for_each_row(w, y, [&](const void* row) {
-        return Ops::dot_f16(static_cast<const uint16_t*>(row), x, cols);
+      for_each_row(w, n, y, [&](const void* row, int64_t i) {
+        return Ops::dot_f16(static_cast<const uint16_t*>(row), x_row(i), cols);
       });
       return;
     case DType::BF16:
-      for_each_row(w, y, [&](const void* row) {
-        return Ops::dot_bf16(static_cast<const uint16_t*>(row), x, cols);
+      for_each_row(w, n, y, [&](const void* row, int64_t i) {
+        return Ops::dot_bf16(static_cast<const uint16_t*>(row), x_row(i), cols);
       });
       return;
     case DType::Q8_0: {
       const int64_t n_blocks = cols / kQ8BlockSize;
-      QuantizedActivation& xq = activation_scratch();
-      quantize_activation(x, cols, kQ8BlockSize, xq);
-      for_each_row(w, y, [&](const void* row) {
-        return Ops::dot_q8_0_int8(static_cast<const BlockQ8_0*>(row), xq.q.data(), xq.scale.data(),
-                                  n_blocks);
+      std::vector<QuantizedActivation>& xq = activation_scratch(n);
+      for (int64_t i = 0; i < n; ++i) quantize_activation(x_row(i), cols, kQ8BlockSize, xq[i]);
+      for_each_row(w, n, y, [&](const void* row, int64_t i) {
+        return Ops::dot_q8_0_int8(static_cast<const BlockQ8_0*>(row), xq[i].q.data(),
+                                  xq[i].scale.data(), n_blocks);
       });
       return;
     }
@@ -69,30 +78,31 @@ void matvec_impl(const WeightMatrix& w, const float* x, float* y) {
       // for the path before, which dequantised each row to F32 and dotted it with x.
       const int64_t n_blocks = cols / kQ4BlockSize;
       const bool q8_1 = w.type == DType::Q4_1 || w.type == DType::Q5_1;
-      QuantizedActivation& xq = activation_scratch();
-      quantize_activation_ggml_q8(x, cols, q8_1, xq);
-      const int8_t* q = xq.q.data();
-      const float* d = xq.scale.data();
-      const float* s = xq.s.data();
+      std::vector<QuantizedActivation>& xq = activation_scratch(n);
+      for (int64_t i = 0; i < n; ++i) quantize_activation_ggml_q8(x_row(i), cols, q8_1, xq[i]);
       switch (w.type) {
         case DType::Q4_0:
-          for_each_row(w, y, [&](const void* row) {
-            return Ops::dot_q4_0_q8_0(static_cast<const BlockQ4_0*>(row), q, d, n_blocks);
+          for_each_row(w, n, y, [&](const void* row, int64_t i) {
+            return Ops::dot_q4_0_q8_0(static_cast<const BlockQ4_0*>(row), xq[i].q.data(),
+                                      xq[i].scale.data(), n_blocks);
           });
           return;
         case DType::Q5_0:
-          for_each_row(w, y, [&](const void* row) {
-            return Ops::dot_q5_0_q8_0(static_cast<const BlockQ5_0*>(row), q, d, n_blocks);
+          for_each_row(w, n, y, [&](const void* row, int64_t i) {
+            return Ops::dot_q5_0_q8_0(static_cast<const BlockQ5_0*>(row), xq[i].q.data(),
+                                      xq[i].scale.data(), n_blocks);
           });
           return;
         case DType::Q4_1:
-          for_each_row(w, y, [&](const void* row) {
-            return Ops::dot_q4_1_q8_1(static_cast<const BlockQ4_1*>(row), q, d, s, n_blocks);
+          for_each_row(w, n, y, [&](const void* row, int64_t i) {
+            return Ops::dot_q4_1_q8_1(static_cast<const BlockQ4_1*>(row), xq[i].q.data(),
+                                      xq[i].scale.data(), xq[i].s.data(), n_blocks);
           });
           return;
         default:  // Q5_1
-          for_each_row(w, y, [&](const void* row) {
-            return Ops::dot_q5_1_q8_1(static_cast<const BlockQ5_1*>(row), q, d, s, n_blocks);
+          for_each_row(w, n, y, [&](const void* row, int64_t i) {
+            return Ops::dot_q5_1_q8_1(static_cast<const BlockQ5_1*>(row), xq[i].q.data(),
+                                      xq[i].scale.data(), xq[i].s.data(), n_blocks);
           });
           return;
       }
@@ -101,10 +111,10 @@ void matvec_impl(const WeightMatrix& w, const float* x, float* y) {
       with_unpacker(w.type, [&](auto unpack) {
         using Unpack = decltype(unpack);
         const int64_t n_blocks = cols / Unpack::kValues;
-        QuantizedActivation& xq = activation_scratch();
-        quantize_activation(x, cols, Unpack::kValues, xq);
-        for_each_row(w, y, [&](const void* row) {
-          return dot_quantized_row<Ops, Unpack>(row, n_blocks, xq);
+        std::vector<QuantizedActivation>& xq = activation_scratch(n);
+        for (int64_t i = 0; i < n; ++i) quantize_activation(x_row(i), cols, Unpack::kValues, xq[i]);
+        for_each_row(w, n, y, [&](const void* row, int64_t i) {
+          return dot_quantized_row<Ops, Unpack>(row, n_blocks, xq[i]);
         });
       });
       return;
@@ -114,11 +124,16 @@ void matvec_impl(const WeightMatrix& w, const float* x, float* y) {
 }  // namespace
 
 void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y) {
-  with_isa(isa, [&](auto ops) { matvec_impl<decltype(ops)>(w, x, y); });
+  with_isa(isa, [&](auto ops) { matvec_impl<decltype(ops)>(w, x, 1, y); });
 }
 
 void matvec(const WeightMatrix& w, const float* x, float* y) {
   matvec(kBestIsa, w, x, y);
+}
+
+void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y) {
+  if (n <= 0) return;
+  with_isa(kBestIsa, [&](auto ops) { matvec_impl<decltype(ops)>(w, x, n, y); });
 }
 
 }  // namespace protokv::kernels

@@ -1,7 +1,8 @@
 // The transformer block, written once as steps over N token rows: prefill runs them over a chunk
 // of the prompt, decode over one row. The steps differ only in how attention reads the cache
 // (prefill.cpp, decode.cpp); everything else is here. The kernels dispatch on N: one row uses
-// the SIMD mat-vec path, several rows BLAS GEMMs (kernels::matmul).
+// the SIMD mat-vec path, several prompt rows BLAS GEMMs (kernels::matmul), several sequences'
+// decode rows one mat-vec each over weights read once (kernels::matvec_rows, decode_batch).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,6 +23,15 @@ void add_bias_rows(float* x, const float* bias, int64_t n, int64_t width) {
   if (bias == nullptr) return;
 #pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i) add_bias(x + i * width, bias, width);
+}
+
+// Y[n, rows] = X[n, cols] · W^T: prompt rows through kernels::matmul; rows of different
+// sequences (decode_batch) as matvec_rows, each exactly as a lone decode row.
+void project(const WeightMatrix& w, const float* x, int64_t n, float* y, const RowBuffers& b) {
+  if (b.independent_rows)
+    kernels::matvec_rows(w, x, n, y);
+  else
+    kernels::matmul(w, x, n, y);
 }
 
 void add_rows(float* x, const float* delta, int64_t count) {
@@ -112,9 +122,9 @@ void Session::Impl::attention_inputs(int layer, int64_t n, const int32_t* positi
   const int64_t q_dim = static_cast<int64_t>(config.n_heads) * config.head_dim();
   const int64_t kv_dim = static_cast<int64_t>(config.n_kv_heads) * config.head_dim();
   kernels::rmsnorm_rows(b.xb.data(), b.x.data(), lw.attn_norm, n, config.dim, config.norm_eps);
-  kernels::matmul(lw.wq, b.xb.data(), n, b.q.data());
-  kernels::matmul(lw.wk, b.xb.data(), n, b.k.data());
-  kernels::matmul(lw.wv, b.xb.data(), n, b.v.data());
+  project(lw.wq, b.xb.data(), n, b.q.data(), b);
+  project(lw.wk, b.xb.data(), n, b.k.data(), b);
+  project(lw.wv, b.xb.data(), n, b.v.data(), b);
   add_bias_rows(b.q.data(), lw.bq, n, q_dim);
   add_bias_rows(b.k.data(), lw.bk, n, kv_dim);
   add_bias_rows(b.v.data(), lw.bv, n, kv_dim);
@@ -148,7 +158,7 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
                                              RowBuffers& b) const {
   const int dim = config.dim;
   const int64_t hidden = config.hidden_dim;
-  kernels::matmul(lw.wo, b.att.data(), n, b.xb.data());
+  project(lw.wo, b.att.data(), n, b.xb.data(), b);
   if (lw.attn_post_norm != nullptr)  // Gemma 3: the attention output is normalised first
     kernels::rmsnorm_rows(b.xb.data(), b.xb.data(), lw.attn_post_norm, n, dim, config.norm_eps);
   add_rows(b.x.data(), b.xb.data(), n * dim);
@@ -159,8 +169,8 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
     float* x_chunk = b.x.data() + r0 * dim;
     float* xb_chunk = b.xb.data() + r0 * dim;
     kernels::rmsnorm_rows(xb_chunk, x_chunk, lw.ffn_norm, rows, dim, config.norm_eps);
-    kernels::matmul(lw.w_gate, xb_chunk, rows, b.gate.data());
-    kernels::matmul(lw.w_up, xb_chunk, rows, b.up.data());
+    project(lw.w_gate, xb_chunk, rows, b.gate.data(), b);
+    project(lw.w_up, xb_chunk, rows, b.up.data(), b);
     const bool gelu = config.ffn_activation == FfnActivation::kGeluTanh;
 #pragma omp parallel for schedule(static) if (rows * hidden >= kParallelMinElements)
     for (int64_t r = 0; r < rows; ++r) {
@@ -169,7 +179,7 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
       else
         swiglu(b.gate.data() + r * hidden, b.up.data() + r * hidden, hidden);
     }
-    kernels::matmul(lw.w_down, b.gate.data(), rows, xb_chunk);
+    project(lw.w_down, b.gate.data(), rows, xb_chunk, b);
     if (lw.ffn_post_norm != nullptr)  // Gemma 3: the FFN output is normalised first
       kernels::rmsnorm_rows(xb_chunk, xb_chunk, lw.ffn_post_norm, rows, dim, config.norm_eps);
     add_rows(x_chunk, xb_chunk, rows * dim);
@@ -179,6 +189,10 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
 void Session::Impl::output_logits(const float* x_row, float* scratch) {
   kernels::rmsnorm(scratch, x_row, weights.output_norm, config.dim, config.norm_eps);
   kernels::matvec(weights.output, scratch, logits.data());
+  softcap_logits();
+}
+
+void Session::Impl::softcap_logits() {
   if (const float cap = config.final_logit_softcap; cap > 0.0f)  // Gemma 2/3 soft-capping
     for (float& logit : logits) logit = cap * std::tanh(logit / cap);
 }

@@ -33,49 +33,116 @@ std::string_view stop_reason_name(StopReason reason) {
   return "unknown";
 }
 
-GenerateResult generate(Session& session, const Tokenizer& tokenizer, const PromptTokens& prompt,
-                        Sampler& sampler, const GenerateOptions& options,
-                        const TokenCallback& on_token) {
-  PROTOKV_CHECK(options.max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}",
-                options.max_new_tokens);
+Generation::Generation(Session& session, const Tokenizer& tokenizer, Sampler& sampler,
+                       GenerateOptions options)
+    : session_(session), tokenizer_(tokenizer), sampler_(sampler), options_(options) {
+  PROTOKV_CHECK(options_.max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}",
+                options_.max_new_tokens);
+}
+
+void Generation::start(const PromptTokens& prompt) {
+  begin(prompt);
+  while (!advance_prefill()) {
+  }
+}
+
+void Generation::begin(const PromptTokens& prompt) {
   PROTOKV_CHECK(!prompt.prefill.empty(), "empty prompt: generation needs at least one token");
-  const int64_t context_length = session.config().context_length;
+  const int64_t context_length = session_.config().context_length;
   PROTOKV_CHECK(prompt.total() <= context_length,
                 "prompt of {} tokens is longer than the model's context ({} tokens)",
                 prompt.total(), context_length);
+  result_ = GenerateResult{};
+  started_ = finished_ = pending_ = false;
+  fed_after_ = prompt.fed_after;
+  prev_ = prompt.fed_after.empty() ? prompt.prefill.back() : prompt.fed_after.back();
+  session_.begin_prefill(prompt.prefill);
+}
 
-  GenerateResult result;
-  std::span<const float> logits = session.prefill(prompt.prefill);
-  result.prefill = session.prefill_stats();
-
+bool Generation::advance_prefill() {
+  if (started_) return true;
+  if (!session_.prefill_chunk()) return false;
+  logits_ = session_.logits();
+  result_.prefill = session_.prefill_stats();
   const Timer question_timer;
-  if (!prompt.fed_after.empty()) logits = session.append(prompt.fed_after);
-  result.question_ms = question_timer.ms();
-  result.question_tokens = static_cast<int64_t>(prompt.fed_after.size());
+  if (!fed_after_.empty()) logits_ = session_.append(fed_after_);
+  result_.question_ms = question_timer.ms();
+  result_.question_tokens = static_cast<int64_t>(fed_after_.size());
+  started_ = true;
+  pending_ = false;
+  finished_ = options_.max_new_tokens == 0;
+  return true;
+}
 
-  int32_t prev = prompt.fed_after.empty() ? prompt.prefill.back() : prompt.fed_after.back();
-  for (int i = 0; i < options.max_new_tokens; ++i) {
-    const int32_t next = sampler.sample(logits);
-    if (tokenizer.is_end_of_generation(next) && !options.ignore_eos) {
-      result.stopped = StopReason::kEos;
-      break;
-    }
-    result.tokens.push_back(next);
-    const std::string piece = tokenizer.decode(prev, next);
-    result.text += piece;
-    if (on_token) on_token(next, piece);
-    prev = next;
-    if (i + 1 == options.max_new_tokens) break;  // the last token needs no forward pass
-    if (session.n_past() >= context_length) {
-      result.stopped = StopReason::kContextFull;
-      break;
-    }
-    const Timer step;
-    logits = session.decode(next);
-    result.decode_ms += step.ms();
-    ++result.decode_steps;
+void Generation::continue_with(std::span<const int32_t> tokens) {
+  PROTOKV_CHECK(session_.n_past() > 0, "continue_with() needs a session that holds a sequence");
+  result_ = GenerateResult{};
+  const Timer timer;
+  logits_ = session_.append(tokens);
+  result_.prefill.n_tokens = static_cast<int64_t>(tokens.size());
+  result_.prefill.prefill_ms = timer.ms();
+  result_.prefill.kv_bytes = session_.cache().kv_bytes();
+  result_.prefill.peak_kv_bytes = result_.prefill.kv_bytes;
+  prev_ = tokens.back();
+  started_ = true;
+  pending_ = false;
+  finished_ = options_.max_new_tokens == 0;
+}
+
+bool Generation::forward_pending() {
+  if (!pending_ || finished_) return false;
+  if (session_.n_past() >= session_.config().context_length) {
+    result_.stopped = StopReason::kContextFull;
+    finished_ = true;
+    pending_ = false;
+    return false;
   }
-  return result;
+  return true;
+}
+
+void Generation::forwarded(std::span<const float> logits, double ms) {
+  PROTOKV_CHECK(pending_, "Generation::forwarded() without a pending token");
+  logits_ = logits;
+  result_.decode_ms += ms;
+  ++result_.decode_steps;
+  pending_ = false;
+}
+
+bool Generation::step(const TokenCallback& on_token) {
+  PROTOKV_CHECK(started_, "Generation::step() before start()");
+  if (forward_pending()) {
+    const Timer step;
+    const std::span<const float> logits = session_.decode(prev_);
+    forwarded(logits, step.ms());
+  }
+  if (finished_) return false;
+  const int32_t next = sampler_.sample(logits_);
+  if (tokenizer_.is_end_of_generation(next) && !options_.ignore_eos) {
+    result_.stopped = StopReason::kEos;
+    finished_ = true;
+    return false;
+  }
+  result_.tokens.push_back(next);
+  const std::string piece = tokenizer_.decode(prev_, next);
+  result_.text += piece;
+  prev_ = next;
+  // The last token needs no forward pass.
+  if (static_cast<int64_t>(result_.tokens.size()) == options_.max_new_tokens)
+    finished_ = true;
+  else
+    pending_ = true;
+  if (on_token) on_token(next, piece);
+  return true;
+}
+
+GenerateResult generate(Session& session, const Tokenizer& tokenizer, const PromptTokens& prompt,
+                        Sampler& sampler, const GenerateOptions& options,
+                        const TokenCallback& on_token) {
+  Generation generation(session, tokenizer, sampler, options);
+  generation.start(prompt);
+  while (generation.step(on_token)) {
+  }
+  return generation.result();
 }
 
 }  // namespace protokv

@@ -281,32 +281,53 @@ int64_t Session::Impl::begin_press(int64_t n) {
 }
 
 std::span<const float> Session::Impl::prefill(std::span<const int32_t> tokens) {
-  const Timer total_timer;
+  begin_prefill(tokens);
+  while (!prefill_chunk()) {
+  }
+  return logits;
+}
+
+void Session::Impl::begin_prefill(std::span<const int32_t> tokens) {
+  const Timer timer;
   const auto n = static_cast<int64_t>(tokens.size());
   check_prompt(tokens);
   reset();
   const int64_t budget_entries = begin_press(n);
+  auto p = std::make_unique<PendingPrefill>();
+  p->tokens.assign(tokens.begin(), tokens.end());
   // A budget that covers the prompt keeps everything: the cache is filled exactly as without a
   // press, so the output is bit-identical to no compression.
-  const bool compress = press != nullptr && budget_entries < n;
-  const int64_t chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
+  p->compress = press != nullptr && budget_entries < n;
+  p->chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
+  p->rows = RowBuffers(p->chunk, config);
+  if (p->compress && p->chunk < n) p->queries.resize(static_cast<size_t>(config.n_layers));
+  p->ms = timer.ms();
+  pending = std::move(p);
+}
 
-  RowBuffers rows(chunk, config);
-  if (compress && chunk == n) {
-    forward_chunk(tokens, ChunkKind::kPromptWhole, rows, nullptr, n);
+bool Session::Impl::prefill_chunk() {
+  PROTOKV_CHECK(pending != nullptr, "prefill_chunk() without begin_prefill()");
+  const Timer timer;
+  PendingPrefill& p = *pending;
+  const auto n = static_cast<int64_t>(p.tokens.size());
+  const std::span<const int32_t> tokens(p.tokens);
+  if (p.compress && p.chunk == n) {  // the whole prompt at once: each layer compressed in turn
+    forward_chunk(tokens, ChunkKind::kPromptWhole, p.rows, nullptr, n);
+    p.next = n;
   } else {
-    std::vector<std::vector<float>> queries(compress ? static_cast<size_t>(config.n_layers) : 0);
-    for (int64_t r0 = 0; r0 < n; r0 += chunk)
-      forward_chunk(
-          tokens.subspan(static_cast<size_t>(r0), static_cast<size_t>(std::min(chunk, n - r0))),
-          ChunkKind::kPrompt, rows, compress ? &queries : nullptr, n);
-    if (compress) compress_cached_prompt(queries, n);
+    const int64_t rows = std::min(p.chunk, n - p.next);
+    forward_chunk(tokens.subspan(static_cast<size_t>(p.next), static_cast<size_t>(rows)),
+                  ChunkKind::kPrompt, p.rows, p.compress ? &p.queries : nullptr, n);
+    p.next += rows;
+    if (p.next == n && p.compress) compress_cached_prompt(p.queries, n);
   }
-
+  p.ms += timer.ms();
+  if (p.next < n) return false;
   stats.n_tokens = n;
   stats.kv_bytes = cache.kv_bytes();
-  stats.prefill_ms = total_timer.ms();
-  return logits;
+  stats.prefill_ms = p.ms;
+  pending.reset();
+  return true;
 }
 
 void Session::Impl::capture_prompt(std::span<const int32_t> tokens, PrefilledPrompt::Data& out) {

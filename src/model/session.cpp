@@ -53,6 +53,7 @@ void Session::Impl::ensure_probs_capacity(int64_t n) {
 }
 
 void Session::Impl::reset() {
+  pending.reset();
   cache.clear();
   n_past = 0;
   press.reset();
@@ -71,6 +72,28 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
     impl_->reset();  // a press or allocation failure must not leave a half-filled cache behind
     throw;
   }
+}
+
+void Session::begin_prefill(std::span<const int32_t> tokens) {
+  try {
+    impl_->begin_prefill(tokens);
+  } catch (...) {
+    impl_->reset();
+    throw;
+  }
+}
+
+bool Session::prefill_chunk() {
+  try {
+    return impl_->prefill_chunk();
+  } catch (...) {
+    impl_->reset();
+    throw;
+  }
+}
+
+std::span<const float> Session::logits() const {
+  return impl_->logits;
 }
 
 std::span<const float> Session::prefill(const PrefilledPrompt& prompt) {

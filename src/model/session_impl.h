@@ -27,6 +27,9 @@ struct RowBuffers {
   std::vector<float> gate;  // [ffn_rows, hidden_dim]
   std::vector<float> up;    // [ffn_rows, hidden_dim]
   int64_t ffn_rows = 0;     // FFN rows processed at once (bounds gate/up on long prompts)
+  // Rows of different sequences (decode_batch): each is multiplied exactly as decode's one row is
+  // (kernels::matvec_rows, weights read once for all), not as prompt rows (GEMM).
+  bool independent_rows = false;
 };
 
 // How a chunk of rows (Session::Impl::forward_chunk, prefill.cpp) treats the cache and the press.
@@ -52,6 +55,9 @@ struct Session::Impl {
   Impl(const ModelWeights& w, SessionOptions opts);
 
   std::span<const float> prefill(std::span<const int32_t> tokens);
+  // prefill(tokens) one chunk at a time (Session::begin_prefill / prefill_chunk).
+  void begin_prefill(std::span<const int32_t> tokens);
+  bool prefill_chunk();
   std::span<const float> prefill(const PrefilledPrompt& prompt);
   // Runs `tokens` through every layer without a press, keeping every row and every layer's
   // queries in `out` (PrefilledPrompt::make); leaves the session reset.
@@ -65,6 +71,20 @@ struct Session::Impl {
   // Throws Error, leaving the session as it is, when `tokens` cannot be appended.
   void check_append(std::span<const int32_t> tokens) const;
   std::span<const float> decode(int32_t token);
+  // decode() in three parts, so that decode_batch can run the block once over several sessions'
+  // rows: begin_decode checks the token and the context (throwing before anything changes) and
+  // prepares the step; decode_attention appends a layer's K/V row, attends and runs the press's
+  // hook; end_decode counts the step.
+  struct DecodeState {
+    int32_t position = 0;
+    bool want_probs = false;
+    bool keep_queries = false;
+    size_t attended_bytes = 0;
+  };
+  DecodeState begin_decode(int32_t token);
+  void decode_attention(int layer, DecodeState& state, const float* q, const float* k,
+                        const float* v, float* att);
+  void end_decode(DecodeState& state);
   void reset();
 
   // Throws Error for a token id outside the vocabulary.
@@ -85,6 +105,8 @@ struct Session::Impl {
   void attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b) const;
   // logits = output · rmsnorm(x_row); `scratch` [dim] may alias x_row.
   void output_logits(const float* x_row, float* scratch);
+  // Final-logit soft-capping (Gemma 2/3), in place on this->logits.
+  void softcap_logits();
 
   // Runs `tokens` at positions n_past.. through every layer (prefill.cpp). `queries`, when not
   // null, collects each layer's post-RoPE queries [n_layers][n_heads, n_total, head_dim] for a
@@ -122,6 +144,17 @@ struct Session::Impl {
   // without a press and until prefill.
   std::unique_ptr<Press> press;
   PrefillStats stats;
+  // A prefill between begin_prefill and its last prefill_chunk.
+  struct PendingPrefill {
+    std::vector<int32_t> tokens;
+    int64_t next = 0;   // first row not yet run
+    int64_t chunk = 0;  // rows per prefill_chunk
+    bool compress = false;
+    std::vector<std::vector<float>> queries;  // for the deferred compression of a chunked prompt
+    RowBuffers rows;
+    double ms = 0.0;  // time inside begin_prefill and prefill_chunk so far
+  };
+  std::unique_ptr<PendingPrefill> pending;
   DecodeObserver* observer = nullptr;
   std::vector<float> logits;  // [vocab]
   RowBuffers step;            // one row: decode

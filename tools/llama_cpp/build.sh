@@ -3,7 +3,8 @@
 # git bundle (package/llama/gitRelease.bundle; llama.cpp upstream de3ff81, MIT), plus
 # protokv-dump-logits (tools/llama_cpp/dump_logits.cpp) and protokv-llama-oracle
 # (tools/llama_cpp/llama_oracle.cpp) linked against it. Not part of CI: it is the oracle for
-# tools/llama_cpp/make_fixtures.sh, make_real_model_fixtures.sh and bench/vs_llama_cpp.sh.
+# tools/llama_cpp/make_fixtures.sh, make_real_model_fixtures.sh, bench/vs_llama_cpp.sh and
+# bench/serve.sh (llama-server).
 #
 #   tools/llama_cpp/build.sh            # prints the build folder; skips what is already built
 #
@@ -17,7 +18,8 @@ SRC=$CACHE/llama.cpp-src
 BUILD=$CACHE/llama.cpp-build
 JOBS=${JOBS:-2}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-TARGETS=(llama-perplexity llama-quantize llama-bench llama-simple llama-completion llama-tokenize)
+TARGETS=(llama-perplexity llama-quantize llama-bench llama-simple llama-completion llama-tokenize
+  llama-server)
 
 log() { echo "llama_cpp/build.sh: $*" >&2; }
 

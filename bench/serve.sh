@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# protokv serve next to llama-server on the same GGUF, same threads, same concurrency (issue 25's
+# benchmark; prints figures, asserts nothing). Not part of CI.
+#
+#   bench/serve.sh [--model GGUF] [-t THREADS] [--prompt-tokens 4096] [--max-tokens 32]
+#                  [--clients 1,4,8] [--press snapkv] [--budget 256] [--kv-memory MiB]
+#
+# Part 1, throughput and latency: C concurrent clients (one streamed /v1/completions request
+# each, every prompt a different slice of Debian's licence texts, greedy, ignore_eos) against
+# llama-server (-np C, its default F16 cache), protokv with the full cache (F32), and protokv with
+# --press at --budget: aggregate generated tokens/s, p50/p95 time to first token and inter-token
+# latency (bench/serve_load.py).
+# Part 2, sessions at a fixed --kv-memory: from the KV bytes one request measures after prefill
+# (full, then the press) and the admission rule of docs/server.md, how many sessions fit; for
+# llama-server, its slots of full F16 cache at that memory (computed).
+# Needs tools/llama_cpp/build.sh (llama-server) and tools/fetch_models.sh (default model).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+CACHE=${PROTOKV_CACHE:-$HOME/.cache/protokv}
+PROTOKV=${PROTOKV:-$ROOT/build/protokv}
+LLAMA_SERVER=${LLAMA_SERVER:-$CACHE/llama.cpp-build/bin/llama-server}
+MODEL="" THREADS=2 PROMPT_TOKENS=4096 MAX_TOKENS=32 CLIENTS=1,4,8 PRESS=snapkv BUDGET=256
+KV_MEMORY=1024
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --model) MODEL=$2; shift 2 ;;
+    -t|--threads) THREADS=$2; shift 2 ;;
+    --prompt-tokens) PROMPT_TOKENS=$2; shift 2 ;;
+    --max-tokens) MAX_TOKENS=$2; shift 2 ;;
+    --clients) CLIENTS=$2; shift 2 ;;
+    --press) PRESS=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --kv-memory) KV_MEMORY=$2; shift 2 ;;
+    *) echo "serve.sh: unknown argument $1" >&2; exit 1 ;;
+  esac
+done
+[[ -n $MODEL ]] || MODEL=$("$ROOT/tools/fetch_models.sh" --quiet | head -1)
+[[ -x $PROTOKV ]] || { echo "serve.sh: no protokv at $PROTOKV" >&2; exit 1; }
+[[ -x $LLAMA_SERVER ]] || { echo "serve.sh: no llama-server at $LLAMA_SERVER (tools/llama_cpp/build.sh)" >&2; exit 1; }
+TEXT=$CACHE/text/debian-licences.txt
+mkdir -p "$(dirname "$TEXT")"
+[[ -s $TEXT ]] || (cd /usr/share/common-licenses &&
+  cat GPL-3 GPL-2 LGPL-2.1 GFDL-1.3 Apache-2.0 MPL-2.0 Artistic CC0-1.0) >"$TEXT"
+# ~3.6 characters per token on this English text for SmolLM2's and Gemma's tokenizers; the
+# measured prompt_tokens_mean is printed.
+PROMPT_CHARS=$((PROMPT_TOKENS * 36 / 10))
+PORT=18400
+LOG=$(mktemp)
+server=""
+stop_server() { [[ -n $server ]] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; server=""; }
+trap 'stop_server; rm -f "$LOG"' EXIT
+wait_ready() {
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+    kill -0 "$server" 2>/dev/null || { cat "$LOG" >&2; return 1; }
+    sleep 0.2
+  done
+  return 1
+}
+load() { # clients, extra JSON
+  python3 "$HERE/serve_load.py" --port "$PORT" --text "$TEXT" --clients "$1" --requests 1 \
+    --prompt-chars "$PROMPT_CHARS" --max-tokens "$MAX_TOKENS" --extra "${2:-{\}}"
+}
+row() { # name, JSON
+  python3 -c 'import json,sys; r=json.loads(sys.argv[2]); f=lambda v,s=1,d=2: "-" if v is None else f"{v*s:.{d}f}"
+print(f"| {sys.argv[1]} | {r[\"clients\"]} | {r[\"ok\"]}/{r[\"requests\"]} | {f(r[\"prompt_tokens_mean\"],1,0)} | {f(r[\"tokens_per_s\"])} | {f(r[\"ttft_p50_s\"])} | {f(r[\"ttft_p95_s\"])} | {f(r[\"itl_p50_ms\"],1,1)} | {f(r[\"itl_p95_ms\"],1,1)} |")' "$1" "$2"
+}
+per_slot=$((PROMPT_TOKENS + MAX_TOKENS + 256))
+
+echo "model $MODEL, $THREADS threads, prompts of ~$PROMPT_TOKENS tokens, $MAX_TOKENS generated each"
+echo
+echo "| server | clients | ok | prompt tokens | gen tokens/s | TTFT p50 s | TTFT p95 s | ITL p50 ms | ITL p95 ms |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+IFS=, read -ra client_counts <<<"$CLIENTS"
+for c in "${client_counts[@]}"; do
+  "$LLAMA_SERVER" -m "$MODEL" -t "$THREADS" -np "$c" -c $((c * per_slot)) --port "$PORT" \
+    --host 127.0.0.1 >"$LOG" 2>&1 &
+  server=$!
+  wait_ready
+  row "llama-server" "$(load "$c")"
+  stop_server
+  for mode in full press; do
+    args=(--parallel "$c")
+    [[ $mode == press ]] && args+=(--press "$PRESS" --budget "$BUDGET")
+    "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
+    server=$!
+    wait_ready
+    name="protokv full"
+    [[ $mode == press ]] && name="protokv $PRESS B=$BUDGET"
+    row "$name" "$(load "$c")"
+    stop_server
+  done
+done
+
+echo
+echo "Sessions that fit --kv-memory $KV_MEMORY MiB with prompts of ~$PROMPT_TOKENS tokens and $MAX_TOKENS generated:"
+echo
+# protokv admits a request on the full cache of its prompt plus max_tokens (its transient bound),
+# then holds what its compressed cache measured after prefill plus room for its tokens: with one
+# prompt in prefill at a time, capacity = 1 + (cap - transient) / held. The held bytes are
+# measured (one request each); llama-server holds every slot's full F16 cache.
+echo "| server | KV bytes per session | sessions at $KV_MEMORY MiB |"
+echo "| --- | --- | --- |"
+for mode in full press; do
+  args=()
+  [[ $mode == press ]] && args+=(--press "$PRESS" --budget "$BUDGET")
+  "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
+  server=$!
+  wait_ready
+  body=$(python3 -c 'import json,sys; t=open(sys.argv[1],encoding="utf-8",errors="replace").read(); print(json.dumps({"prompt": t[:int(sys.argv[2])], "max_tokens": int(sys.argv[3]), "temperature": 0, "ignore_eos": True}))' "$TEXT" "$PROMPT_CHARS" "$MAX_TOKENS")
+  response=$(curl -s "http://127.0.0.1:$PORT/v1/completions" -d "$body")
+  stop_server
+  name="protokv full"
+  [[ $mode == press ]] && name="protokv $PRESS B=$BUDGET"
+  python3 - "$name" "$response" "$KV_MEMORY" "$MAX_TOKENS" <<'PY'
+import json, sys
+name, r, mib, max_tokens = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+kv, prompt = r["kv_compression"], r["usage"]["prompt_tokens"]
+per_token = kv["kv_bytes_full"] / prompt
+transient = kv["kv_bytes_full"] + per_token * max_tokens
+held = kv["kv_bytes"] + per_token * max_tokens
+cap = mib * 2**20
+n = 0 if transient > cap else 1 + int((cap - transient) // held)
+print(f"| {name} | {held / 2**20:.1f} MiB (after prefill {kv['kv_bytes'] / 2**20:.1f} MiB, full {kv['kv_bytes_full'] / 2**20:.1f} MiB) | {n} |")
+PY
+done
+python3 - "$MODEL" "$KV_MEMORY" "$per_slot" "$PROTOKV" <<'PY'
+import re, subprocess, sys
+model, mib, per_slot, protokv = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+info = subprocess.run([protokv, "info", "-m", model], capture_output=True, text=True).stdout
+get = lambda key: int(re.search(rf"^{key}\s+(\d+)", info, re.M).group(1))
+per_token = get("layers") * get("kv heads") * get("head dim") * 2 * 2  # K and V, F16
+print(f"| llama-server (F16 cache, slots of {per_slot} tokens; every layer counted) | {per_token * per_slot / 2**20:.1f} MiB | {int(mib * 2**20 // (per_token * per_slot))} |")
+PY
