@@ -42,9 +42,9 @@ TEXT=$CACHE/text/debian-licences.txt
 mkdir -p "$(dirname "$TEXT")"
 [[ -s $TEXT ]] || (cd /usr/share/common-licenses &&
   cat GPL-3 GPL-2 LGPL-2.1 GFDL-1.3 Apache-2.0 MPL-2.0 Artistic CC0-1.0) >"$TEXT"
-# ~3.6 characters per token on this English text for SmolLM2's and Gemma's tokenizers; the
-# measured prompt_tokens_mean is printed.
-PROMPT_CHARS=$((PROMPT_TOKENS * 36 / 10))
+# ~4.6 characters per token on this text with SmolLM2's tokenizer (4096 x 3.6 characters gave
+# 3156 tokens); the measured prompt_tokens_mean is printed.
+PROMPT_CHARS=$((PROMPT_TOKENS * 46 / 10))
 PORT=18400
 LOG=$(mktemp)
 server=""
@@ -63,8 +63,7 @@ load() { # clients, extra JSON
     --prompt-chars "$PROMPT_CHARS" --max-tokens "$MAX_TOKENS" --extra "${2:-{\}}"
 }
 row() { # name, JSON
-  python3 -c 'import json,sys; r=json.loads(sys.argv[2]); f=lambda v,s=1,d=2: "-" if v is None else f"{v*s:.{d}f}"
-print(f"| {sys.argv[1]} | {r[\"clients\"]} | {r[\"ok\"]}/{r[\"requests\"]} | {f(r[\"prompt_tokens_mean\"],1,0)} | {f(r[\"tokens_per_s\"])} | {f(r[\"ttft_p50_s\"])} | {f(r[\"ttft_p95_s\"])} | {f(r[\"itl_p50_ms\"],1,1)} | {f(r[\"itl_p95_ms\"],1,1)} |")' "$1" "$2"
+  python3 "$HERE/serve_load.py" --row "$1" "$2"
 }
 per_slot=$((PROMPT_TOKENS + MAX_TOKENS + 256))
 
@@ -74,6 +73,7 @@ echo "| server | clients | ok | prompt tokens | gen tokens/s | TTFT p50 s | TTFT
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 IFS=, read -ra client_counts <<<"$CLIENTS"
 for c in "${client_counts[@]}"; do
+  PORT=$((PORT + 1))  # a fresh port per server: no wait for the last one's sockets
   "$LLAMA_SERVER" -m "$MODEL" -t "$THREADS" -np "$c" -c $((c * per_slot)) --port "$PORT" \
     --host 127.0.0.1 >"$LOG" 2>&1 &
   server=$!
@@ -83,7 +83,9 @@ for c in "${client_counts[@]}"; do
   for mode in full press; do
     args=(--parallel "$c")
     [[ $mode == press ]] && args+=(--press "$PRESS" --budget "$BUDGET")
-    "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
+    PORT=$((PORT + 1))
+    PORT=$((PORT + 1))
+  "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
     server=$!
     wait_ready
     name="protokv full"
@@ -105,11 +107,13 @@ echo "| --- | --- | --- |"
 for mode in full press; do
   args=()
   [[ $mode == press ]] && args+=(--press "$PRESS" --budget "$BUDGET")
+  PORT=$((PORT + 1))
   "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
   server=$!
   wait_ready
   body=$(python3 -c 'import json,sys; t=open(sys.argv[1],encoding="utf-8",errors="replace").read(); print(json.dumps({"prompt": t[:int(sys.argv[2])], "max_tokens": int(sys.argv[3]), "temperature": 0, "ignore_eos": True}))' "$TEXT" "$PROMPT_CHARS" "$MAX_TOKENS")
-  response=$(curl -s "http://127.0.0.1:$PORT/v1/completions" -d "$body")
+  response=$(curl -s "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
+    -d "$body")
   stop_server
   name="protokv full"
   [[ $mode == press ]] && name="protokv $PRESS B=$BUDGET"
@@ -133,3 +137,41 @@ get = lambda key: int(re.search(rf"^{key}\s+(\d+)", info, re.M).group(1))
 per_token = get("layers") * get("kv heads") * get("head dim") * 2 * 2  # K and V, F16
 print(f"| llama-server (F16 cache, slots of {per_slot} tokens; every layer counted) | {per_token * per_slot / 2**20:.1f} MiB | {int(mib * 2**20 // (per_token * per_slot))} |")
 PY
+
+echo
+echo "Second turn over a ~$PROMPT_TOKENS-token document (chat; the first turn's reply, then a short question):"
+echo
+echo "| server | first turn prompt ms | second turn prompt ms, cache_prompt true | cached tokens | second turn prompt ms, cache_prompt false |"
+echo "| --- | --- | --- | --- | --- |"
+for mode in full press; do
+  args=()
+  [[ $mode == press ]] && args+=(--press "$PRESS" --budget "$BUDGET")
+  PORT=$((PORT + 1))
+  "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
+  server=$!
+  wait_ready
+  name="protokv full"
+  [[ $mode == press ]] && name="protokv $PRESS B=$BUDGET"
+  python3 - "$name" "$PORT" "$TEXT" "$PROMPT_CHARS" <<'PY'
+import http.client, json, sys
+name, port, text_file, chars = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+doc = open(text_file, encoding="utf-8", errors="replace").read()[:chars]
+def chat(messages, cache_prompt):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
+    c.request("POST", "/v1/chat/completions", json.dumps({"messages": messages, "max_tokens": 16,
+              "temperature": 0, "cache_prompt": cache_prompt}), {"Content-Type": "application/json"})
+    r = json.loads(c.getresponse().read())
+    c.close()
+    return r
+first = [{"role": "user", "content": doc + "\n\nWhich licence is this?"}]
+r1 = chat(first, True)
+second = first + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+                  {"role": "user", "content": "Who may copy it?"}]
+r2 = chat(second, True)
+r3 = chat(second, False)
+print(f"| {name} | {r1['timings']['prompt_ms']:.0f} | {r2['timings']['prompt_ms']:.0f} | "
+      f"{r2['usage']['prompt_tokens_details']['cached_tokens']} of {r2['usage']['prompt_tokens']} | "
+      f"{r3['timings']['prompt_ms']:.0f} |")
+PY
+  stop_server
+done

@@ -58,10 +58,24 @@ def one_request(port, body, timeout):
     return ttft, itl, usage.get("completion_tokens", pieces), usage.get("prompt_tokens", 0), 200
 
 
+def row(name, result):
+    """One markdown row of bench/serve.sh's table from this script's JSON output."""
+    r = json.loads(result)
+
+    def f(v, scale=1.0, digits=2):
+        return "-" if v is None else f"{v * scale:.{digits}f}"
+
+    return (f"| {name} | {r['clients']} | {r['ok']}/{r['requests']} | "
+            f"{f(r['prompt_tokens_mean'], 1, 0)} | {f(r['tokens_per_s'])} | {f(r['ttft_p50_s'])} | "
+            f"{f(r['ttft_p95_s'])} | {f(r['itl_p50_ms'], 1, 1)} | {f(r['itl_p95_ms'], 1, 1)} |")
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--text", required=True)
+    p.add_argument("--row", nargs=2, metavar=("NAME", "JSON"),
+                   help="print the markdown row of a result and exit")
+    p.add_argument("--port", type=int)
+    p.add_argument("--text")
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--requests", type=int, default=1)
     p.add_argument("--prompt-chars", type=int, default=16000)
@@ -69,6 +83,11 @@ def main():
     p.add_argument("--extra", default="{}")
     p.add_argument("--timeout", type=float, default=1800)
     a = p.parse_args()
+    if a.row:
+        print(row(*a.row))
+        return
+    if a.port is None or a.text is None:
+        p.error("--port and --text are required")
     text = open(a.text, encoding="utf-8", errors="replace").read()
     text = text * (1 + 2 * a.prompt_chars * a.clients * a.requests // max(len(text), 1))
     extra = json.loads(a.extra)

@@ -534,6 +534,12 @@ TEST(ServerHttp, ErrorsAreOpenAiObjectsWithTheirStatus) {
   ASSERT_TRUE(big);
   EXPECT_EQ(big->status, 413);
   EXPECT_TRUE(json::parse(big->body).contains("error"));
+  // curl -d's default Content-Type: the message says what to send instead.
+  auto form =
+      c.Post("/v1/completions", std::string(9000, 'a'), "application/x-www-form-urlencoded");
+  ASSERT_TRUE(form);
+  EXPECT_EQ(form->status, 413);
+  EXPECT_NE(form->body.find("application/json"), std::string::npos) << form->body;
   // Garbage HTTP: a clean 400, and the server still serves.
   {
     httplib::Client raw = ts.client();

@@ -111,7 +111,12 @@ struct Server::Impl {
           message = "no such endpoint";
           break;
         case 413:
-          message = fmt::format("request body larger than {} bytes", options.max_body_bytes);
+          // cpp-httplib also caps form bodies at 8 KiB, and curl -d sends one unless told
+          // otherwise (the request's headers are not reliably available here).
+          message = fmt::format(
+              "request body larger than {} bytes, or a form-urlencoded one (curl -d's default) "
+              "over 8192 bytes: send 'Content-Type: application/json'",
+              options.max_body_bytes);
           break;
         default:
           message = fmt::format("HTTP {}", res.status);
