@@ -14,8 +14,8 @@ if [ "${SKIP_APT:-0}" != "1" ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config ccache libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev \
-    libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libcpp-httplib-dev python3 \
-    python3-pip >/dev/null
+    libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libcpp-httplib-dev nginx \
+    python3 python3-pip >/dev/null
 fi
 
 tools/fetch_models.sh
