@@ -595,6 +595,33 @@ TEST(ServerHttp, LongPromptIsPrefilledBetweenTheDecodeStepsOfOthers) {
   decoding.join();
 }
 
+TEST(ServerHttp, WaitingForActiveSessionsMemoryKeepsCachedConversations) {
+  ServerOptions o;
+  o.scheduler.kv_memory = 150 * 1024;  // recall model: 1 KiB per token
+  o.scheduler.round_delay = 10ms;
+  TestServer ts(o);
+  auto c = ts.client();
+  post_json(c, "/v1/completions", {{"prompt", "one two"}, {"max_tokens", 2}}, 200);
+  ASSERT_TRUE(ts.wait_for([](const SchedulerStats& s) { return s.parked_sessions == 1; }));
+  // Two requests of ~100 KiB each: the second must wait for the first, and evicting the cached
+  // conversation would not make it fit, so the cached conversation stays.
+  const json big = {
+      {"prompt", kPrompt}, {"max_tokens", 60}, {"ignore_eos", true}, {"cache_prompt", false}};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i)
+    clients.emplace_back([&] {
+      auto client = ts.client();
+      client.Post("/v1/completions", big.dump(), "application/json");
+    });
+  ASSERT_TRUE(ts.wait_for(
+      [](const SchedulerStats& s) { return s.active_sessions == 1 && s.queue_length == 1; }));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(ts.server().stats().parked_sessions, 1u);
+  EXPECT_EQ(ts.server().stats().queue_length, 1u);
+  for (auto& t : clients) t.join();
+  EXPECT_LE(ts.server().stats().kv_bytes_in_use, o.scheduler.kv_memory);
+}
+
 TEST(ServerHttp, FullQueueGets503WithRetryAfter) {
   ServerOptions o;
   o.scheduler.parallel = 1;

@@ -203,6 +203,13 @@ bool Scheduler::admit_head(std::unique_ptr<Active>& admitted) {
     candidate->fresh = std::move(fresh);
     candidate->outcome.usage.cached_tokens = static_cast<int64_t>(candidate->state.tokens.size());
   } else {
+    // Evict cached conversations only when that makes the request fit; while active sessions
+    // hold the memory it needs, it waits and the cached ones stay.
+    size_t parked_bytes = 0;
+    for (const auto& p : parked_) parked_bytes += p->reservation.bytes();
+    const size_t need = reservation_bytes(*job);
+    if (accountant_.cap() != 0 && accountant_.in_use() - parked_bytes + need > accountant_.cap())
+      return false;
     std::optional<KvAccountant::Reservation> r;
     if (!evict_until(
             [&] { return (r = accountant_.try_reserve(reservation_bytes(*job))).has_value(); },
@@ -464,6 +471,7 @@ void Scheduler::step_all() {
   }
   kv_bytes_held_ = held;
   kv_bytes_parked_ = parked;
+  parked_count_ = parked_.size();  // admit_head may have evicted some
 }
 
 }  // namespace protokv::server
