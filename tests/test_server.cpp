@@ -702,8 +702,11 @@ TEST(ServerHttp, ManyClientsEachCompleteOrGetA503AndMemoryReturnsToZero) {
           ++completed;
         else if (r && r->status == 503)
           ++rejected;
-        else
+        else {
           ++other;
+          ADD_FAILURE() << "status " << (r ? r->status : -1) << " "
+                        << (r ? r->body : httplib::to_string(r.error()));
+        }
       }
     });
   }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "protokv/error.h"
 #include "protokv/generate.h"
@@ -48,6 +49,8 @@ struct Server::Impl {
   std::unique_ptr<Scheduler> scheduler;
   httplib::Server http;
   std::atomic<int64_t> next_id{1};
+  std::atomic<bool> listening{false};
+  std::atomic<bool> stopping{false};
   int64_t created = unix_seconds();
 
   Impl(const LoadedModel& m, ServerOptions o) : model(m), options(std::move(o)) {
@@ -435,11 +438,17 @@ int Server::bind() {
 }
 
 void Server::listen() {
-  impl_->http.listen_after_bind();
+  impl_->listening = true;
+  if (!impl_->stopping) impl_->http.listen_after_bind();
+  impl_->listening = false;
 }
 
 void Server::stop() {
+  impl_->stopping = true;
   impl_->scheduler->stop();
+  // cpp-httplib's stop() does nothing until listen_after_bind() runs: a stop() racing a listen()
+  // that has not started yet waits for it (or listen() sees `stopping` and returns at once).
+  while (impl_->listening && !impl_->http.is_running()) std::this_thread::yield();
   impl_->http.stop();
 }
 
