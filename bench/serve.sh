@@ -62,6 +62,22 @@ load() { # clients, extra JSON
   python3 "$HERE/serve_load.py" --port "$PORT" --text "$TEXT" --clients "$1" --requests 1 \
     --prompt-chars "$PROMPT_CHARS" --max-tokens "$MAX_TOKENS" --extra "${2:-{\}}"
 }
+# Starts protokv serve on a fresh port, full cache or (mode "press") --press at --budget, plus
+# any further flags; sets $server and $name.
+start_protokv() { # mode, extra flags...
+  local mode=$1
+  shift
+  local args=("$@")
+  name="protokv full"
+  if [[ $mode == press ]]; then
+    args+=(--press "$PRESS" --budget "$BUDGET")
+    name="protokv $PRESS B=$BUDGET"
+  fi
+  PORT=$((PORT + 1))  # a fresh port per server: no wait for the last one's sockets
+  "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
+  server=$!
+  wait_ready
+}
 row() { # name, JSON
   python3 "$HERE/serve_load.py" --row "$1" "$2"
 }
@@ -81,15 +97,7 @@ for c in "${client_counts[@]}"; do
   row "llama-server" "$(load "$c")"
   stop_server
   for mode in full press; do
-    args=(--parallel "$c")
-    [[ $mode == press ]] && args+=(--press "$PRESS" --budget "$BUDGET")
-    PORT=$((PORT + 1))
-    PORT=$((PORT + 1))
-  "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
-    server=$!
-    wait_ready
-    name="protokv full"
-    [[ $mode == press ]] && name="protokv $PRESS B=$BUDGET"
+    start_protokv "$mode" --parallel "$c"
     row "$name" "$(load "$c")"
     stop_server
   done
@@ -105,18 +113,11 @@ echo
 echo "| server | KV bytes per session | sessions at $KV_MEMORY MiB |"
 echo "| --- | --- | --- |"
 for mode in full press; do
-  args=()
-  [[ $mode == press ]] && args+=(--press "$PRESS" --budget "$BUDGET")
-  PORT=$((PORT + 1))
-  "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
-  server=$!
-  wait_ready
+  start_protokv "$mode"
   body=$(python3 -c 'import json,sys; t=open(sys.argv[1],encoding="utf-8",errors="replace").read(); print(json.dumps({"prompt": t[:int(sys.argv[2])], "max_tokens": int(sys.argv[3]), "temperature": 0, "ignore_eos": True}))' "$TEXT" "$PROMPT_CHARS" "$MAX_TOKENS")
   response=$(curl -s "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
     -d "$body")
   stop_server
-  name="protokv full"
-  [[ $mode == press ]] && name="protokv $PRESS B=$BUDGET"
   python3 - "$name" "$response" "$KV_MEMORY" "$MAX_TOKENS" <<'PY'
 import json, sys
 name, r, mib, max_tokens = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
@@ -144,14 +145,7 @@ echo
 echo "| server | first turn prompt ms | second turn prompt ms, cache_prompt true | cached tokens | second turn prompt ms, cache_prompt false |"
 echo "| --- | --- | --- | --- | --- |"
 for mode in full press; do
-  args=()
-  [[ $mode == press ]] && args+=(--press "$PRESS" --budget "$BUDGET")
-  PORT=$((PORT + 1))
-  "$PROTOKV" serve -m "$MODEL" -t "$THREADS" --port "$PORT" "${args[@]}" >"$LOG" 2>&1 &
-  server=$!
-  wait_ready
-  name="protokv full"
-  [[ $mode == press ]] && name="protokv $PRESS B=$BUDGET"
+  start_protokv "$mode"
   python3 - "$name" "$PORT" "$TEXT" "$PROMPT_CHARS" <<'PY'
 import http.client, json, sys
 name, port, text_file, chars = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
