@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "protokv/engine.h"
+#include "protokv/error.h"
 #include "protokv/generate.h"
 #include "protokv/model.h"
 #include "protokv/press_spec.h"
@@ -244,6 +245,7 @@ class TestServer {
     return c;
   }
   Server& server() { return *server_; }
+  int port() const { return port_; }
   // Polls the scheduler (bounded) until `done` holds.
   template <class F>
   bool wait_for(F done) {
@@ -679,6 +681,48 @@ TEST(ServerHttp, ClientDisconnectMidStreamReleasesItsMemory) {
   })) << "cancelled "
       << ts.server().stats().requests_cancelled << ", reserved "
       << ts.server().stats().kv_bytes_in_use;
+}
+
+TEST(ServerHttp, ABurstOfConnectionsIsAllAnswered) {
+  // cpp-httplib listens with a backlog of 5; a burst beyond it lost connections (closed without
+  // a response, or answered only after SYN retries of 1 s, 3 s, 7 s...) until the server listened
+  // again with a longer backlog. On loopback the kernel completes an accepted handshake at once;
+  // the connect timeout, below the first SYN retry, catches a dropped one.
+  TestServer ts({});
+  constexpr int kClients = 48;
+  std::atomic<int> ready{0}, answered{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&] {
+      auto c = ts.client();
+      c.set_connection_timeout(0, 900'000);
+      ++ready;
+      while (ready < kClients) std::this_thread::yield();
+      auto r = c.Get("/health");
+      if (r && r->status == 200) ++answered;
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(answered, kClients);
+}
+
+TEST(ServerHttp, ASecondServerOnTheSamePortFailsToBind) {
+  // cpp-httplib's default SO_REUSEPORT would let the second bind succeed and split the traffic.
+  TestServer first({});
+  ServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = first.port();
+  Server second(recall_model(), o);
+  EXPECT_THROW(
+      {
+        try {
+          second.bind();
+        } catch (const protokv::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      protokv::Error);
 }
 
 TEST(ServerHttp, ManyClientsEachCompleteOrGetA503AndMemoryReturnsToZero) {

@@ -52,6 +52,7 @@ struct Server::Impl {
   std::atomic<bool> listening{false};
   std::atomic<bool> stopping{false};
   int64_t created = unix_seconds();
+  int listen_socket = -1;  // recorded by socket_options(), see bind()
 
   Impl(const LoadedModel& m, ServerOptions o) : model(m), options(std::move(o)) {
     const ModelConfig& config = model.weights.config;
@@ -426,6 +427,16 @@ Server::~Server() {
 
 int Server::bind() {
   const ServerOptions& o = impl_->options;
+  // cpp-httplib 0.11 sets SO_REUSEPORT on its listening socket (a second server on the same port
+  // would bind too and silently take half the connections) and listens with a backlog of 5 (a
+  // burst of clients overflows it: their SYNs are dropped and some connections end without a
+  // response). The socket-options hook sees the socket before bind(): take SO_REUSEADDR only, and
+  // listen() again below with a backlog that holds every connection the server will serve.
+  impl_->http.set_socket_options([this](socket_t sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    impl_->listen_socket = sock;
+  });
   int port = o.port;
   if (port == 0) {
     port = impl_->http.bind_to_any_port(o.host);
@@ -434,6 +445,8 @@ int Server::bind() {
     PROTOKV_CHECK(impl_->http.bind_to_port(o.host, port), "cannot bind {}:{} (in use?)", o.host,
                   port);
   }
+  PROTOKV_CHECK(::listen(impl_->listen_socket, SOMAXCONN) == 0, "cannot listen on {}:{}", o.host,
+                port);
   return port;
 }
 
