@@ -15,7 +15,7 @@ if [ "${SKIP_APT:-0}" != "1" ]; then
   $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config ccache libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev \
     libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libcpp-httplib-dev nginx \
-    python3 python3-pip >/dev/null
+    python3 python3-pip python3-venv >/dev/null
 fi
 
 tools/fetch_models.sh
@@ -30,6 +30,13 @@ if command -v npm >/dev/null &&
   npm install --prefix "$npm_dir" --no-audit --no-fund --silent "openai@$OPENAI_NPM_VERSION"
 fi
 
+# The Python package's build and test tools, pinned, in a venv in the cache folder: the Release
+# tree builds the extension module (python/, PROTOKV_PYTHON) and ctest runs its pytest suite.
+venv=${PROTOKV_CACHE:-$HOME/.cache/protokv}/venv
+python_pins=(nanobind==2.9.2 scikit-build-core==0.11.6 numpy==2.1.3 pytest==8.3.5)
+if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${python_pins[@]}"
+
 # ccache (Debian's; cache under ~/.cache/ccache) makes a rebuild of an unchanged tree seconds; with
 # these sloppiness settings it also caches the files built against the precompiled headers, which
 # stay on (PROTOKV_PCH) because a cold cache, as on a fresh CI machine, gains nothing from ccache.
@@ -39,5 +46,6 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DPROTOKV_PCH=ON)
 fi
 build=${BUILD_DIR:-build}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+  -DPROTOKV_PYTHON=ON -DPython_EXECUTABLE="$venv/bin/python"
 cmake --build "$build" -j"$(nproc)"

@@ -1,0 +1,283 @@
+"""protokv from Python: the package must agree with the CLI and the C++ library."""
+
+import json
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import protokv
+
+PROMPT = (
+    "The archive of the northern station lists every delivery. The code for the blue door is "
+    "4821. Crates arrive on Mondays and leave on Fridays; the ledger is kept by the clerk. "
+    "What is the code for the blue door?"
+)
+
+
+def cli_generate(cli, model_path, prompt, n, press=None, budget=None):
+    cmd = [cli, "generate", "-m", model_path, "-p", prompt, "-n", str(n), "--temp", "0",
+           "--json", "-t", "2"]
+    if press:
+        cmd += ["--press", press, "--budget", str(budget)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("press,budget", [(None, None), ("snapkv", 12), ("protokv", 12),
+                                          ("streaming_llm", 12), ("h2o", 16)])
+def test_greedy_tokens_equal_the_cli(recall, recall_path, protokv_cli, press, budget):
+    ref = cli_generate(protokv_cli, recall_path, PROMPT, 12, press, budget)
+    out = recall.create_completion(PROMPT, max_tokens=12, temperature=0, press=press,
+                                   budget=budget, ignore_eos=False)
+    assert out["usage"]["prompt_tokens"] == ref["prompt_tokens"]
+    assert out["choices"][0]["text"] == ref["text"]
+    assert recall.tokenize(out["choices"][0]["text"], add_bos=False) or not ref["text"]
+    assert out["kv_compression"]["kv_bytes_after_prefill"] == ref["kv_bytes_after_prefill"]
+
+
+def test_session_logits_follow_the_greedy_path(recall, recall_path, protokv_cli):
+    """Prefill then decode by hand, argmax each step: the CLI's greedy tokens."""
+    ref = cli_generate(protokv_cli, recall_path, PROMPT, 8, "snapkv", 12)
+    s = recall.session(press="snapkv", budget=12)
+    ids = recall.tokenize(PROMPT, add_bos=True, special=True)
+    logits = s.prefill(ids)
+    assert logits.dtype == np.float32 and logits.shape == (recall.n_vocab,)
+    assert not logits.flags.writeable
+    tokens = []
+    for _ in range(8):
+        t = int(np.argmax(logits))
+        tokens.append(t)
+        logits = s.decode(t)
+    assert tokens == ref["generated_tokens"]
+    assert s.n_past == len(ids) + 8
+
+
+def test_logits_view_is_the_engines_buffer_and_equals_a_fresh_session(recall):
+    ids = recall.tokenize(PROMPT, special=True)
+    a, b = recall.session(), recall.session()
+    la = a.prefill(ids).copy()
+    view = a.logits()
+    np.testing.assert_array_equal(b.prefill(ids), la)  # bit for bit, same engine path
+    a.decode(5)
+    assert not np.array_equal(view, la)  # the view follows the buffer
+    np.testing.assert_array_equal(view, a.logits())
+
+
+def test_kv_after_compression(recall):
+    ids = recall.tokenize(PROMPT, special=True)
+    n = len(ids)
+    full, snap = recall.session(), recall.session(press="snapkv", budget=12)
+    full.prefill(ids)
+    snap.prefill(ids)
+    assert snap.kv_bytes() < full.kv_bytes()
+    total = 0
+    for layer in range(recall.n_layers):
+        heads = snap.kv(layer)
+        assert len(heads) == recall.n_kv_heads
+        for h in heads:
+            assert h["keys"].shape == (12, recall.head_dim)
+            assert h["values"].shape == (12, recall.head_dim)
+            pos = h["positions"]
+            assert pos.dtype == np.int32 and len(set(pos.tolist())) == 12
+            assert pos.min() >= 0 and pos.max() < n
+            # SnapKV keeps its observation window (the last 8 prompt tokens).
+            assert set(range(n - 8, n)) <= set(pos.tolist())
+            total += h["keys"].nbytes + h["values"].nbytes
+        full_heads = full.kv(layer)
+        for h, f in zip(heads, full_heads):
+            np.testing.assert_array_equal(f["positions"], np.arange(n, dtype=np.int32))
+            # Kept entries are the full cache's rows at those positions.
+            np.testing.assert_array_equal(h["keys"], f["keys"][h["positions"]])
+            np.testing.assert_array_equal(h["values"], f["values"][h["positions"]])
+    assert total == snap.kv_bytes()
+
+
+@pytest.mark.parametrize("press", protokv.list_presses())
+def test_every_press_runs_and_shows_its_cache(recall, press):
+    ids = recall.tokenize(PROMPT * 4, special=True)  # chelsea needs room for 16 sinks + 64 recent
+    n = len(ids)
+    s = recall.session(press=press, ratio=0.5)
+    logits = s.prefill(ids)
+    assert np.isfinite(logits).all()
+    for layer in range(recall.n_layers):
+        for h in s.kv(layer):
+            m = len(h["positions"])
+            assert 1 <= m <= n
+            assert h["keys"].shape == h["values"].shape == (m, recall.head_dim)
+            assert np.isfinite(h["keys"]).all() and np.isfinite(h["values"]).all()
+            assert h["positions"].min() >= 0 and h["positions"].max() < n
+    s.decode(int(np.argmax(logits)))
+    assert s.n_past == n + 1
+
+
+def test_streaming_equals_the_whole_completion(recall):
+    kw = dict(max_tokens=10, temperature=0, press="snapkv", budget=12)
+    whole = recall(PROMPT, **kw)
+    chunks = list(recall(PROMPT, stream=True, **kw))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_stop_strings_cut_the_text(recall):
+    whole = recall(PROMPT, max_tokens=12, temperature=0, ignore_eos=True)["choices"][0]["text"]
+    assert len(whole) > 4
+    stop = whole[2:4]
+    out = recall(PROMPT, max_tokens=12, temperature=0, stop=[stop], ignore_eos=True)
+    assert out["choices"][0]["text"] == whole[: whole.find(stop)]
+    assert out["choices"][0]["finish_reason"] == "stop"
+
+
+def test_sampling_is_seeded(recall):
+    a = recall(PROMPT, max_tokens=10, temperature=1.0, seed=7)["choices"][0]["text"]
+    b = recall(PROMPT, max_tokens=10, temperature=1.0, seed=7)["choices"][0]["text"]
+    assert a == b
+
+
+def test_n_ctx_bounds_the_reply(recall_path):
+    small = protokv.Model(recall_path, n_threads=1, n_ctx=64)
+    ids = small.tokenize(PROMPT, special=True)[:40]
+    out = small(ids, max_tokens=1000, temperature=0, ignore_eos=True)
+    assert out["usage"]["total_tokens"] <= 64 + 1
+    assert out["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(protokv.Error, match="n_ctx"):
+        small.session().prefill(list(range(3, 70)))
+
+
+def test_tokenize_roundtrip(recall):
+    ids = recall.tokenize("hello world", add_bos=True)
+    assert ids[0] == recall.token_bos()
+    assert recall.detokenize(ids) == b"hello world"
+    assert recall.tokenize(b"hello world") == ids
+
+
+def test_every_press_is_constructible_with_its_defaults():
+    names = protokv.list_presses()
+    assert {"full", "snapkv", "protokv", "h2o", "pod"} <= set(names)
+    classes = {n: c for n, c in vars(protokv.presses).items()
+               if isinstance(c, type) and issubclass(c, protokv.Press) and c is not protokv.Press}
+    assert sorted(c.name for c in classes.values()) == sorted(names)
+    for cls in classes.values():
+        press = cls()
+        assert press.spec == cls.name
+        assert isinstance(press.config(), dict)
+    snap = protokv.presses.SnapKV(window=4, pool=3)
+    assert snap.spec == "snapkv:window=4,pool=3"
+    assert protokv.presses.SnapKV().config() != snap.config()
+
+
+def test_press_objects_generate_like_spec_strings(recall):
+    kw = dict(max_tokens=8, temperature=0, budget=12)
+    a = recall(PROMPT, press=protokv.presses.SnapKV(window=4), **kw)
+    b = recall(PROMPT, press="snapkv:window=4", **kw)
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    assert a["kv_compression"]["press"] == "snapkv:window=4"
+
+
+def test_chat_completion(recall_path):
+    # The recall model's file has no chat template: name one.
+    recall = protokv.Model(recall_path, n_threads=2, chat_format="chatml")
+    assert recall.chat_format == "chatml"
+    out = recall.create_chat_completion(
+        [{"role": "user", "content": "What is the code?"}], max_tokens=6, temperature=0)
+    assert out["object"] == "chat.completion"
+    assert out["choices"][0]["message"]["role"] == "assistant"
+    chunks = list(recall.create_chat_completion(
+        [{"role": "user", "content": "What is the code?"}], max_tokens=6, temperature=0,
+        stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == out["choices"][0]["message"]["content"]
+
+
+def test_bad_inputs_raise(recall, recall_path, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 60)
+    with pytest.raises(protokv.Error):
+        protokv.Model(str(bad))
+    with pytest.raises(ValueError):  # protokv.Error is a ValueError
+        protokv.Model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(protokv.Error, match="nope"):
+        recall.session(press="nope", budget=4)
+    with pytest.raises(protokv.Error, match="budget"):
+        recall.session(press="snapkv")
+    with pytest.raises(protokv.Error, match="unknown option|wndow"):
+        protokv.presses.SnapKV(wndow=3)
+    with pytest.raises(protokv.Error, match="outside the vocabulary"):
+        recall.session().prefill([0, 1, 100000])
+    with pytest.raises(protokv.Error, match="no chat template"):
+        recall.create_chat_completion([{"role": "user", "content": "hi"}])
+    with pytest.raises(protokv.Error, match="chat"):
+        protokv.Model(recall_path, chat_format="nope")
+    with pytest.raises(protokv.Error):
+        recall.session().prefill([])
+    with pytest.raises(protokv.Error, match="out of range"):
+        recall.detokenize([-1])
+    with pytest.raises(protokv.Error, match="n_ctx"):
+        protokv.Model(recall_path, n_ctx=10**9)
+    with pytest.raises(protokv.Error, match="layer"):
+        recall.session().kv(99)
+    with pytest.raises(protokv.Error, match="top-p"):
+        recall(PROMPT, max_tokens=2, top_p=0.0)
+    with pytest.raises(protokv.Error, match="temperature"):
+        recall(PROMPT, max_tokens=2, temperature=-1)
+    with pytest.raises(protokv.Error, match="budget or ratio"):
+        recall.session(press="snapkv", budget=12, ratio=0.5)
+    with pytest.raises(protokv.Error, match="ratio"):
+        recall.session(press="snapkv", ratio=1.5)
+
+
+def test_the_gil_is_released_while_the_engine_runs(recall):
+    """A Python thread keeps running while another one prefills."""
+    ids = recall.tokenize(PROMPT * 12, special=True)[:1500]
+    ticks = []
+    done = threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    s = recall.session()
+    t = threading.Thread(target=ticker)
+    t.start()
+    start = time.perf_counter()
+    for _ in range(3):
+        s.prefill(ids)
+    elapsed = time.perf_counter() - start
+    done.set()
+    t.join()
+    during = [x for x in ticks if start <= x <= start + elapsed]
+    # With the GIL held, the ticker would not run at all during the prefills.
+    assert len(during) >= 5, (len(during), elapsed)
+
+
+def test_eval_fidelity_returns_the_clis_report(recall, recall_path, protokv_cli, tmp_path):
+    text = PROMPT * 30
+    path = tmp_path / "text.txt"
+    path.write_text(text)
+    cli = subprocess.run(
+        [protokv_cli, "eval", "fidelity", "-m", recall_path, "-f", str(path), "--press",
+         "snapkv,h2o", "--budget", "16,24", "--samples", "2", "--prompt-len", "64",
+         "--continuation", "8", "--json", "-t", "2", "--quiet"],
+        capture_output=True, text=True, timeout=300, check=True)
+    ref = json.loads(cli.stdout)
+    out = protokv.eval.fidelity(recall, text, ["snapkv", protokv.presses.H2O()], [16, 24],
+                                samples=2, prompt_len=64, continuation=8)
+    assert set(out) == set(ref)
+    assert len(out["results"]) == len(ref["results"]) == 4
+    timing = ("_ms", "ms_per_token")
+    for a, b in zip(out["results"], ref["results"]):
+        assert set(a) == set(b)
+        for key in a:
+            if not any(t in key for t in timing):
+                assert a[key] == b[key], key
+    for key in ("presses", "budgets", "prompt_len", "continuation", "samples", "sample_origins"):
+        assert out["config"][key] == ref["config"][key], key
+    with pytest.raises(protokv.Error, match="samples"):
+        protokv.eval.fidelity(recall, text, ["snapkv"], [16], samples=0)
+    with pytest.raises(protokv.Error, match="nope"):
+        protokv.eval.fidelity(recall, text, ["nope"], [16], samples=1, prompt_len=32)
