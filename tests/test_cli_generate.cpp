@@ -295,6 +295,9 @@ TEST(CliGenerate, BadInputIsOneLineError) {
   testing::expect_run_fails_with_one_line("generate " + model + tok + " --temp -1", "temperature");
   testing::expect_run_fails_with_one_line("generate " + model + tok + " --top-p 0", "top-p");
   testing::expect_run_fails_with_one_line(
+      "generate " + model + tok + " -n 2 --logits-out '" + (dir / "no" / "dir.npy").string() + "'",
+      "dir.npy");
+  testing::expect_run_fails_with_one_line(
       "generate -m '" + (dir / "nomodel.bin").string() + "'" + tok, "not found");
 }
 

@@ -55,6 +55,25 @@ def test_session_logits_follow_the_greedy_path(recall, recall_path, protokv_cli)
     assert s.n_past == len(ids) + 8
 
 
+@pytest.mark.parametrize("press,budget", [(None, None), ("snapkv", 12), ("pod", 24)])
+def test_logits_equal_the_cli_sessions_bit_for_bit(recall, recall_path, protokv_cli, tmp_path,
+                                                   press, budget):
+    dump = tmp_path / "logits.npy"
+    cmd = [protokv_cli, "generate", "-m", recall_path, "-p", PROMPT, "-n", "6", "--temp", "0",
+           "--json", "-t", "2", "--ignore-eos", "--logits-out", str(dump)]
+    if press:
+        cmd += ["--press", press, "--budget", str(budget)]
+    ref = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                                    check=True).stdout)
+    expected = np.load(dump)
+    assert expected.shape == (6, recall.n_vocab) and expected.dtype == np.float32
+    s = recall.session(press=press, budget=budget)
+    rows = [s.prefill(recall.tokenize(PROMPT, special=True)).copy()]
+    for t in ref["generated_tokens"][:-1]:
+        rows.append(s.decode(t).copy())
+    np.testing.assert_array_equal(np.stack(rows), expected)
+
+
 def test_logits_view_is_the_engines_buffer_and_equals_a_fresh_session(recall):
     ids = recall.tokenize(PROMPT, special=True)
     a, b = recall.session(), recall.session()

@@ -10,6 +10,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "io/npy.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/generate.h"
@@ -32,6 +33,7 @@ struct GenerateArgs {
   int64_t ubatch = 0;
   bool compress_local_layers = false;
   bool json = false;
+  std::string logits_out;  // .npy of the logits each generated token was sampled from
   bool ignore_eos = false;
   bool chat = false;
   std::string system;
@@ -63,6 +65,11 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   Sampler sampler(o.sampler);  // validates the sampler options
   PressSetup setup = make_press_setup(o.press);
   std::string context = context_text(o, cmd);
+  if (!o.logits_out.empty()) {  // fail before generating, not after
+    FILE* probe = std::fopen(o.logits_out.c_str(), "wb");
+    PROTOKV_CHECK(probe != nullptr, "--logits-out: cannot write {}", o.logits_out);
+    std::fclose(probe);
+  }
   const LoadedModel model = load_model_from_options(o.model, /*require_tokenizer=*/true);
   const Tokenizer& tokenizer = *model.tokenizer;
   if (o.chat) {  // the prompt becomes the user turn of the model's chat template
@@ -94,10 +101,19 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   generate_options.max_new_tokens = o.n_predict;
   generate_options.ignore_eos = o.ignore_eos;
   Utf8StreamBuffer utf8;  // streamed output never splits a UTF-8 character
-  const GenerateResult result = generate(session, tokenizer, input, sampler, generate_options,
-                                         [stream, &utf8](int32_t, std::string_view piece) {
-                                           if (stream) write_stdout(utf8.push(piece));
-                                         });
+  std::vector<float> sampled_logits;
+  const bool keep_logits = !o.logits_out.empty();
+  const GenerateResult result = generate(
+      session, tokenizer, input, sampler, generate_options, [&](int32_t, std::string_view piece) {
+        // The session's logits are those this token was just sampled from.
+        if (keep_logits)
+          sampled_logits.insert(sampled_logits.end(), session.logits().begin(),
+                                session.logits().end());
+        if (stream) write_stdout(utf8.push(piece));
+      });
+  if (keep_logits)
+    io::write_npy_f32(o.logits_out, sampled_logits, static_cast<int64_t>(result.tokens.size()),
+                      static_cast<int64_t>(session.logits().size()));
   if (stream) write_stdout(utf8.flush());
   if (stream && tty) write_stdout("\n");
 
@@ -209,6 +225,9 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--json", options->json,
                 "Print one JSON object (configuration, tokens, text, timings, KV bytes) instead of "
                 "streaming the text");
+  cmd->add_option("--logits-out", options->logits_out,
+                  "Write the logits each generated token was sampled from to FILE.npy (float32 "
+                  "[generated, vocab], numpy.load reads it)");
   cmd->callback([options, cmd] { run_generate(*options, *cmd); });
 }
 
