@@ -300,3 +300,23 @@ def test_eval_fidelity_returns_the_clis_report(recall, recall_path, protokv_cli,
         protokv.eval.fidelity(recall, text, ["snapkv"], [16], samples=0)
     with pytest.raises(protokv.Error, match="nope"):
         protokv.eval.fidelity(recall, text, ["nope"], [16], samples=1, prompt_len=32)
+
+
+def test_an_unknown_protokv_isa_is_one_clear_error(recall_path, protokv_cli):
+    import os
+    import sys
+
+    env = dict(os.environ, PROTOKV_ISA="bogus")
+    cli = subprocess.run([protokv_cli, "generate", "-m", recall_path, "-p", "hi", "-n", "2"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert cli.returncode == 1
+    assert cli.stderr.count("\n") == 1 and "PROTOKV_ISA=bogus" in cli.stderr
+    py = subprocess.run(
+        [sys.executable, "-c",
+         "import protokv\n"
+         "try:\n"
+         f"    protokv.Model({recall_path!r})\n"
+         "except protokv.Error as e:\n"
+         "    print(e)\n"],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert py.returncode == 0 and "PROTOKV_ISA=bogus" in py.stdout, py.stderr

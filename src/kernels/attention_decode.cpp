@@ -142,14 +142,12 @@ void attention_decode_group(Isa isa, const float* q, int group, const float* key
 
 void attention_decode_group(const float* q, int group, const float* keys, const float* values,
                             const float* log_weights, int64_t n, int d, float* out, float* probs) {
-  const KeySegment all{keys, n, nullptr};
-  decode_group_impl<BestOps>(q, group, {&all, 1}, values, log_weights, n, d, out, probs);
+  attention_decode_group(active_isa(), q, group, keys, values, log_weights, n, d, out, probs);
 }
 
 void attention_decode(const float* q, const float* keys, const float* values,
                       const float* log_weights, int64_t n, int d, float* out, float* probs) {
-  const KeySegment all{keys, n, nullptr};
-  decode_group_impl<BestOps>(q, 1, {&all, 1}, values, log_weights, n, d, out, probs);
+  attention_decode_group(active_isa(), q, 1, keys, values, log_weights, n, d, out, probs);
 }
 
 namespace {
@@ -172,8 +170,7 @@ void attention_decode_group_segments(Isa isa, const float* q, int group,
 void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
                                      const float* values, const float* log_weights, int d,
                                      float* out, float* probs) {
-  decode_group_impl<BestOps>(q, group, keys, values, log_weights, segment_entries(keys), d, out,
-                             probs);
+  attention_decode_group_segments(active_isa(), q, group, keys, values, log_weights, d, out, probs);
 }
 
 void attention_decode_gathered(Isa isa, const float* q, const float* keys, const float* values,
@@ -189,8 +186,7 @@ void attention_decode_gathered(Isa isa, const float* q, const float* keys, const
 void attention_decode_gathered(const float* q, const float* keys, const float* values,
                                const float* log_weights, std::span<const int32_t> indices, int d,
                                float* out, float* probs) {
-  const KeySegment all{keys, int64_t{1} << 62, nullptr};
-  decode_gathered_impl<BestOps>(q, {&all, 1}, values, log_weights, indices, d, out, probs);
+  attention_decode_gathered(active_isa(), q, keys, values, log_weights, indices, d, out, probs);
 }
 
 void attention_decode_gathered_segments(Isa isa, const float* q, std::span<const KeySegment> keys,
@@ -206,7 +202,8 @@ void attention_decode_gathered_segments(const float* q, std::span<const KeySegme
                                         const float* values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs) {
-  decode_gathered_impl<BestOps>(q, keys, values, log_weights, indices, d, out, probs);
+  attention_decode_gathered_segments(active_isa(), q, keys, values, log_weights, indices, d, out,
+                                     probs);
 }
 
 }  // namespace protokv::kernels

@@ -239,13 +239,13 @@ void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, Mut
 void attention_prefill_heads(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
                              int head_dim, int64_t window) {
-  attention_prefill_heads(kBestIsa, q, k, v, out, n_queries, n_past, n_heads, n_kv_heads, head_dim,
-                          window);
+  attention_prefill_heads(active_isa(), q, k, v, out, n_queries, n_past, n_heads, n_kv_heads,
+                          head_dim, window);
 }
 
 void attention_prefill_cached(HeadsView q, std::span<const KvHeadRows> kv_heads,
                               MutableHeadsView out, int64_t n_queries, int n_heads, int head_dim) {
-  with_isa(kBestIsa, [&](auto ops) {
+  with_isa(active_isa(), [&](auto ops) {
     prefill_cached_impl<decltype(ops)>(q, kv_heads, out, n_queries, n_heads, head_dim);
   });
 }
@@ -257,8 +257,10 @@ void attention_prefill(const float* q, const float* k, const float* v, int64_t n
   const SerialBlasScope serial_blas;  // documented single-threaded, BLAS included
   TileScratch scratch(d, 1);
   const int64_t tile_tokens = tokens_per_tile(1);
-  for (int64_t t0 = 0; t0 < n; t0 += tile_tokens)
-    attend_query_tile<BestOps>(a, t0, std::min(n, t0 + tile_tokens), scratch);
+  with_isa(active_isa(), [&](auto ops) {
+    for (int64_t t0 = 0; t0 < n; t0 += tile_tokens)
+      attend_query_tile<decltype(ops)>(a, t0, std::min(n, t0 + tile_tokens), scratch);
+  });
 }
 
 }  // namespace protokv::kernels

@@ -22,16 +22,14 @@ inline constexpr Isa kBestIsa =
     Isa::kScalar;
 #endif
 
-#if defined(PROTOKV_HAVE_AVX512)
-using BestOps = Avx512Ops;
-#elif defined(PROTOKV_HAVE_AVX2)
-using BestOps = Avx2Ops;
-#else
-using BestOps = ScalarOps;
-#endif
-
 // Every variant built into this binary, scalar first.
 std::vector<Isa> compiled_isas();
+// The variant the kernels without an Isa argument (kernels.h) run: the best one compiled in, or
+// the one the environment variable PROTOKV_ISA names (scalar | avx2 | avx512), so that every
+// compiled path can be run end to end on one machine. Read once. Throws Error when PROTOKV_ISA
+// names no compiled variant: load_model(), Session and PrefilledPrompt call it first, so the error
+// surfaces there and never inside a parallel region.
+Isa active_isa();
 std::string_view isa_name(Isa isa);
 
 // Calls f(Ops{}) with the primitive struct of `isa` (scalar when `isa` was not compiled in).

@@ -79,7 +79,7 @@ void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y)
 }
 
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) {
-  matmul(kBestIsa, w, x, n, y);
+  matmul(active_isa(), w, x, n, y);
 }
 
 }  // namespace protokv::kernels

@@ -128,12 +128,12 @@ void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y) {
 }
 
 void matvec(const WeightMatrix& w, const float* x, float* y) {
-  matvec(kBestIsa, w, x, y);
+  matvec(active_isa(), w, x, y);
 }
 
 void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   if (n <= 0) return;
-  with_isa(kBestIsa, [&](auto ops) { matvec_impl<decltype(ops)>(w, x, n, y); });
+  with_isa(active_isa(), [&](auto ops) { matvec_impl<decltype(ops)>(w, x, n, y); });
 }
 
 }  // namespace protokv::kernels

@@ -1,11 +1,14 @@
 // Element-wise and reduction kernels: dot, RMSNorm, softmax, RoPE.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "protokv/error.h"
 
 namespace protokv::kernels {
 
@@ -18,6 +21,20 @@ std::vector<Isa> compiled_isas() {
   isas.push_back(Isa::kAvx512);
 #endif
   return isas;
+}
+
+Isa active_isa() {
+  static const Isa isa = [] {
+    const char* requested = std::getenv("PROTOKV_ISA");
+    if (requested == nullptr || *requested == '\0') return kBestIsa;
+    std::string compiled;
+    for (Isa candidate : compiled_isas()) {
+      if (isa_name(candidate) == requested) return candidate;
+      compiled += (compiled.empty() ? "" : ", ") + std::string(isa_name(candidate));
+    }
+    fail("PROTOKV_ISA={}: not a kernel variant of this build (compiled: {})", requested, compiled);
+  }();
+  return isa;
 }
 
 std::string_view isa_name(Isa isa) {
@@ -99,11 +116,11 @@ void softmax(Isa isa, float* x, int64_t n) {
 }
 
 float dot(const float* a, const float* b, int64_t n) {
-  return dot(kBestIsa, a, b, n);
+  return dot(active_isa(), a, b, n);
 }
 
 void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps) {
-  rmsnorm(kBestIsa, out, x, weight, n, eps);
+  rmsnorm(active_isa(), out, x, weight, n, eps);
 }
 
 void rmsnorm_rows(float* out, const float* x, const float* weight, int64_t rows, int64_t n,
@@ -114,7 +131,7 @@ void rmsnorm_rows(float* out, const float* x, const float* weight, int64_t rows,
 }
 
 void softmax(float* x, int64_t n) {
-  softmax(kBestIsa, x, n);
+  softmax(active_isa(), x, n);
 }
 
 RopeTable make_rope_table(int head_dim, float theta, bool neox) {

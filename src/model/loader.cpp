@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kernels/isa.h"
 #include "model/loaders.h"
 #include "protokv/error.h"
 #include "protokv/tokenizer.h"
@@ -9,6 +10,7 @@
 namespace protokv {
 
 LoadedModel load_model(const std::string& path, const std::string& tokenizer_path) {
+  kernels::active_isa();  // a bad PROTOKV_ISA fails with one clear error before any work
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) fail("model file not found: {}", path);
   char magic[4] = {0, 0, 0, 0};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kernels/isa.h"
 #include "model/session_impl.h"
 #include "model/tensor_table.h"
 #include "protokv/error.h"
@@ -31,6 +32,7 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   }
   logits.assign(static_cast<size_t>(config.vocab_size), 0.0f);
   step = RowBuffers(1, config);
+  kernels::active_isa();  // a bad PROTOKV_ISA fails here, not inside a kernel's parallel loop
 }
 
 void Session::Impl::check_token(int32_t token) const {
