@@ -198,7 +198,9 @@ TEST(SessionAppend, AfterCompressionEqualsTokenByTokenDecode) {
   const auto tokens = random_tokens(40, spec.vocab_size, 9);
   const std::span<const int32_t> context = std::span<const int32_t>(tokens).first(31);
   const std::span<const int32_t> question = std::span<const int32_t>(tokens).subspan(31);
-  for (const char* method : {"snapkv", "protokv"}) {
+  // chelsea (small sinks and recent window, no outlier heads): merged entries, whose log-count
+  // bias (Chelsea Eq. 2) the prefill attention kernel must add as decode does.
+  for (const char* method : {"snapkv", "protokv", "chelsea:sinks=2,recent=4,outliers=0"}) {
     SCOPED_TRACE(method);
     SessionOptions options;
     options.budget.entries = 12;

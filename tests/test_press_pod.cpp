@@ -614,6 +614,78 @@ TEST(PodEngine, GateThresholdZeroSkipsEveryDistantPartAtSharingLayers) {
   EXPECT_EQ(session.press()->config()["tau"], 0.0);
 }
 
+// The gate (PoD Eq. 4) is the attention share of the proximal entries at the block's lowest
+// layer: the sinks and the last n_r + 1 entries, the newest token included. With tau between that
+// share and the share of a window one entry shorter (or longer), the skip decision at the
+// sharing layers tells the boundary: a window moved by one entry flips it.
+class GateObserver : public DecodeObserver {
+ public:
+  bool wants_probabilities() const override { return true; }
+  void on_decode(const DecodeStep& step) override {
+    const int group = step.n_heads / static_cast<int>(step.cache->heads.size());
+    for (int h = 0; h < step.n_heads; ++h) {
+      const HeadCache& head = step.cache->heads[static_cast<size_t>(h / group)];
+      if (step.layer == 0) {
+        const auto p = step.probs(h);
+        layer0_probs.emplace_back(p.begin(), p.end());
+      } else if (step.layer == 1) {
+        skipped.push_back(!step.attended(h).empty() &&
+                          static_cast<int64_t>(step.attended(h).size()) < head.size());
+      }
+    }
+  }
+  std::vector<std::vector<float>> layer0_probs;  // [query head][entry], first step
+  std::vector<bool> skipped;                     // [query head] at layer 1
+};
+
+TEST(PodEngine, TheGateCountsTheSinksAndTheLastRecentPlusOneEntries) {
+  const testing::RandomModel model = pod_model();
+  const auto prompt = prompt_tokens(150, model.weights.config.vocab_size);
+  constexpr int64_t kBudget = 32, kSinks = 16, kRecent = kBudget - kSinks;
+  auto run = [&](double tau) {
+    press::PodOptions options;
+    options.tau = tau;
+    options.block_start = std::vector<std::vector<int>>{{0, 0, 0}, {0, 1, 2}};
+    SessionOptions session_options;
+    session_options.press =
+        PressSpec::from_factory([options] { return std::make_unique<press::PodPress>(options); });
+    session_options.budget.entries = kBudget;
+    Session session(model.weights, session_options);
+    session.prefill(prompt);
+    GateObserver observer;
+    session.set_observer(&observer);
+    session.decode(7);
+    return observer;
+  };
+  // The share of entries e < sinks or e >= n - window, as the press sums it.
+  auto share = [&](const std::vector<float>& probs, int64_t window) {
+    const auto n = static_cast<int64_t>(probs.size());
+    double mass = 0.0;
+    for (int64_t e = 0; e < n; ++e)
+      if (e < kSinks || e >= n - window) mass += probs[static_cast<size_t>(e)];
+    return static_cast<float>(mass);
+  };
+  const GateObserver probe = run(1.0);
+  ASSERT_EQ(probe.layer0_probs.size(), 4u);
+  ASSERT_EQ(probe.layer0_probs[0].size(), 151u);
+  // Query heads 0 and 1 read KV head 0, which shares keys at layers 1-2.
+  for (const int64_t wrong_window : {kRecent, kRecent + 2}) {
+    SCOPED_TRACE(wrong_window);
+    const float gate = share(probe.layer0_probs[0], kRecent + 1);
+    const float wrong = share(probe.layer0_probs[0], wrong_window);
+    ASSERT_GT(std::abs(gate - wrong), 1e-4f);
+    const double tau = 0.5 * (static_cast<double>(gate) + wrong);
+    const GateObserver gated = run(tau);
+    ASSERT_EQ(gated.skipped.size(), 4u);
+    for (int h = 0; h < 2; ++h)
+      EXPECT_EQ(gated.skipped[static_cast<size_t>(h)],
+                share(probe.layer0_probs[static_cast<size_t>(h)], kRecent + 1) >= tau)
+          << "query head " << h;
+    EXPECT_FALSE(gated.skipped[2]);  // KV head 1 shares no keys
+    EXPECT_FALSE(gated.skipped[3]);
+  }
+}
+
 TEST(PodEngine, CalibratedOnThePromptGeneratesWithOneOrSeveralPrefillChunks) {
   const testing::RandomModel model = pod_model();
   const auto prompt = prompt_tokens(150, model.weights.config.vocab_size);
