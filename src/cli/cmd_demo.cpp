@@ -36,16 +36,19 @@ struct DemoArgs {
   std::string budgets;
 };
 
-// The shipped model, as the README runs it (from the repository root) or, from elsewhere, beside
-// the binary's build folder (build/protokv -> models/ of the same checkout).
+// The shipped model, as the README runs it (from the repository root) or, from any other folder,
+// found from the binary: beside its build folder (build/protokv -> models/ of the same checkout),
+// or where `cmake --install` put it (PREFIX/bin/protokv -> PREFIX/share/protokv/models/).
 std::string default_model_path() {
   if (fs::is_regular_file(kRecallModel)) return kRecallModel;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (const fs::path& dir : {exe.parent_path(), exe.parent_path().parent_path()}) {
-      const fs::path candidate = dir / kRecallModel;
-      if (fs::is_regular_file(candidate)) return candidate.string();
+    const fs::path bin = exe.parent_path();
+    for (const fs::path& candidate :
+         {bin / kRecallModel, bin.parent_path() / kRecallModel,
+          bin.parent_path() / PROTOKV_INSTALL_DATADIR / "protokv" / kRecallModel}) {
+      if (fs::is_regular_file(candidate)) return candidate.lexically_normal().string();
     }
   }
   return kRecallModel;  // not found: run_recall_demo reports it
