@@ -15,7 +15,7 @@ if [ "${SKIP_APT:-0}" != "1" ]; then
   $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config ccache libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev \
     libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libcpp-httplib-dev nginx \
-    python3 python3-pip python3-venv >/dev/null
+    python3 python3-dev python3-pip python3-venv >/dev/null
 fi
 
 tools/fetch_models.sh
