@@ -1,4 +1,5 @@
 #include "eval/synthetic.h"
+#include "core/parallel.h"
 
 #include <fmt/format.h>
 
@@ -189,72 +190,76 @@ SyntheticLayer make_synthetic_layer(const SyntheticLayerSpec& spec) {
 
   // Each KV head and its query group come from their own seed: the result does not depend on the
   // thread count.
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int h = 0; h < spec.n_kv_heads; ++h) {
-    std::mt19937_64 rng(stream_seed(spec.seed, static_cast<uint64_t>(h)));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> mean(static_cast<size_t>(d)), step(static_cast<size_t>(d));
-    for (auto& x : mean) x = normal(rng);
-    std::uniform_int_distribution<int64_t> channel(0, d - 1);
-    const int64_t outlier_a = channel(rng), outlier_b = channel(rng);
+    errors.run([&] {
+      std::mt19937_64 rng(stream_seed(spec.seed, static_cast<uint64_t>(h)));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> mean(static_cast<size_t>(d)), step(static_cast<size_t>(d));
+      for (auto& x : mean) x = normal(rng);
+      std::uniform_int_distribution<int64_t> channel(0, d - 1);
+      const int64_t outlier_a = channel(rng), outlier_b = channel(rng);
 
-    float* k = out.k.data() + static_cast<int64_t>(h) * n * d;  // [n, d]
-    float* v = out.v.data() + static_cast<int64_t>(h) * n * d;  // [n, d]
-    std::vector<float> drift(static_cast<size_t>(d));
-    for (auto& x : drift) x = normal(rng);
-    const float innovation = std::sqrt(1.0f - kDrift * kDrift);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t c = 0; c < d; ++c) {
-        drift[static_cast<size_t>(c)] =
-            kDrift * drift[static_cast<size_t>(c)] + innovation * normal(rng);
-        k[t * d + c] = mean[static_cast<size_t>(c)] + drift[static_cast<size_t>(c)];
-        v[t * d + c] = normal(rng);
-      }
-      k[t * d + outlier_a] += 8.0f;
-      k[t * d + outlier_b] -= 6.0f;
-    }
-    // Sink: token 0 with a large norm.
-    for (int64_t c = 0; c < d; ++c) k[c] = 6.0f * normal(rng);
-
-    // Clusters: far-apart tokens sharing one direction.
-    std::vector<float> centres(static_cast<size_t>(kClusters * d));
-    for (auto& x : centres) x = normal(rng);
-    std::uniform_int_distribution<int64_t> where(1, std::max<int64_t>(1, n - n_recent - 1));
-    for (int m = 0; m < kClusters; ++m) {
-      for (int j = 0; j < kClusterSize; ++j) {
-        const int64_t t = where(rng);
-        for (int64_t c = 0; c < d; ++c) {
-          k[t * d + c] = 1.5f * centres[static_cast<size_t>(m * d + c)] + 0.3f * normal(rng);
-        }
-      }
-    }
-
-    // Queries: their own drift plus, for the last tokens (the observation window), a pull
-    // towards one cluster's direction, so the window really looks for those tokens.
-    for (int g = 0; g < spec.group_size; ++g) {
-      const int qh = h * spec.group_size + g;
-      float* q = out.q.data() + static_cast<int64_t>(qh) * n * d;  // [n, d]
-      const float* centre = centres.data() + static_cast<int64_t>(qh % kClusters) * d;
+      float* k = out.k.data() + static_cast<int64_t>(h) * n * d;  // [n, d]
+      float* v = out.v.data() + static_cast<int64_t>(h) * n * d;  // [n, d]
+      std::vector<float> drift(static_cast<size_t>(d));
       for (auto& x : drift) x = normal(rng);
+      const float innovation = std::sqrt(1.0f - kDrift * kDrift);
       for (int64_t t = 0; t < n; ++t) {
-        const bool recent = t >= n - n_recent;
         for (int64_t c = 0; c < d; ++c) {
           drift[static_cast<size_t>(c)] =
               kDrift * drift[static_cast<size_t>(c)] + innovation * normal(rng);
-          q[t * d + c] = 0.5f * mean[static_cast<size_t>(c)] + drift[static_cast<size_t>(c)] +
-                         (recent ? 0.5f * centre[c] : 0.0f);
+          k[t * d + c] = mean[static_cast<size_t>(c)] + drift[static_cast<size_t>(c)];
+          v[t * d + c] = normal(rng);
+        }
+        k[t * d + outlier_a] += 8.0f;
+        k[t * d + outlier_b] -= 6.0f;
+      }
+      // Sink: token 0 with a large norm.
+      for (int64_t c = 0; c < d; ++c) k[c] = 6.0f * normal(rng);
+
+      // Clusters: far-apart tokens sharing one direction.
+      std::vector<float> centres(static_cast<size_t>(kClusters * d));
+      for (auto& x : centres) x = normal(rng);
+      std::uniform_int_distribution<int64_t> where(1, std::max<int64_t>(1, n - n_recent - 1));
+      for (int m = 0; m < kClusters; ++m) {
+        for (int j = 0; j < kClusterSize; ++j) {
+          const int64_t t = where(rng);
+          for (int64_t c = 0; c < d; ++c) {
+            k[t * d + c] = 1.5f * centres[static_cast<size_t>(m * d + c)] + 0.3f * normal(rng);
+          }
+        }
+      }
+
+      // Queries: their own drift plus, for the last tokens (the observation window), a pull
+      // towards one cluster's direction, so the window really looks for those tokens.
+      for (int g = 0; g < spec.group_size; ++g) {
+        const int qh = h * spec.group_size + g;
+        float* q = out.q.data() + static_cast<int64_t>(qh) * n * d;  // [n, d]
+        const float* centre = centres.data() + static_cast<int64_t>(qh % kClusters) * d;
+        for (auto& x : drift) x = normal(rng);
+        for (int64_t t = 0; t < n; ++t) {
+          const bool recent = t >= n - n_recent;
+          for (int64_t c = 0; c < d; ++c) {
+            drift[static_cast<size_t>(c)] =
+                kDrift * drift[static_cast<size_t>(c)] + innovation * normal(rng);
+            q[t * d + c] = 0.5f * mean[static_cast<size_t>(c)] + drift[static_cast<size_t>(c)] +
+                           (recent ? 0.5f * centre[c] : 0.0f);
+          }
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          kernels::rope(q + t * d, 1, static_cast<int>(d), static_cast<int32_t>(t), spec.rope_theta,
+                        false);
         }
       }
       for (int64_t t = 0; t < n; ++t) {
-        kernels::rope(q + t * d, 1, static_cast<int>(d), static_cast<int32_t>(t), spec.rope_theta,
+        kernels::rope(k + t * d, 1, static_cast<int>(d), static_cast<int32_t>(t), spec.rope_theta,
                       false);
       }
-    }
-    for (int64_t t = 0; t < n; ++t) {
-      kernels::rope(k + t * d, 1, static_cast<int>(d), static_cast<int32_t>(t), spec.rope_theta,
-                    false);
-    }
+    });
   }
+  errors.rethrow();
   return out;
 }
 

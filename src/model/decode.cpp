@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 
+#include "core/parallel.h"
 #include "kernels/kernels.h"
 #include "model/session_impl.h"
 #include "protokv/error.h"
@@ -59,8 +60,8 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
   // One pass over each KV head's entries for its whole group of query heads. Short caches stay
   // serial: waking the thread pool would cost more than the attention itself.
   constexpr int64_t kParallelMinWork = int64_t{1} << 15;
-#pragma omp parallel for schedule(static) if (longest * hd * n_heads >= kParallelMinWork)
-  for (int kv = 0; kv < n_kv; ++kv) {
+  // One KV head: its group of query heads over its entries (its own keys, or PoD's segments).
+  const auto decode_kv_head = [&](int kv) {
     const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
     const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
     const float* log_weights = head.has_log_weights() ? head.log_weights().data() : nullptr;
@@ -82,13 +83,13 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
       kernels::attention_decode_group_segments(
           q + first * hd, group, key_segments, head.values(), log_weights, hd, att + first * hd,
           want_probs ? probs.data() + first * probs_stride : nullptr);
-      continue;
+      return;
     }
     if (!selecting) {
       kernels::attention_decode_group(q + first * hd, group, head.keys(), head.values(),
                                       log_weights, head.size(), hd, att + first * hd,
                                       want_probs ? probs.data() + first * probs_stride : nullptr);
-      continue;
+      return;
     }
     for (int64_t h = first; h < first + group; ++h) {
       std::vector<int32_t>& chosen = selections[static_cast<size_t>(h)];
@@ -105,7 +106,14 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
         kernels::attention_decode_gathered(q + h * hd, head.keys(), head.values(), log_weights,
                                            chosen, hd, att + h * hd, head_probs);
     }
+  };
+  // A press's select() and the key sharing's checks may throw: never out of the parallel region.
+  ParallelErrors errors;
+#pragma omp parallel for schedule(static) if (longest * hd * n_heads >= kParallelMinWork)
+  for (int kv = 0; kv < n_kv; ++kv) {
+    errors.run([&] { decode_kv_head(kv); });
   }
+  errors.rethrow();
   // Bytes of keys and values this layer's attention read, per KV head's worth of query heads.
   for (int h = 0; h < n_heads; ++h) {
     const int64_t entries = selecting

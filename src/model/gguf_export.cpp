@@ -1,4 +1,5 @@
 #include "model/gguf_export.h"
+#include "core/parallel.h"
 
 #include <cstring>
 
@@ -44,16 +45,20 @@ void convert_rows(const WeightMatrix& src, DType type, void* dst) {
     return;
   }
   const size_t dst_row_bytes = dtype_row_bytes(type, src.cols);
+  ParallelErrors errors;
 #pragma omp parallel
   {
     std::vector<float> row(static_cast<size_t>(src.cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < src.rows; ++r) {
-      dequantize_row(src.type, src.row(r), row.data(), src.cols);
-      quantize_row(type, row.data(),
-                   static_cast<char*>(dst) + static_cast<size_t>(r) * dst_row_bytes, src.cols);
+      errors.run([&] {
+        dequantize_row(src.type, src.row(r), row.data(), src.cols);
+        quantize_row(type, row.data(),
+                     static_cast<char*>(dst) + static_cast<size_t>(r) * dst_row_bytes, src.cols);
+      });
     }
   }
+  errors.rethrow();
 }
 
 }  // namespace

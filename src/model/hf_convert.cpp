@@ -5,6 +5,7 @@
 // tensor through kHfNames below, so an architecture whose table gains an entry (Qwen3's q/k
 // norms) converts without further changes here.
 #include "model/hf_convert.h"
+#include "core/parallel.h"
 
 #include <fmt/ranges.h>
 
@@ -348,22 +349,26 @@ void fill_tensor(const SafetensorsTensor& src, const TensorSpec& spec, DType typ
   }
   const size_t src_row_bytes = static_cast<size_t>(spec.cols) * src_elem;
   const size_t dst_row_bytes = dtype_row_bytes(type, spec.cols);
+  ParallelErrors errors;
 #pragma omp parallel
   {
     std::vector<float> row(static_cast<size_t>(spec.cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < spec.rows; ++r) {
-      const int64_t from = head_dim > 0 ? hf_row_for_interleaved(r, head_dim) : r;
-      const unsigned char* src_row = in + static_cast<size_t>(from) * src_row_bytes;
-      char* dst_row = static_cast<char*>(dst) + static_cast<size_t>(r) * dst_row_bytes;
-      if (src.type == type) {
-        std::memcpy(dst_row, src_row, src_row_bytes);
-      } else {
-        read_floats(src.type, src_row, spec.cols, row.data());
-        quantize_row(type, row.data(), dst_row, spec.cols);
-      }
+      errors.run([&] {
+        const int64_t from = head_dim > 0 ? hf_row_for_interleaved(r, head_dim) : r;
+        const unsigned char* src_row = in + static_cast<size_t>(from) * src_row_bytes;
+        char* dst_row = static_cast<char*>(dst) + static_cast<size_t>(r) * dst_row_bytes;
+        if (src.type == type) {
+          std::memcpy(dst_row, src_row, src_row_bytes);
+        } else {
+          read_floats(src.type, src_row, spec.cols, row.data());
+          quantize_row(type, row.data(), dst_row, spec.cols);
+        }
+      });
     }
   }
+  errors.rethrow();
 }
 
 bool looks_special(const std::string& piece) {

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/kernels.h"
 #include "model/session_impl.h"
 #include "protokv/error.h"
@@ -111,45 +112,49 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       // entries (possibly compressed, with log-weights) and the chunk rows up to its own.
       // Room for the rest of this prompt (or appended turn) and the first decode steps.
       const int64_t reserve_rows = (n_total - row0) + decode_headroom(n_total);
+      ParallelErrors errors;
 #pragma omp parallel for schedule(static) if (n * kv_dim >= kParallelMinElements)
       for (int h = 0; h < n_kv; ++h) {
-        HeadCache& head = layer_cache.heads[static_cast<size_t>(h)];
-        const int64_t head_past = head.size();
-        head.reserve(head_past + reserve_rows);
-        for (int64_t i = 0; i < n; ++i)
-          head.append(b.k.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
-                      b.v.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
-                      positions[static_cast<size_t>(i)]);
-        const float* keys = head.keys();
-        if (head.shares_keys()) {
-          // PoD: the chunk's rows read the distant entries' keys from the block's lowest layer
-          // (already run for this chunk), gathered once per chunk; the entries that leave the
-          // recent window during the chunk keep their own keys until the press drops them after
-          // it (on_decode below), so the chunk sees slightly more own keys than decode would.
-          // The chunk kernel has one query per row: with scores=lower the borrowed keys meet
-          // the row's own query here, not the lender layer's.
-          std::array<KeySegment, 3> segments;
-          const int count = head.key_segments(
-              cache.layer(lender_layer(head)).heads[static_cast<size_t>(h)], segments);
-          std::vector<float>& gathered = gathered_keys[static_cast<size_t>(h)];
-          gathered.clear();
-          for (int i = 0; i < count; ++i)
-            gathered.insert(gathered.end(), segments[static_cast<size_t>(i)].keys,
-                            segments[static_cast<size_t>(i)].keys +
-                                segments[static_cast<size_t>(i)].count * hd);
-          keys = gathered.data();
-        }
-        kv_rows[static_cast<size_t>(h)] = {
-            keys, head.values(), hd, head.has_log_weights() ? head.log_weights().data() : nullptr,
-            head_past};
-        if (window > 0) {  // sliding-window layer: rows are masked by their positions
-          const std::span<const int32_t> pos = head.positions();
-          kv_rows[static_cast<size_t>(h)].window = window;
-          kv_rows[static_cast<size_t>(h)].positions = pos.data();
-          kv_rows[static_cast<size_t>(h)].positions_ascending =
-              std::is_sorted(pos.begin(), pos.end());
-        }
+        errors.run([&] {
+          HeadCache& head = layer_cache.heads[static_cast<size_t>(h)];
+          const int64_t head_past = head.size();
+          head.reserve(head_past + reserve_rows);
+          for (int64_t i = 0; i < n; ++i)
+            head.append(b.k.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
+                        b.v.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
+                        positions[static_cast<size_t>(i)]);
+          const float* keys = head.keys();
+          if (head.shares_keys()) {
+            // PoD: the chunk's rows read the distant entries' keys from the block's lowest layer
+            // (already run for this chunk), gathered once per chunk; the entries that leave the
+            // recent window during the chunk keep their own keys until the press drops them after
+            // it (on_decode below), so the chunk sees slightly more own keys than decode would.
+            // The chunk kernel has one query per row: with scores=lower the borrowed keys meet
+            // the row's own query here, not the lender layer's.
+            std::array<KeySegment, 3> segments;
+            const int count = head.key_segments(
+                cache.layer(lender_layer(head)).heads[static_cast<size_t>(h)], segments);
+            std::vector<float>& gathered = gathered_keys[static_cast<size_t>(h)];
+            gathered.clear();
+            for (int i = 0; i < count; ++i)
+              gathered.insert(gathered.end(), segments[static_cast<size_t>(i)].keys,
+                              segments[static_cast<size_t>(i)].keys +
+                                  segments[static_cast<size_t>(i)].count * hd);
+            keys = gathered.data();
+          }
+          kv_rows[static_cast<size_t>(h)] = {
+              keys, head.values(), hd, head.has_log_weights() ? head.log_weights().data() : nullptr,
+              head_past};
+          if (window > 0) {  // sliding-window layer: rows are masked by their positions
+            const std::span<const int32_t> pos = head.positions();
+            kv_rows[static_cast<size_t>(h)].window = window;
+            kv_rows[static_cast<size_t>(h)].positions = pos.data();
+            kv_rows[static_cast<size_t>(h)].positions_ascending =
+                std::is_sorted(pos.begin(), pos.end());
+          }
+        });
       }
+      errors.rethrow();
       kv_bytes_now += chunk_layer_kv_bytes;
       if (kind != ChunkKind::kAppend)  // the stats describe the prompt's prefill
         stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now);

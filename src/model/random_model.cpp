@@ -1,4 +1,5 @@
 #include "model/random_model.h"
+#include "core/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -83,15 +84,19 @@ void fill_tensor(const TensorSpec& spec, const ModelConfig& config, uint64_t see
     }
     return;
   }
+  ParallelErrors errors;
 #pragma omp parallel
   {
     std::vector<float> row(static_cast<size_t>(spec.cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < spec.rows; ++r) {
-      random_tensor_rows(spec, config, seed, r, r + 1, row.data());
-      quantize_row(type, row.data(), static_cast<char*>(dst) + r * row_bytes, spec.cols);
+      errors.run([&] {
+        random_tensor_rows(spec, config, seed, r, r + 1, row.data());
+        quantize_row(type, row.data(), static_cast<char*>(dst) + r * row_bytes, spec.cols);
+      });
     }
   }
+  errors.rethrow();
 }
 
 constexpr const char* kCommonWords[] = {

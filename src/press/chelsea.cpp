@@ -1,4 +1,5 @@
 #include "press/chelsea.h"
+#include "core/parallel.h"
 
 #include <fmt/format.h>
 
@@ -347,23 +348,27 @@ void ChelseaPress::compress_prefill(const LayerView& layer, LayerCache& out) {
       outlier[static_cast<size_t>(order[static_cast<size_t>(i)])] = 1;
   }
 
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < n_kv; ++h) {
-    HeadState& s = state(layer.layer, h);
-    HeadCache& cache = out.heads[static_cast<size_t>(h)];
-    s.outlier = outlier[static_cast<size_t>(h)] != 0;
-    MergedHead merged;
-    merged.head_dim = d;
-    merged.keys.assign(layer.k_head(h), layer.k_head(h) + n * d);
-    merged.values.assign(layer.v_head(h), layer.v_head(h) + n * d);
-    merged.positions.assign(layer.positions, layer.positions + n);
-    merged.members = merged.positions;
-    merged.member_offsets.resize(static_cast<size_t>(n) + 1);
-    std::iota(merged.member_offsets.begin(), merged.member_offsets.end(), int64_t{0});
-    if (!s.outlier) chelsea_compress(merged, options_.layout, options_.schedule, budget_);
-    s.merging = !s.outlier && n > budget_;  // only a compressed prefill merges during decode
-    store(merged, cache, s);
+    errors.run([&] {
+      HeadState& s = state(layer.layer, h);
+      HeadCache& cache = out.heads[static_cast<size_t>(h)];
+      s.outlier = outlier[static_cast<size_t>(h)] != 0;
+      MergedHead merged;
+      merged.head_dim = d;
+      merged.keys.assign(layer.k_head(h), layer.k_head(h) + n * d);
+      merged.values.assign(layer.v_head(h), layer.v_head(h) + n * d);
+      merged.positions.assign(layer.positions, layer.positions + n);
+      merged.members = merged.positions;
+      merged.member_offsets.resize(static_cast<size_t>(n) + 1);
+      std::iota(merged.member_offsets.begin(), merged.member_offsets.end(), int64_t{0});
+      if (!s.outlier) chelsea_compress(merged, options_.layout, options_.schedule, budget_);
+      s.merging = !s.outlier && n > budget_;  // only a compressed prefill merges during decode
+      store(merged, cache, s);
+    });
   }
+  errors.rethrow();
 }
 
 void ChelseaPress::on_decode(const DecodeStep& step) {
@@ -375,22 +380,26 @@ void ChelseaPress::on_decode(const DecodeStep& step) {
   // layer reach it at the same step; each head's work is independent.
   const bool parallel =
       (budget_ + options_.interval) * info_.head_dim * n_kv >= kParallelMinElements;
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int h = 0; h < n_kv; ++h) {
-    HeadState& s = state(layer, h);
-    HeadCache& head = cache.heads[static_cast<size_t>(h)];
-    if (!s.merging || head.size() < budget_ + options_.interval) continue;
-    for (int64_t e = static_cast<int64_t>(s.member_offsets.size()) - 1; e < head.size(); ++e) {
-      s.members.push_back(head.positions()[static_cast<size_t>(e)]);  // decoded: itself
-      s.member_offsets.push_back(static_cast<int64_t>(s.members.size()));
-    }
-    // In place: the head keeps its capacity for the next B + interval entries.
-    HeadCacheRows rows{head};
-    for (int i = 0; head.size() > budget_; ++i)
-      if (merge_step(rows, head.size(), head.head_dim(), s.member_offsets, s.members,
-                     options_.layout, options_.schedule.ratio(i), head.size() - budget_) == 0)
-        break;
+    errors.run([&] {
+      HeadState& s = state(layer, h);
+      HeadCache& head = cache.heads[static_cast<size_t>(h)];
+      if (!s.merging || head.size() < budget_ + options_.interval) return;
+      for (int64_t e = static_cast<int64_t>(s.member_offsets.size()) - 1; e < head.size(); ++e) {
+        s.members.push_back(head.positions()[static_cast<size_t>(e)]);  // decoded: itself
+        s.member_offsets.push_back(static_cast<int64_t>(s.members.size()));
+      }
+      // In place: the head keeps its capacity for the next B + interval entries.
+      HeadCacheRows rows{head};
+      for (int i = 0; head.size() > budget_; ++i)
+        if (merge_step(rows, head.size(), head.head_dim(), s.member_offsets, s.members,
+                       options_.layout, options_.schedule.ratio(i), head.size() - budget_) == 0)
+          break;
+    });
   }
+  errors.rethrow();
 }
 
 std::span<const int32_t> ChelseaPress::merged_positions(int layer, int kv_head,

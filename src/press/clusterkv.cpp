@@ -1,4 +1,5 @@
 #include "press/clusterkv.h"
+#include "core/parallel.h"
 
 #include <fmt/format.h>
 
@@ -231,9 +232,11 @@ void ClusterKvPress::compress_prefill(const LayerView& layer, LayerCache& out) {
     keep_all(layer, out);  // recallable: everything stays
     return;
   }
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h)
-    store_clustered(layer, h, out.heads[static_cast<size_t>(h)]);
+    errors.run([&] { store_clustered(layer, h, out.heads[static_cast<size_t>(h)]); });
+  errors.rethrow();
   layer_indexed_[static_cast<size_t>(layer.layer)] = 1;
 }
 

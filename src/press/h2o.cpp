@@ -1,4 +1,5 @@
 #include "press/h2o.h"
+#include "core/parallel.h"
 
 #include <nlohmann/json.hpp>
 
@@ -48,10 +49,14 @@ void H2oScorer::score(const LayerView& layer, int64_t window, LayerScores& out) 
   const int group = layer.group_size();
   std::vector<float> per_query_head(
       static_cast<size_t>(layer.n_heads * limit));  // [n_heads, limit]
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int qh = 0; qh < layer.n_heads; ++qh)
-    h2o_column_sums(layer.q_head(qh), layer.k_head(qh / group), n, layer.head_dim, limit, tile_,
-                    per_query_head.data() + qh * limit);
+    errors.run([&] {
+      h2o_column_sums(layer.q_head(qh), layer.k_head(qh / group), n, layer.head_dim, limit, tile_,
+                      per_query_head.data() + qh * limit);
+    });
+  errors.rethrow();
 
   out.reset(layer.n_kv_heads, n_prefix, false, false);
   std::vector<float> reduced(static_cast<size_t>(limit));

@@ -1,4 +1,5 @@
 #include "press/pod.h"
+#include "core/parallel.h"
 
 #include <fmt/format.h>
 
@@ -114,56 +115,60 @@ void PodPress::calibrate(const LayerView& layer) {
   next_layer_ = l + 1;
   const int64_t q_rows = std::min(options_.queries, layer.n_tokens);
   const int group = layer.group_size();
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h) {
-    Calibration& c = calibration_[static_cast<size_t>(h)];
-    std::vector<float> rows = last_query_attention_rows(layer, h, options_.queries);
-    int start = l;
-    if (continues && !c.block_layers.empty()) {
-      // GQA: the similarity of two layers for a KV head is the mean over its query heads.
-      const auto similarity = [&](int a, int b) {
-        const auto key = std::make_pair(a, b);
-        if (const auto it = c.similarity.find(key); it != c.similarity.end()) return it->second;
-        const auto index = [&](int layer_index) -> const std::vector<float>& {
-          if (layer_index == l) return rows;
-          const auto at = std::find(c.block_layers.begin(), c.block_layers.end(), layer_index);
-          if (at == c.block_layers.end())
-            fail("press 'pod': no attention rows of layer {} to compare", layer_index);
-          return c.block_rows[static_cast<size_t>(at - c.block_layers.begin())];
+    errors.run([&] {
+      Calibration& c = calibration_[static_cast<size_t>(h)];
+      std::vector<float> rows = last_query_attention_rows(layer, h, options_.queries);
+      int start = l;
+      if (continues && !c.block_layers.empty()) {
+        // GQA: the similarity of two layers for a KV head is the mean over its query heads.
+        const auto similarity = [&](int a, int b) {
+          const auto key = std::make_pair(a, b);
+          if (const auto it = c.similarity.find(key); it != c.similarity.end()) return it->second;
+          const auto index = [&](int layer_index) -> const std::vector<float>& {
+            if (layer_index == l) return rows;
+            const auto at = std::find(c.block_layers.begin(), c.block_layers.end(), layer_index);
+            if (at == c.block_layers.end())
+              fail("press 'pod': no attention rows of layer {} to compare", layer_index);
+            return c.block_rows[static_cast<size_t>(at - c.block_layers.begin())];
+          };
+          const std::vector<float>& ra = index(a);
+          const std::vector<float>& rb = index(b);
+          const int64_t per_head = q_rows * layer.n_tokens;
+          double total = 0.0;
+          for (int g = 0; g < group; ++g)
+            total += attention_similarity(
+                std::span<const float>(ra).subspan(static_cast<size_t>(g * per_head),
+                                                   static_cast<size_t>(per_head)),
+                std::span<const float>(rb).subspan(static_cast<size_t>(g * per_head),
+                                                   static_cast<size_t>(per_head)),
+                q_rows, layer.n_tokens);
+          const double mean = total / group;
+          c.similarity.emplace(key, mean);
+          return mean;
         };
-        const std::vector<float>& ra = index(a);
-        const std::vector<float>& rb = index(b);
-        const int64_t per_head = q_rows * layer.n_tokens;
-        double total = 0.0;
-        for (int g = 0; g < group; ++g)
-          total += attention_similarity(
-              std::span<const float>(ra).subspan(static_cast<size_t>(g * per_head),
-                                                 static_cast<size_t>(per_head)),
-              std::span<const float>(rb).subspan(static_cast<size_t>(g * per_head),
-                                                 static_cast<size_t>(per_head)),
-              q_rows, layer.n_tokens);
-        const double mean = total / group;
-        c.similarity.emplace(key, mean);
-        return mean;
-      };
-      // The grouping of layers 0..l is that of 0..l-1 plus layer l (greedy, bottom-up); the
-      // earlier comparisons are remembered, the new ones use the current block's stored rows.
-      // Layers before the current block take their known starts.
-      const int block = c.block_layers.front();
-      const std::vector<int> starts = pod_block_starts(
-          l - block + 1, [&](int a, int b) { return similarity(a + block, b + block); },
-          options_.delta);
-      start = starts.back() + block;
-    }
-    block_start_[static_cast<size_t>(h)][static_cast<size_t>(l)] = start;
-    if (start == l) {
-      c.block_rows.clear();
-      c.block_layers.clear();
-      c.similarity.clear();
-    }
-    c.block_rows.push_back(std::move(rows));
-    c.block_layers.push_back(l);
+        // The grouping of layers 0..l is that of 0..l-1 plus layer l (greedy, bottom-up); the
+        // earlier comparisons are remembered, the new ones use the current block's stored rows.
+        // Layers before the current block take their known starts.
+        const int block = c.block_layers.front();
+        const std::vector<int> starts = pod_block_starts(
+            l - block + 1, [&](int a, int b) { return similarity(a + block, b + block); },
+            options_.delta);
+        start = starts.back() + block;
+      }
+      block_start_[static_cast<size_t>(h)][static_cast<size_t>(l)] = start;
+      if (start == l) {
+        c.block_rows.clear();
+        c.block_layers.clear();
+        c.similarity.clear();
+      }
+      c.block_rows.push_back(std::move(rows));
+      c.block_layers.push_back(l);
+    });
   }
+  errors.rethrow();
 }
 
 void PodPress::compress_prefill(const LayerView& layer, LayerCache& out) {

@@ -1,4 +1,5 @@
 #include "press/protokv.h"
+#include "core/parallel.h"
 
 #include <nlohmann/json.hpp>
 
@@ -309,42 +310,46 @@ void ProtoKvScorer::score(const LayerView& layer, int64_t window, LayerScores& o
   out.reset(layer.n_kv_heads, n_prefix, true, config_.select == Selection::Clusters);
   WindowScoreConfig window_config = config_.window_scores;
   window_config.window = window;
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h) {
-    // The token's own score: pooled window attention (Eq. 4-5) or its window logit sum (psi).
-    float* own = out.head_tie(h);
-    const ClusteringConfig clustering = config_.clustering(n_prefix, layer.layer, h);
-    // The chunk pass (Eq. 10-11 statistics) runs inside the window GEMM's loop over key blocks,
-    // on each block's chunks while the GEMM has just read them: one read of the keys for both.
-    const int64_t min_bytes =
-        config_.fuse_min_bytes >= 0 ? config_.fuse_min_bytes : fused_pass_min_bytes();
-    const bool fused_pass = config_.score == ClusterScore::Mean && n_prefix >= 1 &&
-                            clustering.prototypes == PrototypeSet::Hybrid &&
-                            clustering.deviation == Deviation::Chunk &&
-                            n_prefix * d * static_cast<int64_t>(sizeof(float)) > min_bytes;
-    thread_local ChunkPassStream pass;
-    if (config_.score == ClusterScore::Mean) {
-      KeyBlockVisitor visit;
-      if (fused_pass) {
-        const int64_t chunks = std::clamp<int64_t>(clustering.chunks, 1, n_prefix);
-        pass.start(layer.k_head(h), n_prefix, d, chunks, clustering.local_reach(chunks));
-        visit = [&](int64_t, int64_t end) { pass.advance(std::min(end, n_prefix)); };
+    errors.run([&] {
+      // The token's own score: pooled window attention (Eq. 4-5) or its window logit sum (psi).
+      float* own = out.head_tie(h);
+      const ClusteringConfig clustering = config_.clustering(n_prefix, layer.layer, h);
+      // The chunk pass (Eq. 10-11 statistics) runs inside the window GEMM's loop over key blocks,
+      // on each block's chunks while the GEMM has just read them: one read of the keys for both.
+      const int64_t min_bytes =
+          config_.fuse_min_bytes >= 0 ? config_.fuse_min_bytes : fused_pass_min_bytes();
+      const bool fused_pass = config_.score == ClusterScore::Mean && n_prefix >= 1 &&
+                              clustering.prototypes == PrototypeSet::Hybrid &&
+                              clustering.deviation == Deviation::Chunk &&
+                              n_prefix * d * static_cast<int64_t>(sizeof(float)) > min_bytes;
+      thread_local ChunkPassStream pass;
+      if (config_.score == ClusterScore::Mean) {
+        KeyBlockVisitor visit;
+        if (fused_pass) {
+          const int64_t chunks = std::clamp<int64_t>(clustering.chunks, 1, n_prefix);
+          pass.start(layer.k_head(h), n_prefix, d, chunks, clustering.local_reach(chunks));
+          visit = [&](int64_t, int64_t end) { pass.advance(std::min(end, n_prefix)); };
+        }
+        window_scores_kv_head(layer, h, window_config, own, visit);
+      } else {
+        window_logit_sums(layer, h, window, own);
       }
-      window_scores_kv_head(layer, h, window_config, own, visit);
-    } else {
-      window_logit_sums(layer, h, window, own);
-    }
-    ChunkPassResult precomputed;
-    if (fused_pass) precomputed = pass.result();
-    Clustering clusters =
-        cluster_keys(layer.k_head(h), n_prefix, d, clustering, fused_pass ? &precomputed : nullptr);
-    std::vector<int64_t> size;
-    cluster_scores(clusters.assignment.data(), own, n_prefix, std::max(1, clusters.n_prototypes()),
-                   config_.score, out.head_score(h), size);
-    if (config_.select == Selection::Clusters)
-      std::copy(clusters.assignment.begin(), clusters.assignment.end(), out.head_group(h));
-    record_diagnostics(layer.layer, h, std::move(clusters), std::move(size));
+      ChunkPassResult precomputed;
+      if (fused_pass) precomputed = pass.result();
+      Clustering clusters = cluster_keys(layer.k_head(h), n_prefix, d, clustering,
+                                         fused_pass ? &precomputed : nullptr);
+      std::vector<int64_t> size;
+      cluster_scores(clusters.assignment.data(), own, n_prefix,
+                     std::max(1, clusters.n_prototypes()), config_.score, out.head_score(h), size);
+      if (config_.select == Selection::Clusters)
+        std::copy(clusters.assignment.begin(), clusters.assignment.end(), out.head_group(h));
+      record_diagnostics(layer.layer, h, std::move(clusters), std::move(size));
+    });
   }
+  errors.rethrow();
 }
 
 const PressEntry kProtoKvEntry{

@@ -1,4 +1,5 @@
 #include "protokv/press/scoring_press.h"
+#include "core/parallel.h"
 
 #include <nlohmann/json.hpp>
 
@@ -64,14 +65,18 @@ void ScoringPress::compress_prefill(const LayerView& layer, LayerCache& out) {
   const int n_layers = layer.n_layers > 0 ? layer.n_layers : std::max(1, info_.n_layers);
   const std::vector<int64_t> prefix_budgets =
       allocate_prefix_budgets(allocator_, keep, window_, n, layer.layer, n_layers, scores_);
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h) {
-    std::vector<int32_t> kept =
-        keep_with_window(layer, h, select_top(scores_, h, prefix_budgets[static_cast<size_t>(h)]),
-                         window_, out.heads[static_cast<size_t>(h)]);
-    scorer_->on_kept(layer.layer, h, kept);
-    on_kept(layer.layer, h, kept);
+    errors.run([&] {
+      std::vector<int32_t> kept =
+          keep_with_window(layer, h, select_top(scores_, h, prefix_budgets[static_cast<size_t>(h)]),
+                           window_, out.heads[static_cast<size_t>(h)]);
+      scorer_->on_kept(layer.layer, h, kept);
+      on_kept(layer.layer, h, kept);
+    });
   }
+  errors.rethrow();
 }
 
 }  // namespace protokv::press

@@ -1,4 +1,5 @@
 #include "protokv/press/window_scores.h"
+#include "core/parallel.h"
 
 #include <nlohmann/json.hpp>
 
@@ -190,9 +191,12 @@ void pool_and_reduce(const float* sums, int group, int64_t n, const WindowScoreC
 
 void window_scores(const LayerView& layer, const WindowScoreConfig& config, float* out) {
   const int64_t n_prefix = layer.n_tokens - config.window;
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h)
-    window_scores_kv_head(layer, h, config, out + static_cast<int64_t>(h) * n_prefix);
+    errors.run(
+        [&] { window_scores_kv_head(layer, h, config, out + static_cast<int64_t>(h) * n_prefix); });
+  errors.rethrow();
 }
 
 }  // namespace protokv::press
