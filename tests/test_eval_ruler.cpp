@@ -73,8 +73,7 @@ TEST(Ruler, SamplesFitTheirLengthAndContainTheirAnswers) {
     // Every non-QA task (NIAH included) is scored with RULER's string_match_all: a reply with
     // one of the n references scores 1/n (string_match_part would give 1).
     EXPECT_EQ(s.meta["metric"], "string_match_all") << s.id;
-    EXPECT_DOUBLE_EQ(eval::ruler_score(s, "so: " + s.answers[0]), 1.0 / s.answers.size())
-        << s.id;
+    EXPECT_DOUBLE_EQ(eval::ruler_score(s, "so: " + s.answers[0]), 1.0 / s.answers.size()) << s.id;
     EXPECT_DOUBLE_EQ(eval::ruler_score(s, "no idea"), 0.0) << s.id;
     if (task == "niah_single_1") {
       // niah.py's singular wording for one needle and one query.

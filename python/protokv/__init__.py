@@ -287,14 +287,7 @@ class Model:
                 "created": int(time.time()), "model": self.model_path}
         if stream:
             return self._stream(pieces, head, chat=False)
-        text, info = "", {}
-        for piece, info in pieces:
-            text += piece
-        return {**head,
-                "choices": [{"text": text, "index": 0, "logprobs": None,
-                             "finish_reason": info["finish_reason"]}],
-                "usage": info["usage"], "kv_compression": info["kv_compression"],
-                "timings": info["timings"]}
+        return self._collect(pieces, head, chat=False)
 
     __call__ = create_completion
 
@@ -324,14 +317,20 @@ class Model:
                 "created": int(time.time()), "model": self.model_path}
         if stream:
             return self._stream(pieces, head, chat=True)
+        return self._collect(pieces, head, chat=True)
+
+    @staticmethod
+    def _collect(pieces: Iterator[tuple[str, Dict[str, Any]]], head: Dict[str, Any],
+                 chat: bool) -> Dict[str, Any]:
+        """The whole reply as one completion dict."""
         text, info = "", {}
         for piece, info in pieces:
             text += piece
-        return {**head,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": None, "finish_reason": info["finish_reason"]}],
-                "usage": info["usage"], "kv_compression": info["kv_compression"],
-                "timings": info["timings"]}
+        choice = {"index": 0, "logprobs": None, "finish_reason": info["finish_reason"]}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat
+                      else {"text": text})
+        return {**head, "choices": [choice], "usage": info["usage"],
+                "kv_compression": info["kv_compression"], "timings": info["timings"]}
 
     @staticmethod
     def _stream(pieces: Iterator[tuple[str, Dict[str, Any]]], head: Dict[str, Any],

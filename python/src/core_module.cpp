@@ -155,11 +155,7 @@ Budget make_budget(const std::shared_ptr<const PressSpec>& spec, std::optional<i
   Budget b;
   if (budget) b.entries = *budget;
   if (ratio) b.ratio = *ratio;
-  if (spec == nullptr) {
-    PROTOKV_CHECK(!b.is_set() || (budget && *budget > 0) || (ratio && *ratio > 0),
-                  "budget must be > 0");
-    return {};
-  }
+  if (spec == nullptr) return {};  // the full cache ignores a budget (SessionOptions::budget)
   PROTOKV_CHECK(budget || ratio, "press '{}' needs a budget (entries per KV head) or a ratio",
                 spec->name());
   b.validate();
