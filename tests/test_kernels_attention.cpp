@@ -88,7 +88,7 @@ TEST(KernelsAttention, PrefillHeadsHandlesGqaGroupsStridesAndChunks) {
       {200, 1, 4, 5, 3},  // a group larger than a query tile
   };
   if (!small) cases.push_back({8, 2, 64, 300, 257});
-  for (Isa isa : compiled_isas())
+  for (Isa isa : available_isas())
     for (const GqaCase& c : cases) check_prefill_heads(isa, c, rng);
 }
 
@@ -170,7 +170,7 @@ TEST(KernelsAttention, DecodeLogWeightEqualsDuplicatedEntries) {
 
 TEST(KernelsAttention, DecodeGroupEqualsPerHeadDecode) {
   std::mt19937 rng(24);
-  for (Isa isa : compiled_isas()) {
+  for (Isa isa : available_isas()) {
     for (int group : {1, 3, 4, 8}) {
       // Lengths across several key blocks and 4-key steps; widths with vector tails.
       for (auto [n, d] :
@@ -242,7 +242,7 @@ void expect_gathered_equals_dense(Isa isa, const std::vector<float>& q,
 
 TEST(KernelsAttention, GatheredDecodeEqualsDenseDecodeOnTheSubset) {
   std::mt19937 rng(31);
-  for (Isa isa : compiled_isas()) {
+  for (Isa isa : available_isas()) {
     for (auto [n, d] : {std::pair<int64_t, int>{1, 64}, {40, 8}, {300, 72}, {513, 130}, {9, 2}}) {
       SCOPED_TRACE(::testing::Message() << isa_name(isa) << " n=" << n << " d=" << d);
       const auto q = random_vector(rng, d, 2.0f);
@@ -282,7 +282,7 @@ TEST(KernelsAttention, GatheredDecodeOverContiguousSpansEqualsDenseDecodeOnTheSu
   // Runs of consecutive rows take the kernel's span path (4-row dots, weighted row sums), single
   // rows the row path.
   std::mt19937 rng(37);
-  for (Isa isa : compiled_isas()) {
+  for (Isa isa : available_isas()) {
     for (auto [n, d] : {std::pair<int64_t, int>{1, 64}, {97, 8}, {300, 64}, {700, 130}, {40, 3}}) {
       SCOPED_TRACE(::testing::Message() << isa_name(isa) << " n=" << n << " d=" << d);
       const auto q = random_vector(rng, d, 2.0f);
@@ -327,7 +327,7 @@ TEST(KernelsAttention, GatheredSegmentsSplitRunsAtSegmentBoundaries) {
   const double top = *std::max_element(logits.begin(), logits.end());
   double total = 0.0;
   for (double& x : logits) total += (x = std::exp(x - top));
-  for (Isa isa : compiled_isas()) {
+  for (Isa isa : available_isas()) {
     SCOPED_TRACE(isa_name(isa));
     std::vector<float> out(d, NAN), probs(m, NAN);
     attention_decode_gathered_segments(isa, q.data(), segments, values.data(), nullptr, indices, d,

@@ -46,7 +46,7 @@ double matvec_tolerance(DType type, const float* w_row, const float* x, int64_t 
 
 TEST(KernelsMatvec, EveryDtypeMatchesDequantisedReference) {
   std::mt19937 rng(10);
-  for (Isa isa : compiled_isas()) {
+  for (Isa isa : available_isas()) {
     for (DType type : kTypes) {
       for (Shape s : shapes_for(type)) {
         SCOPED_TRACE(::testing::Message()
@@ -78,7 +78,7 @@ TEST(KernelsMatvec, Q8HandlesMinus128Weights) {
   std::vector<float> x(cols);
   for (int64_t i = 0; i < cols; ++i) x[i] = (i % 3 == 0 ? -1.0f : 1.0f);
   std::vector<float> dense(cols);
-  for (Isa isa : compiled_isas()) {
+  for (Isa isa : available_isas()) {
     SCOPED_TRACE(isa_name(isa));
     std::vector<float> y(rows);
     matvec(isa, w, x.data(), y.data());
@@ -98,7 +98,7 @@ TEST(KernelsMatmul, EveryDtypeMatchesDequantisedReference) {
   std::vector<Case> cases = {{1, 5, 64}, {3, 17, 96}, {4, 33, 64}, {7, 130, 320}, {33, 70, 256}};
   // Several panels of converted rows, the last one partial.
   if (!small) cases.push_back({33, 600, 1024});
-  for (Isa isa : compiled_isas()) {
+  for (Isa isa : available_isas()) {
     for (DType type : kTypes) {
       for (const Case& c : cases) {
         SCOPED_TRACE(::testing::Message() << isa_name(isa) << " " << dtype_name(type)

@@ -30,7 +30,7 @@ using testing::SyntheticLayer;
 
 TEST(PodKernel, SegmentedDecodeEqualsDenseDecodeOnTheConcatenatedKeys) {
   std::mt19937 rng(41);
-  for (kernels::Isa isa : kernels::compiled_isas()) {
+  for (kernels::Isa isa : kernels::available_isas()) {
     for (int group : {1, 4}) {
       for (auto [n, d] : {std::pair<int64_t, int>{3, 8}, {70, 64}, {301, 72}, {600, 130}}) {
         SCOPED_TRACE(::testing::Message()
@@ -98,7 +98,7 @@ TEST(PodKernel, ASegmentWithItsOwnQueryUsesItForItsLogits) {
   const std::vector<KeySegment> segments = {{keys.data(), 10, nullptr},
                                             {keys.data() + 10 * d, 45, lower_q.data()},
                                             {keys.data() + 55 * d, 15, nullptr}};
-  for (kernels::Isa isa : kernels::compiled_isas()) {
+  for (kernels::Isa isa : kernels::available_isas()) {
     std::vector<float> out(group * d), probs(group * n);
     kernels::attention_decode_group_segments(isa, q.data(), group, segments, values.data(), nullptr,
                                              d, out.data(), probs.data());
@@ -133,7 +133,7 @@ TEST(PodKernel, ASegmentWithItsOwnQueryUsesItForItsLogits) {
 
 TEST(PodKernel, GatheredSegmentsEqualGatheredOnTheConcatenatedKeys) {
   std::mt19937 rng(43);
-  for (kernels::Isa isa : kernels::compiled_isas()) {
+  for (kernels::Isa isa : kernels::available_isas()) {
     const int64_t n = 90;
     const int d = 24;
     const auto q = testing::random_vector(rng, d, 2.0f);

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "kernels/clustering.h"
 #include "press/protokv.h"
 #include "press/protokv_clustering.h"
 #include "protokv/press/options.h"
@@ -294,56 +295,60 @@ TEST(ProtoKvChunkPass, KernelsEqualThePlainLoopsAndADoubleReference) {
       std::vector<float> norms_ref(kTokens), sums_ref(sums.size()), delta_ref(kTokens);
       std::vector<float> dots(static_cast<size_t>((2 * reach + 1) * kTokens), 0.0f);
       std::vector<float> dots_ref(dots.size(), 0.0f);
-      press::chunk_pass(keys.data(), kTokens, dim, chunks, norms.data(), sums.data(), delta.data(),
-                        {dots.data(), reach});
       press::chunk_pass_generic(keys.data(), kTokens, dim, chunks, norms_ref.data(),
                                 sums_ref.data(), delta_ref.data(), {dots_ref.data(), reach});
-      const std::string where = "dim " + std::to_string(dim) + " chunks " + std::to_string(chunks);
-      EXPECT_EQ(0, std::memcmp(sums.data(), sums_ref.data(), sums.size() * sizeof(float))) << where;
-      for (int64_t t = 0; t < kTokens; ++t) {
-        EXPECT_NEAR(norms[static_cast<size_t>(t)], norms_ref[static_cast<size_t>(t)],
-                    1e-5f * norms_ref[static_cast<size_t>(t)])
+      for (const kernels::Isa isa : kernels::available_isas()) {
+        kernels::chunk_pass_range(isa, keys.data(), kTokens, dim, chunks, 0, chunks, norms.data(),
+                                  sums.data(), delta.data(), {dots.data(), reach});
+        const std::string where = std::string(kernels::isa_name(isa)) + " dim " +
+                                  std::to_string(dim) + " chunks " + std::to_string(chunks);
+        EXPECT_EQ(0, std::memcmp(sums.data(), sums_ref.data(), sums.size() * sizeof(float)))
             << where;
-        EXPECT_NEAR(delta[static_cast<size_t>(t)], delta_ref[static_cast<size_t>(t)],
-                    1e-3f * (1.0f + std::abs(delta_ref[static_cast<size_t>(t)])))
-            << where << " token " << t;
-      }
-      for (size_t i = 0; i < dots.size(); ++i)
-        EXPECT_NEAR(dots[i], dots_ref[i], 1e-4f * (1.0f + std::abs(dots_ref[i]))) << where;
-      // Double reference: norms, means, the local dots k_t . mu_j for j = m - reach .. m + reach.
-      for (int64_t m = 0; m < chunks; ++m) {
-        const int64_t begin = press::chunk_begin(m, kTokens, chunks);
-        const int64_t end = press::chunk_begin(m + 1, kTokens, chunks);
-        for (int64_t t = begin; t < end; ++t) {
-          double sq = 0.0;
-          for (int c = 0; c < dim; ++c)
-            sq += static_cast<double>(keys[static_cast<size_t>(t * dim + c)]) *
-                  keys[static_cast<size_t>(t * dim + c)];
-          EXPECT_NEAR(norms[static_cast<size_t>(t)], std::sqrt(sq), 1e-5 * (1.0 + std::sqrt(sq)));
-          for (int i = 0; i < 2 * reach + 1; ++i) {
-            const int64_t j = m - reach + i;
-            if (j < 0 || j >= chunks) continue;
-            const int64_t jb = press::chunk_begin(j, kTokens, chunks);
-            const int64_t je = press::chunk_begin(j + 1, kTokens, chunks);
-            double dot = 0.0, scale = 0.0;
-            for (int c = 0; c < dim; ++c) {
-              double mean = 0.0;
-              for (int64_t u = jb; u < je; ++u) mean += keys[static_cast<size_t>(u * dim + c)];
-              mean /= static_cast<double>(je - jb);
-              dot += keys[static_cast<size_t>(t * dim + c)] * mean;
-              scale += std::abs(keys[static_cast<size_t>(t * dim + c)] * mean);
+        for (int64_t t = 0; t < kTokens; ++t) {
+          EXPECT_NEAR(norms[static_cast<size_t>(t)], norms_ref[static_cast<size_t>(t)],
+                      1e-5f * norms_ref[static_cast<size_t>(t)])
+              << where;
+          EXPECT_NEAR(delta[static_cast<size_t>(t)], delta_ref[static_cast<size_t>(t)],
+                      1e-3f * (1.0f + std::abs(delta_ref[static_cast<size_t>(t)])))
+              << where << " token " << t;
+        }
+        for (size_t i = 0; i < dots.size(); ++i)
+          EXPECT_NEAR(dots[i], dots_ref[i], 1e-4f * (1.0f + std::abs(dots_ref[i]))) << where;
+        // Double reference: norms, means, the local dots k_t . mu_j for j = m - reach .. m + reach.
+        for (int64_t m = 0; m < chunks; ++m) {
+          const int64_t begin = press::chunk_begin(m, kTokens, chunks);
+          const int64_t end = press::chunk_begin(m + 1, kTokens, chunks);
+          for (int64_t t = begin; t < end; ++t) {
+            double sq = 0.0;
+            for (int c = 0; c < dim; ++c)
+              sq += static_cast<double>(keys[static_cast<size_t>(t * dim + c)]) *
+                    keys[static_cast<size_t>(t * dim + c)];
+            EXPECT_NEAR(norms[static_cast<size_t>(t)], std::sqrt(sq), 1e-5 * (1.0 + std::sqrt(sq)));
+            for (int i = 0; i < 2 * reach + 1; ++i) {
+              const int64_t j = m - reach + i;
+              if (j < 0 || j >= chunks) continue;
+              const int64_t jb = press::chunk_begin(j, kTokens, chunks);
+              const int64_t je = press::chunk_begin(j + 1, kTokens, chunks);
+              double dot = 0.0, scale = 0.0;
+              for (int c = 0; c < dim; ++c) {
+                double mean = 0.0;
+                for (int64_t u = jb; u < je; ++u) mean += keys[static_cast<size_t>(u * dim + c)];
+                mean /= static_cast<double>(je - jb);
+                dot += keys[static_cast<size_t>(t * dim + c)] * mean;
+                scale += std::abs(keys[static_cast<size_t>(t * dim + c)] * mean);
+              }
+              EXPECT_NEAR(dots[static_cast<size_t>(i * kTokens + t)], dot, 1e-5 * (1.0 + scale))
+                  << where << " token " << t << " slot " << i;
             }
-            EXPECT_NEAR(dots[static_cast<size_t>(i * kTokens + t)], dot, 1e-5 * (1.0 + scale))
-                << where << " token " << t << " slot " << i;
           }
         }
+        // Without deviations or dots: the same norms and sums.
+        std::vector<float> norms_only(kTokens), sums_only(sums.size());
+        kernels::chunk_pass_range(isa, keys.data(), kTokens, dim, chunks, 0, chunks,
+                                  norms_only.data(), sums_only.data(), nullptr, {});
+        EXPECT_EQ(norms_only, norms) << where;
+        EXPECT_EQ(sums_only, sums) << where;
       }
-      // Without deviations or dots: the same norms and sums.
-      std::vector<float> norms_only(kTokens), sums_only(sums.size());
-      press::chunk_pass(keys.data(), kTokens, dim, chunks, norms_only.data(), sums_only.data(),
-                        nullptr);
-      EXPECT_EQ(norms_only, norms) << where;
-      EXPECT_EQ(sums_only, sums) << where;
     }
   }
 }
@@ -469,6 +474,12 @@ TEST(ProtoKvAssignment, FusedArgmaxEqualsNaiveFirstMaximumIncludingTies) {
       std::vector<int32_t> assignment(static_cast<size_t>(tokens));
       press::assign_to_prototypes(keys.data(), tokens, kDim, protos.data(), count,
                                   assignment.data());
+      for (const kernels::Isa isa : kernels::available_isas()) {  // every variant alike
+        std::vector<int32_t> other(assignment.size());
+        kernels::assign_to_prototypes(isa, keys.data(), tokens, kDim, protos.data(), count,
+                                      other.data());
+        EXPECT_EQ(other, assignment) << kernels::isa_name(isa);
+      }
       for (int64_t t = 0; t < tokens; ++t) {
         int best = 0;
         float best_dot = 0.0f;

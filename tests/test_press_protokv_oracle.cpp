@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/clustering.h"
 #include "press/protokv.h"
 #include "press/protokv_clustering.h"
 #include "protokv/press/options.h"
@@ -85,6 +86,12 @@ TEST(ProtoKvAssignmentOracle, ArgmaxMatchesNaiveFirstMaximumAroundLaneBoundaries
     std::vector<int32_t> assignment(keys.size());
     press::assign_to_prototypes(flat.data(), static_cast<int64_t>(keys.size()), kDim, protos.data(),
                                 count, assignment.data());
+    for (const kernels::Isa isa : kernels::available_isas()) {  // every variant alike
+      std::vector<int32_t> other(assignment.size());
+      kernels::assign_to_prototypes(isa, flat.data(), static_cast<int64_t>(keys.size()), kDim,
+                                    protos.data(), count, other.data());
+      EXPECT_EQ(other, assignment) << kernels::isa_name(isa);
+    }
     int ties = 0;
     for (size_t t = 0; t < keys.size(); ++t) {
       const int expected = naive_first_argmax(keys[t], protos, count, kDim);

@@ -386,7 +386,7 @@ TEST(QuantKernels, MatvecEveryIsaMatchesDequantisedReference) {
         x[0] = 8.0f;  // an outlier: coarse activation steps in its block
         std::vector<float> scalar(static_cast<size_t>(rows));
         kernels::matvec(Isa::kScalar, w, x.data(), scalar.data());
-        for (Isa isa : kernels::compiled_isas()) {
+        for (Isa isa : kernels::available_isas()) {
           SCOPED_TRACE(::testing::Message() << kernels::isa_name(isa) << " " << dtype_name(type)
                                             << " " << rows << "x" << cols);
           std::vector<float> y(static_cast<size_t>(rows), NAN);
@@ -425,7 +425,7 @@ TEST(QuantKernels, ExtremeBlocksStayExact) {
     for (int64_t r = 0; r < rows; ++r) dequantize_row(type, w.row(r), &dense[r * cols], cols);
     std::vector<float> x(cols);
     for (int64_t i = 0; i < cols; ++i) x[i] = i % 3 == 0 ? -1.0f : 1.0f;  // exact in int8
-    for (Isa isa : kernels::compiled_isas()) {
+    for (Isa isa : kernels::available_isas()) {
       std::vector<float> y(rows);
       kernels::matvec(isa, w, x.data(), y.data());
       for (int64_t r = 0; r < rows; ++r) {
@@ -542,28 +542,6 @@ float ggml_x86_emulation(DType type, const void* row, int64_t cols,
   return ((t[0] + t[2]) + (t[1] + t[3])) + mins;
 }
 
-float legacy_kernel(Isa isa, DType type, const void* row, int64_t cols,
-                    const kernels::QuantizedActivation& x) {
-  return kernels::with_isa(isa, [&](auto ops) {
-    using Ops = decltype(ops);
-    const int64_t n = cols / 32;
-    switch (type) {
-      case DType::Q4_0:
-        return Ops::dot_q4_0_q8_0(static_cast<const BlockQ4_0*>(row), x.q.data(), x.scale.data(),
-                                  n);
-      case DType::Q5_0:
-        return Ops::dot_q5_0_q8_0(static_cast<const BlockQ5_0*>(row), x.q.data(), x.scale.data(),
-                                  n);
-      case DType::Q4_1:
-        return Ops::dot_q4_1_q8_1(static_cast<const BlockQ4_1*>(row), x.q.data(), x.scale.data(),
-                                  x.s.data(), n);
-      default:
-        return Ops::dot_q5_1_q8_1(static_cast<const BlockQ5_1*>(row), x.q.data(), x.scale.data(),
-                                  x.s.data(), n);
-    }
-  });
-}
-
 // Every legacy kernel of every instruction set against ggml's formula in double (F32 rounding
 // only: the integer part is exact), the vector variants bit for bit against the emulation of
 // ggml's x86 arithmetic, and matvec against the kernel of its instruction set. Random bytes are
@@ -583,7 +561,7 @@ TEST(QuantKernels, LegacyKernelsMatchGgmlFormula) {
       if (cols >= 64) {
         EXPECT_EQ(xq.scale[1], 0.0f);
       }
-      for (Isa isa : kernels::compiled_isas()) {
+      for (Isa isa : kernels::available_isas()) {
         SCOPED_TRACE(::testing::Message()
                      << kernels::isa_name(isa) << " " << dtype_name(type) << " x" << cols);
         std::vector<float> y(static_cast<size_t>(rows), NAN);
@@ -591,7 +569,7 @@ TEST(QuantKernels, LegacyKernelsMatchGgmlFormula) {
         for (int64_t r = 0; r < rows; ++r) {
           double abs_sum = 0.0;
           const double expected = ggml_legacy_reference(type, w.row(r), cols, xq, &abs_sum);
-          const float got = legacy_kernel(isa, type, w.row(r), cols, xq);
+          const float got = kernels::legacy_quant_dot(isa, type, w.row(r), xq, cols);
           // Per block: d_w * d_x, its product with the dot and the sum round once each (and m_w
           // s_x, its sum): at most (cols / 32 + 3) half-ulps of the absolute terms' sum.
           const double tolerance = (static_cast<double>(cols) / 32 + 3) * 0x1p-24 * abs_sum;
@@ -619,12 +597,12 @@ TEST(QuantKernels, LegacyKernelsExtremeBlocks) {
     for (int64_t i = 0; i < cols; ++i) x[i] = i % 3 == 0 ? -1.0f : 1.0f;
     kernels::QuantizedActivation xq;
     kernels::quantize_activation_ggml_q8(x.data(), cols, takes_q8_1(type), xq);
-    for (Isa isa : kernels::compiled_isas()) {
+    for (Isa isa : kernels::available_isas()) {
       for (int64_t r = 0; r < rows; ++r) {
         const void* row = bytes.data() + r * dtype_row_bytes(type, cols);
         double abs_sum = 0.0;
         const double expected = ggml_legacy_reference(type, row, cols, xq, &abs_sum);
-        EXPECT_NEAR(legacy_kernel(isa, type, row, cols, xq), expected, 1e-6 * abs_sum)
+        EXPECT_NEAR(kernels::legacy_quant_dot(isa, type, row, xq, cols), expected, 1e-6 * abs_sum)
             << kernels::isa_name(isa) << " " << dtype_name(type);
       }
     }
@@ -643,7 +621,7 @@ TEST(QuantKernels, MatmulMatchesReferenceAndMatvec) {
     std::vector<float> dense(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r) dequantize_row(type, w.row(r), &dense[r * cols], cols);
     const auto x = testing::random_vector(rng, n * cols);
-    for (Isa isa : kernels::compiled_isas()) {
+    for (Isa isa : kernels::available_isas()) {
       SCOPED_TRACE(::testing::Message() << kernels::isa_name(isa) << " " << dtype_name(type));
       std::vector<float> y(static_cast<size_t>(n * rows), NAN);
       kernels::matmul(isa, w, x.data(), n, y.data());

@@ -8,12 +8,13 @@
 
 namespace protokv::testing {
 
-CommandResult run_protokv(const std::string& args) {
+CommandResult run_protokv(const std::string& args, const std::string& environment) {
   TempDir dir;
   const auto out_path = dir / "stdout";
   const auto err_path = dir / "stderr";
-  const std::string command = std::string("'") + PROTOKV_BINARY + "' " + args + " >'" +
-                              out_path.string() + "' 2>'" + err_path.string() + "' </dev/null";
+  const std::string command = environment + (environment.empty() ? "'" : " '") + PROTOKV_BINARY +
+                              "' " + args + " >'" + out_path.string() + "' 2>'" +
+                              err_path.string() + "' </dev/null";
   CommandResult result;
   const int status = std::system(command.c_str());
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -92,8 +92,9 @@ struct CommandResult {
   std::string err;  // stderr
 };
 
-// Runs the protokv binary with `args` (a shell-quoted string).
-CommandResult run_protokv(const std::string& args);
+// Runs the protokv binary with `args` (a shell-quoted string), with the shell variable
+// assignments `environment` (e.g. "PROTOKV_ISA=scalar") in its environment.
+CommandResult run_protokv(const std::string& args, const std::string& environment = "");
 
 // The run failed as bad input must: exit code 1 and exactly one line on stderr,
 // "protokv: error: ...", containing `contains`.

@@ -25,10 +25,22 @@ from ._core import Error
 from .presses import Press, ScorerPress, list_presses
 
 __all__ = ["Model", "Session", "Error", "Press", "ScorerPress", "eval", "presses",
-           "list_presses", "__version__"]
+           "list_presses", "kernel_variants", "__version__"]
 __version__: str = _core.__version__
 
 PressArg = Union[str, Press, ScorerPress, None]
+
+
+def kernel_variants() -> Dict[str, Any]:
+    """The CPU kernel variants: ``{"available": [...], "active": name}``.
+
+    ``available`` lists the variants this CPU runs, scalar first (``scalar``, ``avx2``,
+    ``avx512``); ``active`` is the one every kernel uses: the widest, or the one the environment
+    variable ``PROTOKV_ISA`` names. Raises :class:`Error` when ``PROTOKV_ISA`` names a variant
+    this CPU cannot run.
+    """
+    available, active = _core.kernel_variants()
+    return {"available": list(available), "active": active}
 
 
 def _press_spec(press: PressArg, alloc: Optional[str]) -> tuple[Any, str]:

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "eval/fidelity.h"
+#include "kernels/isa.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/generate.h"
@@ -478,6 +479,16 @@ NB_MODULE(_core, m) {
       "The resolved configuration (every option, defaults filled in) of a press spec "
       "NAME[:key=value,...]; raises protokv.Error for an unknown press or option.");
   m.def("set_threads", &set_threads, "n"_a);
+  m.def(
+      "kernel_variants",
+      [] {
+        std::vector<std::string> available;
+        for (kernels::Isa isa : kernels::available_isas())
+          available.emplace_back(kernels::isa_name(isa));
+        return std::make_pair(available, std::string(kernels::isa_name(kernels::active_isa())));
+      },
+      "The kernel variants this CPU runs (scalar first) and the active one (the widest, or "
+      "PROTOKV_ISA's); raises protokv.Error when PROTOKV_ISA names one it cannot run.");
 
   m.def("eval_fidelity", &eval_fidelity, "model"_a, "text"_a, "presses"_a, "budgets"_a, "alloc"_a,
         "samples"_a, "prompt_len"_a, "continuation"_a, "reference"_a, "attention_metrics"_a,

@@ -302,6 +302,17 @@ def test_eval_fidelity_returns_the_clis_report(recall, recall_path, protokv_cli,
         protokv.eval.fidelity(recall, text, ["nope"], [16], samples=1, prompt_len=32)
 
 
+def test_kernel_variants_name_the_active_one():
+    import os
+
+    variants = protokv.kernel_variants()
+    assert variants["available"][0] == "scalar"
+    assert variants["active"] in variants["available"]
+    requested = os.environ.get("PROTOKV_ISA", "")
+    # ctest runs this suite with PROTOKV_ISA=scalar and =avx2 too: the override must take.
+    assert variants["active"] == (requested or variants["available"][-1])
+
+
 def test_an_unknown_protokv_isa_is_one_clear_error(recall_path, protokv_cli):
     import os
     import sys

@@ -1,55 +1,37 @@
 #pragma once
-// Instruction-set variants of the kernels. The public functions in kernels.h use the best set
-// compiled in (-march=native); tests and benchmarks call each compiled variant explicitly
-// through the Isa overloads below, so the portable scalar path is always exercised too.
+// Instruction-set variants of the kernels (kernels/variant.h). The functions in kernels.h run the
+// variant active_isa() picks at run time from the CPU's features; tests and benchmarks call each
+// variant this CPU runs explicitly through the Isa overloads below, so the scalar path is always
+// exercised too.
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "kernels/simd.h"
+#include "protokv/dtype.h"
 
 namespace protokv::kernels {
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 
-inline constexpr Isa kBestIsa =
-#if defined(PROTOKV_HAVE_AVX512)
-    Isa::kAvx512;
-#elif defined(PROTOKV_HAVE_AVX2)
-    Isa::kAvx2;
-#else
-    Isa::kScalar;
-#endif
+struct QuantizedActivation;
 
-// Every variant built into this binary, scalar first.
-std::vector<Isa> compiled_isas();
-// The variant the kernels without an Isa argument (kernels.h) run: the best one compiled in, or
-// the one the environment variable PROTOKV_ISA names (scalar | avx2 | avx512), so that every
-// compiled path can be run end to end on one machine. Read once. Throws Error when PROTOKV_ISA
-// names no compiled variant: load_model(), Session and PrefilledPrompt call it first, so the error
-// surfaces there and never inside a parallel region.
+// Every variant built into this binary that this CPU can run, scalar first.
+std::vector<Isa> available_isas();
+// The variant the kernels without an Isa argument (kernels.h) run: the widest of
+// available_isas(), or the one the environment variable PROTOKV_ISA names (scalar | avx2 |
+// avx512), so that every variant can be run end to end on one machine. Read once. Throws Error
+// when PROTOKV_ISA names a variant this binary lacks or this CPU cannot run: load_model(), Session
+// and PrefilledPrompt call it first, so the error surfaces there and never inside a parallel
+// region.
 Isa active_isa();
 std::string_view isa_name(Isa isa);
+// What a variant needs of the CPU, in words (for messages and `protokv info`).
+std::string_view isa_requirements(Isa isa);
 
-// Calls f(Ops{}) with the primitive struct of `isa` (scalar when `isa` was not compiled in).
-template <class F>
-decltype(auto) with_isa(Isa isa, F&& f) {
-  switch (isa) {
-#if defined(PROTOKV_HAVE_AVX512)
-    case Isa::kAvx512:
-      return f(Avx512Ops{});
-#endif
-#if defined(PROTOKV_HAVE_AVX2)
-    case Isa::kAvx2:
-      return f(Avx2Ops{});
-#endif
-    default:
-      return f(ScalarOps{});
-  }
-}
-
-// Same contracts as the functions of the same names in kernels.h.
+// Same contracts as the functions of the same names in kernels.h. `isa` must be one of
+// available_isas().
 float dot(Isa isa, const float* a, const float* b, int64_t n);
 void rmsnorm(Isa isa, float* out, const float* x, const float* weight, int64_t n, float eps);
 void softmax(Isa isa, float* x, int64_t n);
@@ -71,5 +53,11 @@ void attention_decode_gathered_segments(Isa isa, const float* q, std::span<const
 void attention_decode_group_segments(Isa isa, const float* q, int group,
                                      std::span<const KeySegment> keys, const float* values,
                                      const float* log_weights, int d, float* out, float* probs);
+// The variant's vector exp on one value (its accuracy is tested over the float range).
+float vector_exp(Isa isa, float x);
+// One row of a legacy quant type (Q4_0/Q4_1/Q5_0/Q5_1, `cols` values) against ggml's Q8_0 / Q8_1
+// activation blocks (kernels/quant_matvec.h): what matvec computes for that row.
+float legacy_quant_dot(Isa isa, DType type, const void* row, const QuantizedActivation& x,
+                       int64_t cols);
 
 }  // namespace protokv::kernels

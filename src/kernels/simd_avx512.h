@@ -1,5 +1,5 @@
 #pragma once
-// The AVX-512 F/BW/VL vector primitives (see kernels/simd.h); empty unless compiled for them.
+// The AVX-512 F/BW/VL/DQ vector primitives (see kernels/simd.h); empty unless compiled for them.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>

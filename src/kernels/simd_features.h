@@ -5,7 +5,7 @@
 #define PROTOKV_HAVE_AVX2 1
 #endif
 #if defined(PROTOKV_HAVE_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && \
-    defined(__AVX512VL__)
+    defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define PROTOKV_HAVE_AVX512 1
 #endif
 #if defined(PROTOKV_HAVE_AVX2) || defined(PROTOKV_HAVE_AVX512)

@@ -1,4 +1,5 @@
-// Element-wise and reduction kernels: dot, RMSNorm, softmax, RoPE.
+// The kernels written once for every CPU: RoPE, RMSNorm over rows (kernels/variant/ has the
+// per-instruction-set ones), the F16 table.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -6,48 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/isa.h"
 #include "kernels/kernels.h"
 #include "protokv/error.h"
 
 namespace protokv::kernels {
-
-std::vector<Isa> compiled_isas() {
-  std::vector<Isa> isas{Isa::kScalar};
-#if defined(PROTOKV_HAVE_AVX2)
-  isas.push_back(Isa::kAvx2);
-#endif
-#if defined(PROTOKV_HAVE_AVX512)
-  isas.push_back(Isa::kAvx512);
-#endif
-  return isas;
-}
-
-Isa active_isa() {
-  static const Isa isa = [] {
-    const char* requested = std::getenv("PROTOKV_ISA");
-    if (requested == nullptr || *requested == '\0') return kBestIsa;
-    std::string compiled;
-    for (Isa candidate : compiled_isas()) {
-      if (isa_name(candidate) == requested) return candidate;
-      compiled += (compiled.empty() ? "" : ", ") + std::string(isa_name(candidate));
-    }
-    fail("PROTOKV_ISA={}: not a kernel variant of this build (compiled: {})", requested, compiled);
-  }();
-  return isa;
-}
-
-std::string_view isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
-  }
-  return "unknown";
-}
 
 const float* f16_table() {
   static const std::vector<float> table = [] {
@@ -59,12 +22,6 @@ const float* f16_table() {
 }
 
 namespace {
-
-template <class Ops>
-void rmsnorm_impl(float* out, const float* x, const float* weight, int64_t n, float eps) {
-  const float mean_square = Ops::sum_squares(x, n) / static_cast<float>(n);
-  Ops::scaled_mul(out, x, 1.0f / std::sqrt(mean_square + eps), weight, n);
-}
 
 // cos/sin of pos * inv_freq[i] for pairs [first, last) of one position (angle in double).
 void rope_angles(int32_t pos, const double* inv_freq, int first, int last, float* cos_out,
@@ -103,35 +60,11 @@ void rope_apply(float* x, int n_heads, int head_dim, int rot_dims, int first, in
 
 }  // namespace
 
-float dot(Isa isa, const float* a, const float* b, int64_t n) {
-  return with_isa(isa, [&](auto ops) { return decltype(ops)::dot(a, b, n); });
-}
-
-void rmsnorm(Isa isa, float* out, const float* x, const float* weight, int64_t n, float eps) {
-  with_isa(isa, [&](auto ops) { rmsnorm_impl<decltype(ops)>(out, x, weight, n, eps); });
-}
-
-void softmax(Isa isa, float* x, int64_t n) {
-  with_isa(isa, [&](auto ops) { softmax_with<decltype(ops)>(x, n); });
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  return dot(active_isa(), a, b, n);
-}
-
-void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float eps) {
-  rmsnorm(active_isa(), out, x, weight, n, eps);
-}
-
 void rmsnorm_rows(float* out, const float* x, const float* weight, int64_t rows, int64_t n,
                   float eps) {
   // Rows are cheap (O(n)); threads only pay off for a prefill's worth of them.
 #pragma omp parallel for schedule(static) if (rows * n >= (1 << 16))
   for (int64_t r = 0; r < rows; ++r) rmsnorm(out + r * n, x + r * n, weight, n, eps);
-}
-
-void softmax(float* x, int64_t n) {
-  softmax(active_isa(), x, n);
 }
 
 RopeTable make_rope_table(int head_dim, float theta, bool neox) {

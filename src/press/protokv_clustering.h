@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/clustering.h"
+
 namespace protokv::press {
 
 enum class Deviation { Chunk, Neighbourhood };
@@ -49,9 +51,8 @@ struct Clustering {
   int n_prototypes() const { return static_cast<int>(origin.size()); }
 };
 
-// Chunk m of k over n tokens is [m*n/k, (m+1)*n/k): consecutive, sizes floor(n/k) or ceil(n/k),
-// every token in exactly one chunk.
-int64_t chunk_begin(int64_t m, int64_t n, int64_t k);
+// chunk_begin(m, n, k): the first token of chunk m of k over n (kernels/clustering.h).
+using kernels::chunk_begin;
 // Chunk of token t (inverse of chunk_begin).
 int64_t chunk_of(int64_t t, int64_t n, int64_t k);
 
@@ -61,25 +62,17 @@ void normalise_rows(const float* in, int64_t n, int d, float* out);
 // ||k_t|| for every row of keys [n, d]: out [n].
 void key_norms(const float* keys, int64_t n, int d, float* norms);
 
-// assign=local's chunk candidates, computed by the chunk pass while each chunk's rows are in
-// cache: slot i of token t (in chunk m) holds k_t . mu_j for j = m - reach + i, the dot with the
-// MEAN of chunk j as the pass computes it (sum times 1/count), for 0 <= j < k (other slots are not
-// written). Planar: dots [2 reach + 1, n], slot i of token t at dots[i * n + t]. For a chunk that
-// keeps all its tokens, k . c_j = (k . mu_j) / ||mu_j||: one read of the keys gives both Eq. 10's
-// cosines (slot `reach`) and the local candidates.
-struct LocalDots {
-  float* dots = nullptr;  // null: not wanted
-  int reach = 0;
-  int slots() const { return 2 * reach + 1; }
-};
+// assign=local's chunk candidates, computed by the chunk pass (kernels/clustering.h).
+using kernels::LocalDots;
 
 // One pass over the keys, chunk by chunk (each chunk's rows stay in cache): key norms [n], raw key
 // sums per chunk chunk_sums [k, d], if delta is not null the Eq. 10 deviations [n], and if
 // local.dots is not null assign=local's candidate dots.
 void chunk_pass(const float* keys, int64_t n, int d, int64_t k, float* norms, float* chunk_sums,
                 float* delta, const LocalDots& local = {});
-// The same with plain loops for any head_dim (chunk_pass uses it where no AVX-512 kernel
-// exists); exposed so that tests can check the two are bit-identical.
+// The same with plain loops for any head_dim: the scalar kernel variant's (chunk_pass uses the
+// AVX-512 kernels for head_dim 64, 128 and 256 where the CPU has them); exposed so that tests can
+// check the two agree.
 void chunk_pass_generic(const float* keys, int64_t n, int d, int64_t k, float* norms,
                         float* chunk_sums, float* delta, const LocalDots& local = {});
 
@@ -89,9 +82,6 @@ void chunk_pass_generic(const float* keys, int64_t n, int d, int64_t k, float* n
 void chunk_pass_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
                       int64_t m_end, float* norms, float* chunk_sums, float* delta,
                       const LocalDots& local = {});
-void chunk_pass_generic_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
-                              int64_t m_end, float* norms, float* chunk_sums, float* delta,
-                              const LocalDots& local = {});
 
 // The results of chunk_pass with deviations (norms [n], chunk_sums [chunks, d], delta [n], and
 // assign=local's dots where asked for). cluster_keys may subtract from chunk_sums (Eq. 11 without

@@ -4,8 +4,9 @@
 #include <span>
 #include <vector>
 
-#include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
+#include "kernels/variant.h"
 #include "protokv/error.h"
 
 namespace protokv::kernels {
@@ -131,79 +132,20 @@ void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, 
 
 }  // namespace
 
-void attention_decode_group(Isa isa, const float* q, int group, const float* keys,
-                            const float* values, const float* log_weights, int64_t n, int d,
-                            float* out, float* probs) {
-  const KeySegment all{keys, n, nullptr};
-  with_isa(isa, [&](auto ops) {
-    decode_group_impl<decltype(ops)>(q, group, {&all, 1}, values, log_weights, n, d, out, probs);
-  });
-}
-
-void attention_decode_group(const float* q, int group, const float* keys, const float* values,
-                            const float* log_weights, int64_t n, int d, float* out, float* probs) {
-  attention_decode_group(active_isa(), q, group, keys, values, log_weights, n, d, out, probs);
-}
-
-void attention_decode(const float* q, const float* keys, const float* values,
-                      const float* log_weights, int64_t n, int d, float* out, float* probs) {
-  attention_decode_group(active_isa(), q, 1, keys, values, log_weights, n, d, out, probs);
-}
-
-namespace {
-int64_t segment_entries(std::span<const KeySegment> segments) {
-  int64_t n = 0;
-  for (const KeySegment& segment : segments) n += segment.count;
-  return n;
-}
-}  // namespace
-
-void attention_decode_group_segments(Isa isa, const float* q, int group,
-                                     std::span<const KeySegment> keys, const float* values,
-                                     const float* log_weights, int d, float* out, float* probs) {
-  const int64_t n = segment_entries(keys);
-  with_isa(isa, [&](auto ops) {
-    decode_group_impl<decltype(ops)>(q, group, keys, values, log_weights, n, d, out, probs);
-  });
-}
+namespace PROTOKV_KERNEL_VARIANT {
 
 void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
-                                     const float* values, const float* log_weights, int d,
-                                     float* out, float* probs) {
-  attention_decode_group_segments(active_isa(), q, group, keys, values, log_weights, d, out, probs);
-}
-
-void attention_decode_gathered(Isa isa, const float* q, const float* keys, const float* values,
-                               const float* log_weights, std::span<const int32_t> indices, int d,
-                               float* out, float* probs) {
-  // One segment as long as any cache: row r is keys + r * d.
-  const KeySegment all{keys, int64_t{1} << 62, nullptr};
-  with_isa(isa, [&](auto ops) {
-    decode_gathered_impl<decltype(ops)>(q, {&all, 1}, values, log_weights, indices, d, out, probs);
-  });
-}
-
-void attention_decode_gathered(const float* q, const float* keys, const float* values,
-                               const float* log_weights, std::span<const int32_t> indices, int d,
-                               float* out, float* probs) {
-  attention_decode_gathered(active_isa(), q, keys, values, log_weights, indices, d, out, probs);
-}
-
-void attention_decode_gathered_segments(Isa isa, const float* q, std::span<const KeySegment> keys,
-                                        const float* values, const float* log_weights,
-                                        std::span<const int32_t> indices, int d, float* out,
-                                        float* probs) {
-  with_isa(isa, [&](auto ops) {
-    decode_gathered_impl<decltype(ops)>(q, keys, values, log_weights, indices, d, out, probs);
-  });
+                                     const float* values, const float* log_weights, int64_t n,
+                                     int d, float* out, float* probs) {
+  decode_group_impl<VariantOps>(q, group, keys, values, log_weights, n, d, out, probs);
 }
 
 void attention_decode_gathered_segments(const float* q, std::span<const KeySegment> keys,
                                         const float* values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs) {
-  attention_decode_gathered_segments(active_isa(), q, keys, values, log_weights, indices, d, out,
-                                     probs);
+  decode_gathered_impl<VariantOps>(q, keys, values, log_weights, indices, d, out, probs);
 }
 
+}  // namespace PROTOKV_KERNEL_VARIANT
 }  // namespace protokv::kernels

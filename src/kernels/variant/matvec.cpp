@@ -5,9 +5,11 @@
 // activation blocks and vec_dot arithmetic, so that their rows round as llama.cpp's do.
 #include <vector>
 
-#include "kernels/isa.h"
 #include "kernels/kernels.h"
 #include "kernels/quant_matvec.h"
+#include "kernels/simd.h"
+#include "kernels/variant.h"
+#include "protokv/error.h"
 
 namespace protokv::kernels {
 namespace {
@@ -123,17 +125,32 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
 
 }  // namespace
 
-void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y) {
-  with_isa(isa, [&](auto ops) { matvec_impl<decltype(ops)>(w, x, 1, y); });
-}
-
-void matvec(const WeightMatrix& w, const float* x, float* y) {
-  matvec(active_isa(), w, x, y);
-}
+namespace PROTOKV_KERNEL_VARIANT {
 
 void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   if (n <= 0) return;
-  with_isa(active_isa(), [&](auto ops) { matvec_impl<decltype(ops)>(w, x, n, y); });
+  matvec_impl<VariantOps>(w, x, n, y);
 }
 
+float legacy_quant_dot(DType type, const void* row, const QuantizedActivation& x, int64_t cols) {
+  const int64_t n = cols / kQ4BlockSize;
+  switch (type) {
+    case DType::Q4_0:
+      return VariantOps::dot_q4_0_q8_0(static_cast<const BlockQ4_0*>(row), x.q.data(),
+                                       x.scale.data(), n);
+    case DType::Q5_0:
+      return VariantOps::dot_q5_0_q8_0(static_cast<const BlockQ5_0*>(row), x.q.data(),
+                                       x.scale.data(), n);
+    case DType::Q4_1:
+      return VariantOps::dot_q4_1_q8_1(static_cast<const BlockQ4_1*>(row), x.q.data(),
+                                       x.scale.data(), x.s.data(), n);
+    case DType::Q5_1:
+      return VariantOps::dot_q5_1_q8_1(static_cast<const BlockQ5_1*>(row), x.q.data(),
+                                       x.scale.data(), x.s.data(), n);
+    default:
+      fail("legacy_quant_dot: {} is not a legacy quantised type", dtype_name(type));
+  }
+}
+
+}  // namespace PROTOKV_KERNEL_VARIANT
 }  // namespace protokv::kernels

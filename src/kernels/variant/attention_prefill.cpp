@@ -11,9 +11,10 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/isa.h"
 #include "kernels/kernels.h"
 #include "kernels/serial_blas.h"
+#include "kernels/simd.h"
+#include "kernels/variant.h"
 #include "protokv/error.h"
 
 namespace protokv::kernels {
@@ -227,27 +228,18 @@ void prefill_cached_impl(HeadsView q, std::span<const KvHeadRows> kv_heads, Muta
 
 }  // namespace
 
-void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
-                             int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
-                             int head_dim, int64_t window) {
-  with_isa(isa, [&](auto ops) {
-    prefill_heads_impl<decltype(ops)>(q, k, v, out, n_queries, n_past, n_heads, n_kv_heads,
-                                      head_dim, window);
-  });
-}
+namespace PROTOKV_KERNEL_VARIANT {
 
 void attention_prefill_heads(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
                              int head_dim, int64_t window) {
-  attention_prefill_heads(active_isa(), q, k, v, out, n_queries, n_past, n_heads, n_kv_heads,
-                          head_dim, window);
+  prefill_heads_impl<VariantOps>(q, k, v, out, n_queries, n_past, n_heads, n_kv_heads, head_dim,
+                                 window);
 }
 
 void attention_prefill_cached(HeadsView q, std::span<const KvHeadRows> kv_heads,
                               MutableHeadsView out, int64_t n_queries, int n_heads, int head_dim) {
-  with_isa(active_isa(), [&](auto ops) {
-    prefill_cached_impl<decltype(ops)>(q, kv_heads, out, n_queries, n_heads, head_dim);
-  });
+  prefill_cached_impl<VariantOps>(q, kv_heads, out, n_queries, n_heads, head_dim);
 }
 
 void attention_prefill(const float* q, const float* k, const float* v, int64_t n, int d,
@@ -257,10 +249,9 @@ void attention_prefill(const float* q, const float* k, const float* v, int64_t n
   const SerialBlasScope serial_blas;  // documented single-threaded, BLAS included
   TileScratch scratch(d, 1);
   const int64_t tile_tokens = tokens_per_tile(1);
-  with_isa(active_isa(), [&](auto ops) {
-    for (int64_t t0 = 0; t0 < n; t0 += tile_tokens)
-      attend_query_tile<decltype(ops)>(a, t0, std::min(n, t0 + tile_tokens), scratch);
-  });
+  for (int64_t t0 = 0; t0 < n; t0 += tile_tokens)
+    attend_query_tile<VariantOps>(a, t0, std::min(n, t0 + tile_tokens), scratch);
 }
 
+}  // namespace PROTOKV_KERNEL_VARIANT
 }  // namespace protokv::kernels

@@ -4,8 +4,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
+#include "kernels/variant.h"
 
 namespace protokv::kernels {
 namespace {
@@ -51,7 +52,7 @@ void matmul_converted(const WeightMatrix& w, const float* x, int64_t n, float* y
 }
 
 template <class Ops>
-void matmul_impl(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y) {
+void matmul_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
   if (w.cols <= 0) {  // empty sum (and BLAS rejects a zero leading dimension)
     std::fill(y, y + n * w.rows, 0.0f);
@@ -62,7 +63,7 @@ void matmul_impl(Isa isa, const WeightMatrix& w, const float* x, int64_t n, floa
   // whatever its chunking (a last chunk of 2 rows included).
   const bool int8_matvec = dtype_block_size(w.type) > 1;
   if (n == 1 || (n < kMinGemmTokens && !int8_matvec)) {
-    for (int64_t i = 0; i < n; ++i) matvec(isa, w, x + i * w.cols, y + i * w.rows);
+    PROTOKV_KERNEL_VARIANT::matvec_rows(w, x, n, y);  // each row as matvec(w, x + i * cols)
     return;
   }
   if (w.type == DType::F32) {
@@ -74,12 +75,11 @@ void matmul_impl(Isa isa, const WeightMatrix& w, const float* x, int64_t n, floa
 
 }  // namespace
 
-void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y) {
-  with_isa(isa, [&](auto ops) { matmul_impl<decltype(ops)>(isa, w, x, n, y); });
-}
+namespace PROTOKV_KERNEL_VARIANT {
 
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) {
-  matmul(active_isa(), w, x, n, y);
+  matmul_impl<VariantOps>(w, x, n, y);
 }
 
+}  // namespace PROTOKV_KERNEL_VARIANT
 }  // namespace protokv::kernels

@@ -1,0 +1,27 @@
+// The table of one kernel variant (kernels/variant.h).
+#include "kernels/variant.h"
+
+namespace protokv::kernels::PROTOKV_KERNEL_VARIANT {
+
+const KernelVariant& kernel_table() {
+  static constexpr KernelVariant table{
+      .dot = dot,
+      .exp = exp,
+      .rmsnorm = rmsnorm,
+      .softmax = softmax,
+      .matvec_rows = matvec_rows,
+      .matmul = matmul,
+      .legacy_quant_dot = legacy_quant_dot,
+      .attention_prefill_heads = attention_prefill_heads,
+      .attention_prefill_cached = attention_prefill_cached,
+      .attention_prefill = attention_prefill,
+      .attention_decode_group_segments = attention_decode_group_segments,
+      .attention_decode_gathered_segments = attention_decode_gathered_segments,
+      .chunk_pass_range = chunk_pass_range,
+      .rows_dot = rows_dot,
+      .assign_to_prototypes = assign_to_prototypes,
+  };
+  return table;
+}
+
+}  // namespace protokv::kernels::PROTOKV_KERNEL_VARIANT
