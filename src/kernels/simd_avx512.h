@@ -106,27 +106,13 @@ struct Avx512Ops {
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   }
 
-  // sum_g scale[g] * (q_g . x_g) over groups of 16 (see ScalarOps::dot_q_groups). 64 values
-  // per step; blocks of 32 (legacy formats) take the AVX2 step.
+  // sum_g scale[g] * (q_g . x_g) over groups of 16 (see ScalarOps::dot_q_groups): the AVX2
+  // kernel (exact int32 either way). A 64-values-per-step AVX-512 version (maddubs, vpermw to
+  // spread the scales, VNNI vpdpwssd, one 512-bit reduction per block) ran the Q4_K mat-vec at
+  // less than half the AVX2 one's speed on an AVX-512 Xeon (BM_Matvec 11008 x 4096, one thread:
+  // 3.9 / 3.6 against 8.1 / 7.8 GB/s with this; docs/python.md), so it was removed.
   static int32_t dot_q_groups(const uint8_t* q, const int8_t* x, const int16_t* scale, int n) {
-    if (n % 64 != 0) return Avx2Ops::dot_q_groups(q, x, scale, n);
-    // Lane j of the 32 int16 pair sums belongs to group j / 8 of the step.
-    const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1,
-                                            1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512i acc = _mm512_setzero_si512();
-    for (int i = 0; i < n; i += 64) {
-      const __m512i pairs =
-          _mm512_maddubs_epi16(_mm512_loadu_si512(q + i), _mm512_loadu_si512(x + i));
-      const __m512i scales = _mm512_permutexvar_epi16(
-          spread, _mm512_castsi128_si512(
-                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + i / 16))));
-#if defined(__AVX512VNNI__)
-      acc = _mm512_dpwssd_epi32(acc, pairs, scales);
-#else
-      acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, scales));
-#endif
-    }
-    return _mm512_reduce_add_epi32(acc);
+    return Avx2Ops::dot_q_groups(q, x, scale, n);
   }
 
   // Q8_0 weights against int8 activations (see Avx2Ops::dot_q8_0_int8); with VNNI one
