@@ -223,9 +223,23 @@ int64_t segment_entries(std::span<const KeySegment> segments) {
   return n;
 }
 
-// One segment as long as any cache: row r is keys + r * d.
-KeySegment unbounded_segment(const float* keys) {
-  return KeySegment{keys, int64_t{1} << 62, nullptr};
+// The dense and gathered decode kernels as one segment of keys, for a given variant: the
+// overloads without an Isa (decode's hot path, once per KV head and layer) pass active() and
+// skip table()'s lookup.
+void decode_group(const KernelVariant& variant, const float* q, int group, const float* keys,
+                  const float* values, const float* log_weights, int64_t n, int d, float* out,
+                  float* probs) {
+  const KeySegment all{keys, n, nullptr};
+  variant.attention_decode_group_segments(q, group, {&all, 1}, values, log_weights, n, d, out,
+                                          probs);
+}
+
+void decode_gathered(const KernelVariant& variant, const float* q, const float* keys,
+                     const float* values, const float* log_weights,
+                     std::span<const int32_t> indices, int d, float* out, float* probs) {
+  const KeySegment all{keys, int64_t{1} << 62, nullptr};  // as long as any cache: row r at r * d
+  variant.attention_decode_gathered_segments(q, {&all, 1}, values, log_weights, indices, d, out,
+                                             probs);
 }
 
 }  // namespace
@@ -233,17 +247,15 @@ KeySegment unbounded_segment(const float* keys) {
 void attention_decode_group(Isa isa, const float* q, int group, const float* keys,
                             const float* values, const float* log_weights, int64_t n, int d,
                             float* out, float* probs) {
-  const KeySegment all{keys, n, nullptr};
-  table(isa).attention_decode_group_segments(q, group, {&all, 1}, values, log_weights, n, d, out,
-                                             probs);
+  decode_group(table(isa), q, group, keys, values, log_weights, n, d, out, probs);
 }
 void attention_decode_group(const float* q, int group, const float* keys, const float* values,
                             const float* log_weights, int64_t n, int d, float* out, float* probs) {
-  attention_decode_group(active_isa(), q, group, keys, values, log_weights, n, d, out, probs);
+  decode_group(active(), q, group, keys, values, log_weights, n, d, out, probs);
 }
 void attention_decode(const float* q, const float* keys, const float* values,
                       const float* log_weights, int64_t n, int d, float* out, float* probs) {
-  attention_decode_group(active_isa(), q, 1, keys, values, log_weights, n, d, out, probs);
+  decode_group(active(), q, 1, keys, values, log_weights, n, d, out, probs);
 }
 
 void attention_decode_group_segments(Isa isa, const float* q, int group,
@@ -255,20 +267,19 @@ void attention_decode_group_segments(Isa isa, const float* q, int group,
 void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
                                      const float* values, const float* log_weights, int d,
                                      float* out, float* probs) {
-  attention_decode_group_segments(active_isa(), q, group, keys, values, log_weights, d, out, probs);
+  active().attention_decode_group_segments(q, group, keys, values, log_weights,
+                                           segment_entries(keys), d, out, probs);
 }
 
 void attention_decode_gathered(Isa isa, const float* q, const float* keys, const float* values,
                                const float* log_weights, std::span<const int32_t> indices, int d,
                                float* out, float* probs) {
-  const KeySegment all = unbounded_segment(keys);
-  table(isa).attention_decode_gathered_segments(q, {&all, 1}, values, log_weights, indices, d, out,
-                                                probs);
+  decode_gathered(table(isa), q, keys, values, log_weights, indices, d, out, probs);
 }
 void attention_decode_gathered(const float* q, const float* keys, const float* values,
                                const float* log_weights, std::span<const int32_t> indices, int d,
                                float* out, float* probs) {
-  attention_decode_gathered(active_isa(), q, keys, values, log_weights, indices, d, out, probs);
+  decode_gathered(active(), q, keys, values, log_weights, indices, d, out, probs);
 }
 
 void attention_decode_gathered_segments(Isa isa, const float* q, std::span<const KeySegment> keys,
@@ -282,8 +293,7 @@ void attention_decode_gathered_segments(const float* q, std::span<const KeySegme
                                         const float* values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs) {
-  attention_decode_gathered_segments(active_isa(), q, keys, values, log_weights, indices, d, out,
-                                     probs);
+  active().attention_decode_gathered_segments(q, keys, values, log_weights, indices, d, out, probs);
 }
 
 void chunk_pass_range(Isa isa, const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,
