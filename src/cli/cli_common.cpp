@@ -37,29 +37,6 @@ LoadedModel load_model_from_options(const ModelOptions& options, bool require_to
   return model;
 }
 
-nlohmann::json model_json(const LoadedModel& model) {
-  const ModelConfig& c = model.weights.config;
-  nlohmann::json j;
-  j["path"] = model.path;
-  j["format"] = model.format;
-  j["architecture"] = c.architecture;
-  j["dim"] = c.dim;
-  j["hidden_dim"] = c.hidden_dim;
-  j["n_layers"] = c.n_layers;
-  j["n_heads"] = c.n_heads;
-  j["n_kv_heads"] = c.n_kv_heads;
-  j["head_dim"] = c.head_dim();
-  j["vocab_size"] = c.vocab_size;
-  j["context_length"] = c.context_length;
-  j["rope_theta"] = c.rope_theta;
-  j["weight_type"] = model.weights.layers.empty()
-                         ? std::string("f32")
-                         : std::string(dtype_name(model.weights.layers[0].wq.type));
-  j["parameters"] = model.weights.parameter_count();
-  j["weight_bytes"] = model.weights.weight_bytes();
-  return j;
-}
-
 void add_press_options(CLI::App& cmd, PressOptions& options) {
   cmd.add_option("--press", options.press,
                  "KV-cache compression: NAME[:key=value,...] (default full = no compression). "
@@ -164,14 +141,6 @@ std::string read_text_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string format_bytes(size_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
-  return fmt::format("{} B", bytes);
 }
 
 }  // namespace protokv::cli

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "eval/longctx_bench.h"
+#include "eval/report/table.h"
 #include "protokv/engine.h"
 #include "protokv/model.h"
 #include "protokv/press.h"
@@ -35,7 +37,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& options);
 // the model file provides a tokenizer (and checks it fits the model's vocabulary).
 LoadedModel load_model_from_options(const ModelOptions& options, bool require_tokenizer);
 // The model's identity and shape for --json records.
-nlohmann::json model_json(const LoadedModel& model);
+using eval::model_json;
 
 // --press, --budget, --ratio, --alloc, --mode.
 struct PressOptions {
@@ -76,6 +78,6 @@ nlohmann::json sampler_json(const SamplerOptions& options);
 std::string read_text_file(const std::string& path);
 
 // Bytes as "12.3 MiB" etc. for human-readable summaries.
-std::string format_bytes(size_t bytes);
+using eval::format_bytes;
 
 }  // namespace protokv::cli

@@ -1,4 +1,5 @@
 #include "eval/report/table.h"
+#include <fmt/format.h>
 
 #include <algorithm>
 
@@ -48,6 +49,14 @@ std::string Table::render() const {
   append_line(rule);
   for (const auto& row : rows_) append_line(row);
   return out;
+}
+
+std::string format_bytes(size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
 }
 
 }  // namespace protokv::eval

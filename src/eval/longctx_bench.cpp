@@ -1,0 +1,554 @@
+#include "eval/longctx_bench.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "eval/fidelity.h"
+#include "eval/longbench.h"
+#include "eval/report/table.h"
+#include "protokv/error.h"
+#include "protokv/threads.h"
+#include "protokv/tokenizer.h"
+
+namespace protokv::eval {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Checks the run, opens the output folder (samples.jsonl there is the resume file) and states
+// the configuration every benchmark shares.
+void prepare(const LoadedModel& model, const std::string& benchmark, LongctxBenchmarkRun& run) {
+  PROTOKV_CHECK(model.tokenizer != nullptr, "{}: the model file carries no tokenizer", model.path);
+  PROTOKV_CHECK(run.limit >= 0, "limit must be >= 0, got {}", run.limit);
+  PROTOKV_CHECK(!run.options.resume || !run.out_dir.empty(),
+                "resuming needs an output folder (--out DIR)");
+  if (!run.out_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(run.out_dir, ec);
+    PROTOKV_CHECK(!ec, "cannot create {}: {}", run.out_dir, ec.message());
+    run.options.jsonl_path = (fs::path(run.out_dir) / "samples.jsonl").string();
+  }
+  run.options.progress_label = benchmark;
+  nlohmann::json runs = nlohmann::json::array();
+  for (const auto& r : run.options.runs)
+    runs.push_back({{"label", r.label()},
+                    {"press", r.press},
+                    {"budget", r.budget.is_set() ? nlohmann::json(r.budget.to_string())
+                                                 : nlohmann::json(nullptr)}});
+  nlohmann::json& c = run.config;
+  c["benchmark"] = benchmark;
+  c["model"] = model_json(model);
+  c["runs"] = runs;
+  c["alloc"] = run.options.alloc.empty() ? "default" : run.options.alloc;
+  c["mode"] = run.options.query_agnostic ? "query-agnostic" : "query-aware";
+  c["reference"] = run.options.reference;
+  c["limit"] = run.limit;
+  c["threads"] = num_threads();
+  c["decoding"] = "greedy (argmax), stop at EOS";
+  c["chat_template"] = "none (plain prompt)";
+}
+
+void apply_limit(std::vector<LongctxSample>& samples, int64_t limit) {
+  if (limit > 0 && static_cast<int64_t>(samples.size()) > limit)
+    samples.resize(static_cast<size_t>(limit));
+}
+
+std::string format_diff(const LongctxSummary& s) {
+  if (s.paired == 0) return "-";
+  return fmt::format("{:+.1f} ± {:.1f}", 100.0 * s.diff_mean, 100.0 * s.diff_ci95);
+}
+
+// The main table: one row per run.
+std::string summary_table(const std::vector<LongctxSummary>& summaries,
+                          const std::string& score_name) {
+  Table table;
+  table.add_column("run", Table::Align::kLeft);
+  table.add_column(score_name);
+  table.add_column("Δ vs ref (95%)");
+  table.add_column("scored");
+  table.add_column("skipped");
+  table.add_column("compress ms");
+  table.add_column("KV at answer");
+  table.add_column("prefill peak KV");
+  for (const auto& s : summaries)
+    table.add_row({s.run, s.scored > 0 ? fmt::format("{:.1f}", 100.0 * s.mean_score) : "-",
+                   format_diff(s), std::to_string(s.scored), std::to_string(s.skipped),
+                   fmt::format("{:.2f}", s.compress_ms),
+                   format_bytes(static_cast<size_t>(s.kv_bytes)),
+                   format_bytes(static_cast<size_t>(s.peak_kv_bytes))});
+  return table.render();
+}
+
+nlohmann::json summaries_json(const std::vector<LongctxSummary>& summaries) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& s : summaries) j.push_back(s.to_json());
+  return j;
+}
+
+// Rows: runs other than the reference; columns: per group (task, length, dataset...), the paired
+// difference against the reference on the samples both scored, in points, with its 95% Student-t
+// interval ("+x.x ± y.y"; no interval with one pair, "-" with none). `out[run][group]` gets
+// {"diff", "ci95", "paired"} in points (ci95: the half-width; null without an interval).
+std::string paired_group_table(const std::vector<LongctxRecord>& records,
+                               const std::vector<LongctxRunSpec>& runs,
+                               const std::vector<std::string>& groups, const std::string& group_key,
+                               const std::string& reference, nlohmann::json& out) {
+  out = nlohmann::json::object();
+  const bool has_reference =
+      std::any_of(runs.begin(), runs.end(), [&](const auto& r) { return r.label() == reference; });
+  if (!has_reference) return "";
+  Table table;
+  table.add_column("Δ vs " + reference + " (95%)", Table::Align::kLeft);
+  for (const auto& g : groups) table.add_column(g);
+  std::vector<std::vector<LongctxSummary>> per_group;  // [group][run]
+  for (const auto& g : groups)
+    per_group.push_back(summarize(records, runs, reference, [&](const LongctxRecord& r) {
+      return r.meta.value(group_key, std::string()) == g;
+    }));
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::string label = runs[i].label();
+    if (label == reference) continue;
+    std::vector<std::string> row = {label};
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const auto& s = per_group[k][i];
+      if (s.paired == 0) {
+        row.push_back("-");
+        out[label][groups[k]] = nullptr;
+        continue;
+      }
+      const bool interval = std::isfinite(s.diff_ci95);
+      row.push_back(interval ? format_diff(s) : fmt::format("{:+.1f}", 100.0 * s.diff_mean));
+      out[label][groups[k]] = {
+          {"diff", 100.0 * s.diff_mean},
+          {"ci95", interval ? nlohmann::json(100.0 * s.diff_ci95) : nlohmann::json()},
+          {"paired", s.paired}};
+    }
+    table.add_row(row);
+  }
+  return table.render();
+}
+
+// Rows: runs; columns: one score per group (task, dataset...) and their average.
+std::string group_table(const std::vector<LongctxRecord>& records,
+                        const std::vector<LongctxRunSpec>& runs,
+                        const std::vector<std::string>& groups, const std::string& group_key,
+                        nlohmann::json& out) {
+  Table table;
+  table.add_column("run", Table::Align::kLeft);
+  for (const auto& g : groups) table.add_column(g);
+  table.add_column("average");
+  out = nlohmann::json::object();
+  for (const auto& run : runs) {
+    std::vector<std::string> row = {run.label()};
+    double sum = 0.0;
+    int n = 0;
+    for (const auto& g : groups) {
+      const auto s = summarize(records, {run}, "", [&](const LongctxRecord& r) {
+        return r.meta.value(group_key, std::string()) == g;
+      });
+      if (s[0].scored > 0) {
+        row.push_back(fmt::format("{:.2f}", 100.0 * s[0].mean_score));
+        out[run.label()][g] = 100.0 * s[0].mean_score;
+        sum += 100.0 * s[0].mean_score;
+        ++n;
+      } else {
+        row.push_back("-");
+        out[run.label()][g] = nullptr;
+      }
+    }
+    row.push_back(n > 0 ? fmt::format("{:.2f}", sum / n) : "-");
+    out[run.label()]["average"] = n > 0 ? nlohmann::json(sum / n) : nlohmann::json();
+    table.add_row(row);
+  }
+  return table.render();
+}
+
+// Per-length paired differences (NIAH, RULER): records get a "length_name" group.
+void add_per_length_paired(const std::vector<int64_t>& lengths, const LongctxOptions& options,
+                           LongctxReport& report) {
+  std::vector<std::string> length_names;
+  for (int64_t L : lengths) length_names.push_back(std::to_string(L));
+  for (auto& r : report.records)
+    r.meta["length_name"] = std::to_string(r.meta.value("length", int64_t{0}));
+  nlohmann::json per_length_paired;
+  report.text += paired_group_table(report.records, options.runs, length_names, "length_name",
+                                    options.reference, per_length_paired);
+  report.results["per_length_paired"] = per_length_paired;
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  PROTOKV_CHECK(out.good(), "cannot write {}", path.string());
+  out << text;
+  PROTOKV_CHECK(out.good(), "cannot write {}", path.string());
+}
+
+// Adds the configuration, the wall time and the skipped samples; writes the files.
+void finish(const LongctxBenchmarkRun& run, const LongctxResult& result, LongctxReport& report) {
+  report.results["config"] = run.config;
+  report.results["wall_ms"] = result.wall_ms;
+  nlohmann::json errors = nlohmann::json::array();
+  for (const auto& r : report.records)
+    if (!r.error.empty()) errors.push_back({{"run", r.run}, {"id", r.id}, {"error", r.error}});
+  report.results["skipped"] = errors;
+  if (run.out_dir.empty()) return;
+  const fs::path dir(run.out_dir);
+  write_file(dir / "results.json", report.results.dump(2) + "\n");
+  write_file(dir / "config.json", run.config.dump(2) + "\n");
+  for (const auto& [name, svg] : report.figures) write_file(dir / name, svg);
+}
+
+}  // namespace
+
+nlohmann::json model_json(const LoadedModel& model) {
+  const ModelConfig& c = model.weights.config;
+  nlohmann::json j;
+  j["path"] = model.path;
+  j["format"] = model.format;
+  j["architecture"] = c.architecture;
+  j["dim"] = c.dim;
+  j["hidden_dim"] = c.hidden_dim;
+  j["n_layers"] = c.n_layers;
+  j["n_heads"] = c.n_heads;
+  j["n_kv_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim();
+  j["vocab_size"] = c.vocab_size;
+  j["context_length"] = c.context_length;
+  j["rope_theta"] = c.rope_theta;
+  j["weight_type"] = model.weights.layers.empty()
+                         ? std::string("f32")
+                         : std::string(dtype_name(model.weights.layers[0].wq.type));
+  j["parameters"] = model.weights.parameter_count();
+  j["weight_bytes"] = model.weights.weight_bytes();
+  return j;
+}
+
+std::vector<double> parse_depth_list(const std::string& text, const std::string& what) {
+  std::vector<double> depths;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string piece =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    const double d = std::strtod(piece.c_str(), &end);
+    PROTOKV_CHECK(!piece.empty() && end == piece.c_str() + piece.size() && d >= 0.0 && d <= 100.0,
+                  "{}: '{}' is not a percentage in [0, 100]", what, piece);
+    depths.push_back(d);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return depths;
+}
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    std::string piece =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    PROTOKV_CHECK(!piece.empty(), "empty name in list '{}'", text);
+    names.push_back(piece);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return names;
+}
+
+// ---- niah ---------------------------------------------------------------------------------
+
+LongctxReport run_niah_benchmark(const LoadedModel& model, NiahBenchmark benchmark,
+                                 LongctxBenchmarkRun run) {
+  prepare(model, "niah", run);
+  const Tokenizer& tok = *model.tokenizer;
+  NiahOptions& o = benchmark.niah;
+  PROTOKV_CHECK(o.max_new_tokens >= 1, "max_new_tokens must be at least 1, got {}",
+                o.max_new_tokens);
+  PROTOKV_CHECK(o.samples_per_cell >= 1, "samples must be at least 1, got {}", o.samples_per_cell);
+  PROTOKV_CHECK(o.needle.find("{value}") != std::string::npos,
+                "the needle must contain {{value}} (the answer), got '{}'", o.needle);
+  const int64_t ctx = model.weights.config.context_length;
+  if (o.lengths.empty()) o.lengths = default_niah_lengths(ctx, o.max_new_tokens);
+  if (o.depths.empty()) o.depths = default_niah_depths();
+  for (int64_t L : o.lengths)
+    PROTOKV_CHECK(L >= 1 && L + o.max_new_tokens <= ctx,
+                  "lengths: {} + {} new tokens exceeds the model's context of {} tokens", L,
+                  o.max_new_tokens, ctx);
+  for (double d : o.depths)
+    PROTOKV_CHECK(d >= 0.0 && d <= 100.0, "depths: {} is not a percentage in [0, 100]", d);
+  const int64_t longest = *std::max_element(o.lengths.begin(), o.lengths.end());
+  std::vector<int32_t> haystack;
+  std::string haystack_desc;
+  if (!benchmark.haystack_text.empty()) {
+    haystack = haystack_from_text(tok, benchmark.haystack_text, longest, benchmark.haystack_name);
+    haystack_desc = "file " + benchmark.haystack_name + " (repeated/cut to length)";
+  } else if (benchmark.haystack_kind == "noise") {
+    haystack = haystack_noise(tok, longest);
+    haystack_desc = "RULER repeated noise (\"" + std::string(kRulerNoise) + "\")";
+  } else if (benchmark.haystack_kind == "model") {
+    auto sampled = samples_from_model(model.weights, tok.bos_id(), tok.eos_id(),
+                                      std::max<int64_t>(longest, 2), 0, 1, o.seed);
+    for (int32_t t : sampled[0].prompt)
+      if (t != tok.bos_id() && t != tok.eos_id()) haystack.push_back(t);
+    PROTOKV_CHECK(!haystack.empty(), "the model sampled no haystack text");
+    while (static_cast<int64_t>(haystack.size()) < longest) {
+      const auto copy = haystack;
+      haystack.insert(haystack.end(), copy.begin(), copy.end());
+    }
+    haystack_desc = fmt::format("model-sampled (temperature 1, seed {})", o.seed);
+  } else {
+    fail("the haystack kind must be noise or model, got '{}'", benchmark.haystack_kind);
+  }
+  std::vector<LongctxSample> samples = make_niah_samples(tok, haystack, o);
+  apply_limit(samples, run.limit);
+  run.config["seed"] = o.seed;
+  run.config["niah"] = {{"lengths", o.lengths},
+                        {"depths", o.depths},
+                        {"needle", o.needle},
+                        {"question", o.question},
+                        {"max_new_tokens", o.max_new_tokens},
+                        {"samples_per_cell", o.samples_per_cell},
+                        {"haystack", haystack_desc},
+                        {"scoring", "exact containment of the needle's value"}};
+
+  LongctxResult result = run_longctx(model.weights, tok, samples, niah_score, run.options);
+  LongctxReport report;
+  report.records = std::move(result.records);
+  const auto summaries = summarize(report.records, run.options.runs, run.options.reference);
+  report.results["summary"] = summaries_json(summaries);
+  report.text =
+      fmt::format("eval niah: {}, {} lengths x {} depths x {} sample(s), mode {}, haystack {}\n",
+                  model.path, o.lengths.size(), o.depths.size(), o.samples_per_cell,
+                  run.config["mode"].get<std::string>(), haystack_desc);
+  report.text += summary_table(summaries, "accuracy %");
+  nlohmann::json grids = nlohmann::json::object();
+  for (const auto& spec : run.options.runs) {
+    const auto grid = niah_grid(report.records, spec.label(), o);
+    nlohmann::json cells = nlohmann::json::array();
+    std::string by_length;
+    for (size_t l = 0; l < o.lengths.size(); ++l) {
+      double sum = 0.0;
+      int n = 0;
+      for (size_t d = 0; d < o.depths.size(); ++d) {
+        const double a = grid[l][d];
+        cells.push_back({{"length", o.lengths[l]},
+                         {"depth", o.depths[d]},
+                         {"accuracy", std::isfinite(a) ? nlohmann::json(a) : nlohmann::json()}});
+        if (std::isfinite(a)) {
+          sum += a;
+          ++n;
+        }
+      }
+      by_length += n > 0 ? fmt::format(" {}:{:.0f}", o.lengths[l], 100.0 * sum / n)
+                         : fmt::format(" {}:-", o.lengths[l]);
+    }
+    grids[spec.label()] = cells;
+    report.text += fmt::format("  {} accuracy by length:{}\n", spec.label(), by_length);
+    const std::string title =
+        fmt::format("NIAH {} — {} ({})", spec.label(), fs::path(model.path).filename().string(),
+                    run.config["mode"].get<std::string>());
+    std::string file = "heatmap_" + spec.label() + ".svg";
+    for (char& c : file)
+      if (c == '/' || c == ':' || c == ',' || c == '=') c = '_';
+    report.figures.emplace_back(file, render_niah_heatmap(grid, o, title));
+  }
+  report.results["cells"] = grids;
+  add_per_length_paired(o.lengths, run.options, report);
+  finish(run, result, report);
+  return report;
+}
+
+// ---- ruler --------------------------------------------------------------------------------
+
+LongctxReport run_ruler_benchmark(const LoadedModel& model, RulerBenchmark benchmark,
+                                  LongctxBenchmarkRun run) {
+  prepare(model, "ruler", run);
+  const Tokenizer& tok = *model.tokenizer;
+  RulerOptions& o = benchmark.ruler;
+  if (o.tasks.empty()) {
+    o.tasks = ruler_task_names();
+    // qa_1 / qa_2 join the default task list when their data is given.
+    if (!o.squad_path.empty()) o.tasks.push_back("qa_1");
+    if (!o.hotpotqa_path.empty()) o.tasks.push_back("qa_2");
+  }
+  const int64_t ctx = model.weights.config.context_length;
+  if (o.lengths.empty()) o.lengths = default_ruler_lengths(ctx);
+  for (int64_t L : o.lengths)
+    PROTOKV_CHECK(L >= 1 && L <= ctx, "lengths: {} exceeds the model's context of {} tokens", L,
+                  ctx);
+  PROTOKV_CHECK(o.samples >= 1, "samples must be at least 1, got {}", o.samples);
+  for (const auto& task : o.tasks) {
+    PROTOKV_CHECK(task != "qa_1" || !o.squad_path.empty(),
+                  "RULER qa_1 needs a SQuAD file: give --squad FILE");
+    PROTOKV_CHECK(task != "qa_2" || !o.hotpotqa_path.empty(),
+                  "RULER qa_2 needs a HotpotQA file: give --hotpotqa FILE");
+  }
+  std::string essay_desc =
+      "RULER repeated noise (no --haystack given; RULER uses Paul Graham essays)";
+  if (!o.essay_text.empty()) {
+    haystack_from_text(tok, o.essay_text, 1, benchmark.essay_name);  // empty / UTF-8 checks
+    essay_desc = "file " + benchmark.essay_name;
+  }
+  std::vector<LongctxSample> samples = make_ruler_samples(tok, o);
+  apply_limit(samples, run.limit);
+  run.config["seed"] = o.seed;
+  run.config["ruler"] = {
+      {"tasks", o.tasks},
+      {"lengths", o.lengths},
+      {"samples_per_task_and_length", o.samples},
+      {"essay_haystack", essay_desc},
+      {"word_lists", "hand-written lists committed in src/eval/longctx_words.cpp"},
+      {"squad", o.squad_path},
+      {"hotpotqa", o.hotpotqa_path},
+      {"scoring",
+       "string_match_all (niah, vt, cwe, fwe), string_match_part (qa_1, qa_2), x100, as RULER"}};
+  LongctxResult result = run_longctx(model.weights, tok, samples, ruler_score, run.options);
+  LongctxReport report;
+  report.records = std::move(result.records);
+  const std::vector<LongctxRunSpec>& runs = run.options.runs;
+  const auto summaries = summarize(report.records, runs, run.options.reference);
+  report.results["summary"] = summaries_json(summaries);
+  report.text =
+      fmt::format("eval ruler: {}, lengths {}, {} sample(s) per task, mode {}\n", model.path,
+                  fmt::join(o.lengths, ","), o.samples, run.config["mode"].get<std::string>());
+  nlohmann::json per_task;
+  report.text += group_table(report.records, runs, o.tasks, "task", per_task);
+  nlohmann::json per_task_paired;
+  const std::string task_diffs = paired_group_table(report.records, runs, o.tasks, "task",
+                                                    run.options.reference, per_task_paired);
+  if (!task_diffs.empty()) report.text += fmt::format("\n{}", task_diffs);
+  report.text += '\n';
+  report.text += summary_table(summaries, "score (all)");
+  report.results["per_task"] = per_task;
+  report.results["per_task_paired"] = per_task_paired;
+  if (o.lengths.size() > 1) {
+    std::vector<std::string> lengths;
+    for (int64_t L : o.lengths) lengths.push_back(std::to_string(L));
+    for (auto& r : report.records)
+      r.meta["length_name"] = std::to_string(r.meta.value("length", int64_t{0}));
+    nlohmann::json per_length;
+    report.text +=
+        "\nby length:\n" + group_table(report.records, runs, lengths, "length_name", per_length);
+    report.results["per_length"] = per_length;
+    add_per_length_paired(o.lengths, run.options, report);
+  }
+  finish(run, result, report);
+  return report;
+}
+
+// ---- longbench ----------------------------------------------------------------------------
+
+namespace {
+
+// The datasets to run, in table order, each with its file.
+std::vector<std::pair<const LongbenchDataset*, std::string>> longbench_files(
+    const LongbenchBenchmark& b) {
+  PROTOKV_CHECK(b.max_length >= 0, "max_length must be >= 0, got {}", b.max_length);
+  std::error_code ec;
+  PROTOKV_CHECK(fs::is_directory(b.data_dir, ec), "--data {} is not a directory", b.data_dir);
+  std::vector<std::pair<const LongbenchDataset*, std::string>> files;
+  const std::string suffix = b.longbench_e ? "_e.jsonl" : ".jsonl";
+  if (!b.datasets.empty()) {
+    for (const auto& name : b.datasets) {
+      const auto& d = find_longbench_dataset(name);
+      const fs::path file = fs::path(b.data_dir) / (d.name + suffix);
+      PROTOKV_CHECK(fs::is_regular_file(file, ec), "no {} in {} for dataset {}",
+                    file.filename().string(), b.data_dir, d.name);
+      files.emplace_back(&d, file.string());
+    }
+  } else {
+    for (const auto& d : longbench_datasets()) {
+      const fs::path file = fs::path(b.data_dir) / (d.name + suffix);
+      if (fs::is_regular_file(file, ec)) files.emplace_back(&d, file.string());
+    }
+    PROTOKV_CHECK(!files.empty(), "no LongBench{} file (<dataset>{}) in {}",
+                  b.longbench_e ? "-E" : "", suffix, b.data_dir);
+  }
+  return files;
+}
+
+}  // namespace
+
+void check_longbench_benchmark(const LongbenchBenchmark& benchmark) {
+  longbench_files(benchmark);
+}
+
+LongctxReport run_longbench_benchmark(const LoadedModel& model, const LongbenchBenchmark& b,
+                                      LongctxBenchmarkRun run) {
+  const auto files = longbench_files(b);
+  prepare(model, b.longbench_e ? "longbench-e" : "longbench", run);
+  const Tokenizer& tok = *model.tokenizer;
+  const int64_t ctx = model.weights.config.context_length;
+  std::vector<LongctxSample> samples;
+  std::vector<std::string> names;
+  std::map<std::string, int64_t> kept;  // limit: the first N samples of each dataset
+  for (const auto& [d, file] : files) {
+    names.push_back(d->name);
+    for (const auto& ex : read_longbench_jsonl(file)) {
+      if (run.limit > 0 && kept[d->name] >= run.limit) break;
+      ++kept[d->name];
+      try {
+        samples.push_back(make_longbench_sample(tok, *d, ex, b.max_length, ctx));
+      } catch (const Error& e) {  // its one error: a prompt beyond the context; name the flag
+        fail("{}: give --max-length N", e.what());
+      }
+    }
+  }
+  for (auto& s : samples)
+    s.meta["dataset_bucket"] =
+        s.meta["dataset"].get<std::string>() + ":" + s.meta["bucket"].get<std::string>();
+  nlohmann::json dataset_config = nlohmann::json::array();
+  for (const auto& [d, file] : files)
+    dataset_config.push_back({{"name", d->name},
+                              {"max_new_tokens", d->max_new_tokens},
+                              {"metric", d->metric},
+                              {"chat_template", d->chat_template},
+                              {"first_line_only", d->first_line_only},
+                              {"prompt", d->prompt}});
+  run.config["longbench"] = {
+      {"data", b.data_dir},
+      {"e", b.longbench_e},
+      {"datasets", dataset_config},
+      {"max_length", b.max_length},
+      {"truncation",
+       "middle (first and last max_length/2 tokens), capped at context - max new tokens"},
+      {"chat_template_hook", "plain prompt (chat templates not wired yet)"},
+      {"limit_per_dataset", run.limit}};
+  run.config["limit"] = nullptr;  // applied per dataset, recorded above
+  LongctxResult result = run_longctx(model.weights, tok, samples, longbench_score, run.options);
+  LongctxReport report;
+  report.records = std::move(result.records);
+  const std::vector<LongctxRunSpec>& runs = run.options.runs;
+  const auto summaries = summarize(report.records, runs, run.options.reference);
+  report.results["summary"] = summaries_json(summaries);
+  nlohmann::json per_dataset;
+  report.text = fmt::format("eval longbench{}: {}, {} dataset(s), max length {}, mode {}\n",
+                            b.longbench_e ? " -E" : "", model.path, names.size(),
+                            b.max_length > 0 ? std::to_string(b.max_length) : "none",
+                            run.config["mode"].get<std::string>());
+  report.text += group_table(report.records, runs, names, "dataset", per_dataset);
+  report.results["per_dataset"] = per_dataset;
+  if (b.longbench_e) {
+    std::vector<std::string> groups;
+    for (const auto& n : names)
+      for (const char* bucket : {"0-4k", "4-8k", "8k+"}) groups.push_back(n + ":" + bucket);
+    nlohmann::json per_bucket;
+    report.text += "\nby length (LongBench-E):\n" +
+                   group_table(report.records, runs, groups, "dataset_bucket", per_bucket);
+    report.results["per_dataset_length"] = per_bucket;
+  }
+  report.text += '\n';
+  report.text += summary_table(summaries, "score (all)");
+  finish(run, result, report);
+  return report;
+}
+
+}  // namespace protokv::eval

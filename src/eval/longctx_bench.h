@@ -1,0 +1,79 @@
+#pragma once
+// The long-context benchmarks end to end, one library call each: the CLI's `eval niah|ruler|
+// longbench` and the Python package's protokv.eval.niah/ruler/longbench are thin over these, so
+// both report the same JSON. Each call makes the benchmark's samples from its options, has every
+// (press, budget) answer them (run_longctx), and assembles the report: the dict the CLI prints
+// with --json and writes to results.json, the text tables it prints otherwise, and (with an
+// output folder) results.json, config.json, samples.jsonl and figures.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "eval/longctx_runner.h"
+#include "eval/niah.h"
+#include "eval/ruler.h"
+#include "protokv/model.h"
+
+namespace protokv::eval {
+
+// The model's identity and shape, as every --json record states it.
+nlohmann::json model_json(const LoadedModel& model);
+
+// What every long-context benchmark takes besides its own options.
+struct LongctxBenchmarkRun {
+  LongctxOptions options;  // runs, allocator, mode, reference, progress (jsonl_path: see out_dir)
+  // The caller's facts (tokenizer, seed, threads...); the call adds the model, the runs and its
+  // own section.
+  nlohmann::json config = nlohmann::json::object();
+  // Non-empty: created if needed; samples.jsonl is written there as records are produced (the
+  // resume file), then results.json, config.json and the figures.
+  std::string out_dir;
+  int64_t limit = 0;  // only the first N samples (LongBench: of each dataset); 0: all
+};
+
+struct LongctxReport {
+  nlohmann::json results;  // summary, per-group tables, config, wall_ms, skipped
+  std::string text;        // the tables for a terminal (without the skipped-sample lines)
+  std::vector<LongctxRecord> records;
+  // File name -> SVG (NIAH: one heat map per run); written to out_dir when given.
+  std::vector<std::pair<std::string, std::string>> figures;
+};
+
+struct NiahBenchmark {
+  NiahOptions niah;  // lengths / depths empty: defaults for the model's context
+  // Non-empty: the haystack text (repeated / cut to length); `haystack_name` says where it came
+  // from (a file path) in the report and in errors.
+  std::string haystack_text;
+  std::string haystack_name = "haystack";
+  std::string haystack_kind = "noise";  // without text: noise (RULER's sentences) or model
+};
+LongctxReport run_niah_benchmark(const LoadedModel& model, NiahBenchmark benchmark,
+                                 LongctxBenchmarkRun run);
+
+struct RulerBenchmark {
+  RulerOptions ruler;      // tasks empty: the eleven synthetic (+ qa_1 / qa_2 when their data is
+                           // given); lengths empty: the defaults for the model's context
+  std::string essay_name;  // where ruler.essay_text came from, for the report
+};
+LongctxReport run_ruler_benchmark(const LoadedModel& model, RulerBenchmark benchmark,
+                                  LongctxBenchmarkRun run);
+
+struct LongbenchBenchmark {
+  std::string data_dir;               // <dataset>.jsonl files (<dataset>_e.jsonl for -E)
+  std::vector<std::string> datasets;  // empty: every file found
+  bool longbench_e = false;
+  int64_t max_length = 0;  // middle truncation to N tokens; 0: a prompt beyond the context fails
+};
+// Names and files are checked before any work (the CLI calls it before loading the model).
+void check_longbench_benchmark(const LongbenchBenchmark& benchmark);
+LongctxReport run_longbench_benchmark(const LoadedModel& model, const LongbenchBenchmark& benchmark,
+                                      LongctxBenchmarkRun run);
+
+// "0,10,50" -> {0, 10, 50}, each a percentage in [0, 100]; `what` names the list in errors.
+std::vector<double> parse_depth_list(const std::string& text, const std::string& what);
+// "a,b" -> {"a", "b"}; an empty name is an error.
+std::vector<std::string> split_names(const std::string& text);
+
+}  // namespace protokv::eval
