@@ -98,6 +98,32 @@ TEST(CliGenerate, JsonRecordsConfigurationTokensAndMemory) {
   EXPECT_TRUE(j["decode_ms_per_token"].is_number());
 }
 
+TEST(CliGenerate, KvPositionsListWhatEachHeadKeeps) {
+  PROTOKV_REQUIRE_STORIES();
+  const std::string base = "generate " + stories_args() +
+                           " -p 'Once upon a time there was a little girl who liked to play' "
+                           "--press snapkv --budget 8 -n 3 --ignore-eos --kv-positions";
+  const auto r = run_protokv(base + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const int64_t prompt = j["prompt_tokens"].get<int64_t>();
+  const int64_t steps = j["decode_steps"].get<int64_t>();
+  ASSERT_EQ(steps, 2);  // the last generated token is not fed back
+  ASSERT_EQ(j["kv_positions"].size(), j["config"]["model"]["n_layers"].get<size_t>());
+  for (const auto& layer : j["kv_positions"]) {
+    ASSERT_EQ(layer.size(), j["config"]["model"]["n_kv_heads"].get<size_t>());
+    for (const auto& head : layer) {
+      const auto positions = head.get<std::vector<int32_t>>();
+      // Budget 8 after prefill, then one entry per decoded token, in position order.
+      ASSERT_EQ(positions.size(), 8u + steps);
+      EXPECT_TRUE(std::is_sorted(positions.begin(), positions.end()));
+      EXPECT_EQ(positions.back(), prompt + steps - 1);
+      EXPECT_EQ(positions[7], prompt - 1);  // SnapKV keeps its observation window
+    }
+  }
+  testing::expect_run_fails_with_one_line(base, "--kv-positions needs --json");
+}
+
 TEST(CliGenerate, SamplingIsReproducibleAndSeedDependent) {
   PROTOKV_REQUIRE_STORIES();
   const std::string args = "generate " + stories_args() + " -p 'Once upon a time' -n 40 --temp 1";
@@ -371,6 +397,12 @@ TEST(CliBench, E2eReportsEveryContext) {
   ASSERT_EQ(chunked.exit_code, 0) << chunked.err;
   const auto k = nlohmann::json::parse(chunked.out);
   EXPECT_EQ(k["config"]["ubatch"], 32);
+  // The kernel variant that ran is part of the record (PROTOKV_ISA picks it).
+  const auto scalar =
+      run_protokv("bench e2e " + m + " -c 16 -n 1 -t 1 --json --gemm-size 64 " + "--copy-mib 8",
+                  "PROTOKV_ISA=scalar");
+  ASSERT_EQ(scalar.exit_code, 0) << scalar.err;
+  EXPECT_EQ(nlohmann::json::parse(scalar.out)["config"]["kernels"], "scalar");
   EXPECT_EQ(k["results"][0]["kv_bytes_after_prefill"], 100 * 2 * 2 * 32 * 2 * 4);
 
   const auto table =
@@ -378,6 +410,7 @@ TEST(CliBench, E2eReportsEveryContext) {
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("decode ms/t"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("dec CPU ms/t"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("| kernels "), std::string::npos) << table.out;
 
   testing::expect_run_fails_with_one_line("bench e2e " + m + " -c 200",
                                           "longer than the model's context");

@@ -8,11 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "eval/longctx_bench.h"
 #include "eval/longctx_runner.h"
 #include "eval/longctx_words.h"
 #include "eval/niah.h"
 #include "eval/statistics.h"
 #include "protokv/error.h"
+#include "protokv/press_spec.h"
 #include "protokv/tokenizer.h"
 #include "test_util.h"
 
@@ -164,6 +166,56 @@ TEST(Niah, Utf8Validation) {
   EXPECT_FALSE(eval::is_valid_utf8("bad \xFF byte"));
   EXPECT_FALSE(eval::is_valid_utf8("cut \xE4\xB8"));
   EXPECT_FALSE(eval::is_valid_utf8("overlong \xC0\xAF"));
+}
+
+// The library call the CLI and the Python package share: a press given as an object (as a Python
+// press is) runs under its own name and answers exactly as the same press given by spec; the
+// progress sink sees every step.
+TEST(Niah, BenchmarkRunsPressObjectsAndReportsProgress) {
+  PROTOKV_REQUIRE_STORIES();
+  const LoadedModel model = load_model((testing::stories_dir() / "stories260K.bin").string(),
+                                       (testing::stories_dir() / "tok512.bin").string());
+  eval::NiahBenchmark niah;
+  niah.niah.lengths = {128, 200};
+  niah.niah.depths = {0, 100};
+  eval::LongctxBenchmarkRun run;
+  run.options.runs = eval::make_run_specs({"full", "snapkv", "mine"}, {32}, {});
+  run.options.runs[2].press_object = PressSpec::parse("snapkv", "");
+  std::vector<std::pair<int64_t, int64_t>> steps;
+  run.options.progress_sink = [&](int64_t done, int64_t total, const std::string&) {
+    steps.emplace_back(done, total);
+  };
+  const eval::LongctxReport report = eval::run_niah_benchmark(model, niah, run);
+  ASSERT_EQ(report.records.size(), 3u * 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& spec = report.records[4 + i];
+    const auto& object = report.records[8 + i];
+    EXPECT_EQ(spec.run, "snapkv@32");
+    EXPECT_EQ(object.run, "mine@32");
+    EXPECT_TRUE(object.error.empty()) << object.error;
+    EXPECT_EQ(object.prediction, spec.prediction);
+    EXPECT_EQ(object.kv_bytes, spec.kv_bytes);
+  }
+  EXPECT_EQ(report.results["summary"][2]["run"], "mine@32");
+  EXPECT_EQ(report.figures.size(), 3u);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.back(), std::make_pair(int64_t{12}, int64_t{12}));
+  // A press object carries its own allocator.
+  run.options.alloc = "pyramid";
+  try {
+    eval::run_niah_benchmark(model, niah, run);
+    ADD_FAILURE() << "an allocator beside a press object was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("carries its own allocator"), std::string::npos)
+        << e.what();
+  }
+  // A disabled progress calls no sink.
+  steps.clear();
+  run.options.alloc.clear();
+  run.options.progress = false;
+  run.options.runs.resize(1);
+  eval::run_niah_benchmark(model, niah, run);
+  EXPECT_TRUE(steps.empty());
 }
 
 TEST(Niah, SamplesHaveExactLengthAndTheNeedleAtItsDepth) {

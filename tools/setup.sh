@@ -33,7 +33,7 @@ fi
 # The Python package's build and test tools, pinned, in a venv in the cache folder: the Release
 # tree builds the extension module (python/, PROTOKV_PYTHON) and ctest runs its pytest suite.
 venv=${PROTOKV_CACHE:-$HOME/.cache/protokv}/venv
-python_pins=(nanobind==2.9.2 scikit-build-core==0.11.6 numpy==2.1.3 pytest==8.3.5)
+python_pins=(nanobind==2.9.2 scikit-build-core==0.11.6 numpy==2.1.3 pytest==8.3.5 tqdm==4.70.1)
 if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${python_pins[@]}"
 

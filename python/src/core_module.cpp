@@ -9,14 +9,17 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "eval/fidelity.h"
+#include "eval/longctx_bench.h"
 #include "kernels/isa.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
@@ -421,12 +424,24 @@ class PyGeneration {
   bool stopped_at_ctx_ = false;
 };
 
+// A progress sink that calls `callback(done, total, detail)` (a tqdm bar's updater) with the
+// GIL taken; an exception it raises (KeyboardInterrupt, say) stops the evaluation.
+eval::ProgressSink python_progress(nb::object callback) {
+  if (callback.is_none()) return {};
+  auto ref = std::make_shared<const PyRef>(std::move(callback));
+  return [ref](int64_t done, int64_t total, const std::string& detail) {
+    nb::gil_scoped_acquire gil;
+    ref->get()(done, total, detail);
+  };
+}
+
 // `protokv eval fidelity` on samples cut from `text`: the same report as the CLI's --json.
 nb::object eval_fidelity(const Model& model, const std::string& text,
                          const std::vector<std::string>& presses,
                          const std::vector<int64_t>& budgets, const std::string& alloc, int samples,
                          int64_t prompt_len, int64_t continuation, const std::string& reference,
-                         bool attention_metrics, bool share_prefill, bool progress) {
+                         bool attention_metrics, bool share_prefill, bool progress,
+                         nb::object progress_callback) {
   PROTOKV_CHECK(samples >= 1 && samples <= 10000, "samples must be in [1, 10000], got {}", samples);
   PROTOKV_CHECK(prompt_len >= 2, "prompt_len must be at least 2, got {}", prompt_len);
   PROTOKV_CHECK(continuation >= 1, "continuation must be at least 1, got {}", continuation);
@@ -441,6 +456,7 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
   options.attention_metrics = attention_metrics;
   options.share_prefill = share_prefill;
   options.progress = progress;
+  options.progress_sink = python_progress(std::move(progress_callback));
   nlohmann::json report;
   {
     nb::gil_scoped_release release;
@@ -456,6 +472,118 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
     report = eval::to_json(r);
   }
   return to_python(report);
+}
+
+// What eval.niah / ruler / longbench share (python/protokv/eval.py fills every key): the runs
+// (press specs or Python presses x budgets / ratios) and the harness's options.
+eval::LongctxBenchmarkRun longctx_run(const nb::dict& args) {
+  auto get = [&](const char* key) {
+    PROTOKV_CHECK(args.contains(key), "internal: eval run without '{}'", key);
+    return args[key];
+  };
+  const std::string mode = nb::cast<std::string>(get("mode"));
+  PROTOKV_CHECK(mode == "query-aware" || mode == "query-agnostic",
+                "mode must be query-aware or query-agnostic, got '{}'", mode);
+  const auto budgets = nb::cast<std::vector<int64_t>>(get("budgets"));
+  const auto ratios = nb::cast<std::vector<double>>(get("ratios"));
+  for (int64_t b : budgets) PROTOKV_CHECK(b > 0, "budgets must be > 0, got {}", b);
+  for (double r : ratios) PROTOKV_CHECK(r > 0.0 && r <= 1.0, "ratios must be in (0, 1], got {}", r);
+  // Press names for the run labels; a Python press is attached to its runs after.
+  std::vector<std::string> names;
+  std::vector<std::pair<std::string, std::shared_ptr<const PressSpec>>> objects;
+  for (nb::handle press : nb::cast<nb::list>(get("presses"))) {
+    std::string name;
+    if (nb::isinstance<PressHandle>(press)) {
+      const auto& handle = nb::cast<const PressHandle&>(press);
+      name = handle.name;
+      objects.emplace_back(name, handle.spec);
+    } else {
+      name = nb::cast<std::string>(press);
+    }
+    PROTOKV_CHECK(std::find(names.begin(), names.end(), name) == names.end(),
+                  "press {} is given twice (run labels must differ)", name);
+    names.push_back(name);
+  }
+  eval::LongctxBenchmarkRun run;
+  run.options.runs = eval::make_run_specs(names, budgets, ratios);
+  for (auto& spec : run.options.runs)
+    for (const auto& [name, object] : objects)
+      if (spec.press == name) spec.press_object = object;
+  run.options.alloc = nb::cast<std::string>(get("alloc"));
+  run.options.query_agnostic = mode == "query-agnostic";
+  run.options.reference = nb::cast<std::string>(get("reference"));
+  run.options.resume = nb::cast<bool>(get("resume"));
+  run.options.share_prefill = nb::cast<bool>(get("share_prefill"));
+  run.options.progress = nb::cast<bool>(get("progress"));
+  run.options.progress_sink = python_progress(nb::borrow(get("progress_callback")));
+  run.out_dir = nb::cast<std::string>(get("out"));
+  run.limit = nb::cast<int64_t>(get("limit"));
+  run.config["tokenizer"] = "embedded";
+  return run;
+}
+
+// Runs a benchmark with the GIL released; returns the results dict (as the CLI's --json) and
+// the text tables.
+template <class Benchmark>
+std::pair<nb::object, std::string> run_benchmark(const Model& model, eval::LongctxBenchmarkRun run,
+                                                 const Benchmark& benchmark) {
+  eval::LongctxReport report;
+  {
+    nb::gil_scoped_release release;
+    model.use_threads();
+    if constexpr (std::is_same_v<Benchmark, eval::NiahBenchmark>)
+      report = eval::run_niah_benchmark(model.loaded(), benchmark, std::move(run));
+    else if constexpr (std::is_same_v<Benchmark, eval::RulerBenchmark>)
+      report = eval::run_ruler_benchmark(model.loaded(), benchmark, std::move(run));
+    else
+      report = eval::run_longbench_benchmark(model.loaded(), benchmark, std::move(run));
+  }
+  return {to_python(report.results), report.text};
+}
+
+std::pair<nb::object, std::string> eval_niah(const Model& model, const nb::dict& run,
+                                             const std::vector<int64_t>& lengths,
+                                             const std::vector<double>& depths,
+                                             const std::string& needle, const std::string& question,
+                                             int max_new_tokens, int samples,
+                                             const std::string& haystack,
+                                             const std::string& haystack_kind, uint64_t seed) {
+  eval::NiahBenchmark b;
+  b.niah.lengths = lengths;
+  b.niah.depths = depths;
+  b.niah.needle = needle;
+  b.niah.question = question;
+  b.niah.max_new_tokens = max_new_tokens;
+  b.niah.samples_per_cell = samples;
+  b.niah.seed = seed;
+  b.haystack_text = haystack;
+  b.haystack_kind = haystack_kind;
+  return run_benchmark(model, longctx_run(run), b);
+}
+
+std::pair<nb::object, std::string> eval_ruler(const Model& model, const nb::dict& run,
+                                              const std::vector<std::string>& tasks,
+                                              const std::vector<int64_t>& lengths, int samples,
+                                              const std::string& haystack, const std::string& squad,
+                                              const std::string& hotpotqa, uint64_t seed) {
+  eval::RulerBenchmark b;
+  b.ruler.tasks = tasks;
+  b.ruler.lengths = lengths;
+  b.ruler.samples = samples;
+  b.ruler.seed = seed;
+  b.ruler.essay_text = haystack;
+  b.ruler.squad_path = squad;
+  b.ruler.hotpotqa_path = hotpotqa;
+  return run_benchmark(model, longctx_run(run), b);
+}
+
+std::pair<nb::object, std::string> eval_longbench(const Model& model, const nb::dict& run,
+                                                  const std::string& data_dir,
+                                                  const std::vector<std::string>& datasets,
+                                                  bool longbench_e, int64_t max_length) {
+  eval::LongbenchBenchmark b{data_dir, datasets, longbench_e, max_length};
+  eval::check_longbench_benchmark(b);
+  return run_benchmark(model, longctx_run(run), b);
 }
 
 }  // namespace
@@ -492,7 +620,13 @@ NB_MODULE(_core, m) {
 
   m.def("eval_fidelity", &eval_fidelity, "model"_a, "text"_a, "presses"_a, "budgets"_a, "alloc"_a,
         "samples"_a, "prompt_len"_a, "continuation"_a, "reference"_a, "attention_metrics"_a,
-        "share_prefill"_a, "progress"_a);
+        "share_prefill"_a, "progress"_a, "progress_callback"_a.none());
+  m.def("eval_niah", &eval_niah, "model"_a, "run"_a, "lengths"_a, "depths"_a, "needle"_a,
+        "question"_a, "max_new_tokens"_a, "samples"_a, "haystack"_a, "haystack_kind"_a, "seed"_a);
+  m.def("eval_ruler", &eval_ruler, "model"_a, "run"_a, "tasks"_a, "lengths"_a, "samples"_a,
+        "haystack"_a, "squad"_a, "hotpotqa"_a, "seed"_a);
+  m.def("eval_longbench", &eval_longbench, "model"_a, "run"_a, "data_dir"_a, "datasets"_a, "e"_a,
+        "max_length"_a);
 
   nb::class_<Model>(m, "Model")
       .def(nb::init<const std::string&, int, int64_t, const std::string&>(), "path"_a,

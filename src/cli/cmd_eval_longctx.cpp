@@ -90,7 +90,6 @@ eval::LongctxBenchmarkRun make_run(const LongctxArgs& args) {
   run.limit = args.limit;
   run.config["tokenizer"] =
       args.model.tokenizer_path.empty() ? "embedded" : args.model.tokenizer_path;
-  run.config["seed"] = args.seed;
   return run;
 }
 

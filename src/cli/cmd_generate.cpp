@@ -33,7 +33,8 @@ struct GenerateArgs {
   int64_t ubatch = 0;
   bool compress_local_layers = false;
   bool json = false;
-  std::string logits_out;  // .npy of the logits each generated token was sampled from
+  bool kv_positions = false;  // with --json: the kept positions per layer and KV head
+  std::string logits_out;     // .npy of the logits each generated token was sampled from
   bool ignore_eos = false;
   bool chat = false;
   std::string system;
@@ -61,6 +62,7 @@ void write_stdout(const std::string& text) {
 
 void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   PROTOKV_CHECK(o.n_predict >= 0, "-n must be >= 0, got {}", o.n_predict);
+  PROTOKV_CHECK(!o.kv_positions || o.json, "--kv-positions needs --json");
   check_ubatch(o.ubatch);
   Sampler sampler(o.sampler);  // validates the sampler options
   PressSetup setup = make_press_setup(o.press);
@@ -163,6 +165,16 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     out["kv_bytes_attended_last_step"] =
         decode_steps > 0 ? nlohmann::json(session.prefill_stats().decode_attended_kv_bytes)
                          : nlohmann::json(nullptr);
+    if (o.kv_positions) {
+      const KvCache& cache = session.cache();
+      nlohmann::json layers = nlohmann::json::array();
+      for (int l = 0; l < cache.n_layers(); ++l) {
+        nlohmann::json heads = nlohmann::json::array();
+        for (const HeadCache& head : cache.layer(l).heads) heads.push_back(head.positions());
+        layers.push_back(std::move(heads));
+      }
+      out["kv_positions"] = std::move(layers);
+    }
     // Byte-fallback tokens can split a UTF-8 sequence: replace invalid bytes instead of failing.
     std::string dumped = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     write_stdout(dumped + "\n");
@@ -225,6 +237,9 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--json", options->json,
                 "Print one JSON object (configuration, tokens, text, timings, KV bytes) instead of "
                 "streaming the text");
+  cmd->add_flag("--kv-positions", options->kv_positions,
+                "with --json: kv_positions[layer][head], the token positions each KV head keeps "
+                "at the end (what compression kept, then the generated tokens)");
   cmd->add_option("--logits-out", options->logits_out,
                   "Write the logits each generated token was sampled from to FILE.npy (float32 "
                   "[generated, vocab], numpy.load reads it)");

@@ -407,7 +407,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
 
   Progress progress("eval fidelity",
                     static_cast<int64_t>(samples.size() * (1 + report.rows.size())),
-                    options.progress);
+                    options.progress, options.progress_sink);
   nlohmann::json origins = nlohmann::json::array();
   for (size_t s = 0; s < samples.size(); ++s) {
     const auto& sample = samples[s];

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "eval/metrics.h"
+#include "eval/progress.h"
 #include "eval/statistics.h"
 #include "protokv/model.h"
 
@@ -56,6 +57,7 @@ struct FidelityOptions {
   // prefill_ms then counts the copy and the compression only.
   bool share_prefill = false;
   bool progress = true;
+  ProgressSink progress_sink;  // set: gets the steps instead of the stderr bar
 };
 
 // Metrics of one (press, budget) over all samples; each RunningStats holds one value per sample.

@@ -307,6 +307,13 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
       continue;
     }
     spec.budget.validate();
+    if (spec.press_object != nullptr) {
+      PROTOKV_CHECK(options.alloc.empty(),
+                    "press {} carries its own allocator: give it there, not alloc '{}'", spec.press,
+                    options.alloc);
+      presses.push_back(spec.press_object);
+      continue;
+    }
     presses.push_back(PressSpec::parse(spec.press, options.alloc));
   }
 
@@ -338,7 +345,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   for (const auto& spec : options.runs)
     for (const auto& s : samples)
       if (previous.count({spec.label(), s.id}) == 0) ++to_compute;
-  Progress progress(options.progress_label, total, options.progress);
+  Progress progress(options.progress_label, total, options.progress, options.progress_sink);
   Timer compute_timer;
 
   // One (run, sample): prefill (its own, or from the sample's shared prompt), the question,

@@ -17,14 +17,17 @@
 // queries in one prompt, as the original does).
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "eval/progress.h"
 #include "protokv/model.h"
 #include "protokv/press.h"
+#include "protokv/press_spec.h"
 
 namespace protokv {
 class Tokenizer;
@@ -49,6 +52,9 @@ using LongctxScorer = std::function<double(const LongctxSample&, const std::stri
 struct LongctxRunSpec {
   std::string press = "full";
   Budget budget;
+  // Set: the press itself (one written in Python, say), `press` its name in labels; it carries
+  // its own allocator, so LongctxOptions::alloc must then be empty.
+  std::shared_ptr<const PressSpec> press_object;
   std::string label() const;  // "full", "snapkv@64", "snapkv@r0.25"
 };
 
@@ -73,6 +79,7 @@ struct LongctxOptions {
   bool share_prefill = false;
   bool progress = true;
   std::string progress_label = "eval";
+  ProgressSink progress_sink;  // set: gets the steps instead of the stderr bar
 };
 
 // One sample answered by one run.

@@ -14,10 +14,11 @@ bool Progress::stderr_is_terminal() {
   return ::isatty(STDERR_FILENO) == 1;
 }
 
-Progress::Progress(std::string label, int64_t total, bool enabled)
+Progress::Progress(std::string label, int64_t total, bool enabled, ProgressSink sink)
     : label_(std::move(label)),
       total_(std::max<int64_t>(total, 1)),
-      active_(enabled && stderr_is_terminal()) {
+      active_(enabled && (sink != nullptr || stderr_is_terminal())),
+      sink_(enabled ? std::move(sink) : nullptr) {
   draw();
 }
 
@@ -38,6 +39,10 @@ void Progress::set_detail(const std::string& detail) {
 
 void Progress::draw() {
   if (!active_) return;
+  if (sink_) {
+    sink_(done_, total_, detail_);
+    return;
+  }
   // Redraw at most ~10 times a second, but always show the last step.
   const double now = timer_.ms();
   if (now - last_draw_ms_ < 100.0 && done_ < total_) return;
@@ -60,6 +65,10 @@ void Progress::draw() {
 
 void Progress::finish() {
   if (!active_) return;
+  if (sink_) {
+    active_ = false;
+    return;
+  }
   std::fprintf(stderr, "\r\033[K");
   std::fflush(stderr);
   active_ = false;
