@@ -27,6 +27,8 @@ from .presses import Press, ScorerPress, list_presses
 __all__ = ["Model", "Session", "Error", "Press", "ScorerPress", "eval", "presses",
            "list_presses", "kernel_variants", "__version__"]
 __version__: str = _core.__version__
+Error.__doc__ = ("An error of the library, with its one-line message: a bad model file, an "
+                 "unknown press or option, a prompt longer than the context (a ValueError).")
 
 PressArg = Union[str, Press, ScorerPress, None]
 
@@ -173,18 +175,22 @@ class Model:
 
     @property
     def n_vocab(self) -> int:
+        """Tokens in the vocabulary."""
         return self._model.n_vocab
 
     @property
     def n_layers(self) -> int:
+        """Transformer layers (each with its own KV cache)."""
         return self._model.n_layers
 
     @property
     def n_kv_heads(self) -> int:
+        """KV heads per layer (the cache's heads; query heads share them in groups)."""
         return self._model.n_kv_heads
 
     @property
     def head_dim(self) -> int:
+        """Values per key or value vector."""
         return self._model.head_dim
 
     @property
@@ -193,9 +199,11 @@ class Model:
         return self._model.chat_format
 
     def token_bos(self) -> int:
+        """The beginning-of-sequence token id."""
         return self._model.token_bos
 
     def token_eos(self) -> int:
+        """The end-of-sequence token id."""
         return self._model.token_eos
 
     def tokenize(self, text: Union[str, bytes], add_bos: bool = True,

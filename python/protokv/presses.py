@@ -122,10 +122,12 @@ class ScorerPress:
 
     @property
     def name(self) -> str:
+        """The press's name in run labels and configs: its class name."""
         return type(self).__name__
 
     def score(self, keys: np.ndarray, values: np.ndarray, window_queries: np.ndarray,
               positions: np.ndarray) -> np.ndarray:
+        """One score per token per KV head, ``[n_kv_heads, n]`` (higher = keep): define it."""
         raise NotImplementedError(f"{self.name} must define score()")
 
     def _score_layer(self, layer: int, keys: np.ndarray, values: np.ndarray,
