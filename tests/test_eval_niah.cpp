@@ -12,6 +12,7 @@
 #include "eval/longctx_runner.h"
 #include "eval/longctx_words.h"
 #include "eval/niah.h"
+#include "eval/spec_list.h"
 #include "eval/statistics.h"
 #include "protokv/error.h"
 #include "protokv/press_spec.h"

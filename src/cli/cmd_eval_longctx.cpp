@@ -125,7 +125,7 @@ void run_niah(NiahArgs& args) {
   eval::NiahBenchmark& b = args.benchmark;
   b.niah.seed = args.common.seed;
   if (!args.lengths.empty()) b.niah.lengths = eval::parse_positive_list(args.lengths, "--lengths");
-  if (!args.depths.empty()) b.niah.depths = eval::parse_depth_list(args.depths, "--depths");
+  if (!args.depths.empty()) b.niah.depths = eval::parse_percent_list(args.depths, "--depths");
   if (!args.haystack_file.empty()) {
     b.haystack_text = read_text_file(args.haystack_file);
     b.haystack_name = args.haystack_file;

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -228,39 +227,6 @@ nlohmann::json model_json(const LoadedModel& model) {
   j["parameters"] = model.weights.parameter_count();
   j["weight_bytes"] = model.weights.weight_bytes();
   return j;
-}
-
-std::vector<double> parse_depth_list(const std::string& text, const std::string& what) {
-  std::vector<double> depths;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const std::string piece =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    char* end = nullptr;
-    const double d = std::strtod(piece.c_str(), &end);
-    PROTOKV_CHECK(!piece.empty() && end == piece.c_str() + piece.size() && d >= 0.0 && d <= 100.0,
-                  "{}: '{}' is not a percentage in [0, 100]", what, piece);
-    depths.push_back(d);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return depths;
-}
-
-std::vector<std::string> split_names(const std::string& text) {
-  std::vector<std::string> names;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    std::string piece =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    PROTOKV_CHECK(!piece.empty(), "empty name in list '{}'", text);
-    names.push_back(piece);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return names;
 }
 
 // ---- niah ---------------------------------------------------------------------------------

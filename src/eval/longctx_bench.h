@@ -71,9 +71,4 @@ void check_longbench_benchmark(const LongbenchBenchmark& benchmark);
 LongctxReport run_longbench_benchmark(const LoadedModel& model, const LongbenchBenchmark& benchmark,
                                       LongctxBenchmarkRun run);
 
-// "0,10,50" -> {0, 10, 50}, each a percentage in [0, 100]; `what` names the list in errors.
-std::vector<double> parse_depth_list(const std::string& text, const std::string& what);
-// "a,b" -> {"a", "b"}; an empty name is an error.
-std::vector<std::string> split_names(const std::string& text);
-
 }  // namespace protokv::eval

@@ -30,21 +30,6 @@ std::string LongctxRunSpec::label() const {
   return fmt::format("{}@r{:g}", press, budget.ratio);
 }
 
-std::vector<double> parse_ratio_list(const std::string& text, std::string_view what) {
-  std::vector<double> ratios;
-  std::stringstream ss(text);
-  std::string piece;
-  while (std::getline(ss, piece, ',')) {
-    double r = 0.0;
-    const auto [end, ec] = std::from_chars(piece.data(), piece.data() + piece.size(), r);
-    PROTOKV_CHECK(ec == std::errc() && end == piece.data() + piece.size() && r > 0.0 && r <= 1.0,
-                  "{}: '{}' is not a number in (0, 1] (in '{}')", what, piece, text);
-    ratios.push_back(r);
-  }
-  PROTOKV_CHECK(!ratios.empty(), "{}: empty list", what);
-  return ratios;
-}
-
 std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& presses,
                                            const std::vector<int64_t>& budgets,
                                            const std::vector<double>& ratios) {

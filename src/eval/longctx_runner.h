@@ -62,9 +62,6 @@ struct LongctxRunSpec {
 std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& presses,
                                            const std::vector<int64_t>& budgets,
                                            const std::vector<double>& ratios);
-// "0.1,0.25" -> {0.1, 0.25}; each in (0, 1]. Throws Error otherwise, naming the list `what` (the
-// CLI passes its flag).
-std::vector<double> parse_ratio_list(const std::string& text, std::string_view what = "ratio");
 
 struct LongctxOptions {
   std::vector<LongctxRunSpec> runs;

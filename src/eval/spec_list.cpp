@@ -19,6 +19,16 @@ std::vector<std::string_view> split_commas(std::string_view text) {
   return parts;
 }
 
+// One number of a list: all of `piece` read, or Error naming the list.
+double parse_number(std::string_view piece, std::string_view text, std::string_view what,
+                    std::string_view expected) {
+  double v = 0.0;
+  const auto [end, ec] = std::from_chars(piece.data(), piece.data() + piece.size(), v);
+  PROTOKV_CHECK(ec == std::errc() && end == piece.data() + piece.size(),
+                "{}: '{}' is not {} (in '{}')", what, piece, expected, text);
+  return v;
+}
+
 }  // namespace
 
 std::vector<std::string> split_press_specs(const std::vector<std::string>& values) {
@@ -55,6 +65,37 @@ std::vector<int64_t> parse_positive_list(std::string_view text, std::string_view
     values.push_back(v);
   }
   return values;
+}
+
+std::vector<double> parse_ratio_list(std::string_view text, std::string_view what) {
+  std::vector<double> ratios;
+  for (std::string_view piece : split_commas(text)) {
+    const double r = parse_number(piece, text, what, "a number in (0, 1]");
+    PROTOKV_CHECK(r > 0.0 && r <= 1.0, "{}: '{}' is not a number in (0, 1] (in '{}')", what, piece,
+                  text);
+    ratios.push_back(r);
+  }
+  return ratios;
+}
+
+std::vector<double> parse_percent_list(std::string_view text, std::string_view what) {
+  std::vector<double> percents;
+  for (std::string_view piece : split_commas(text)) {
+    const double p = parse_number(piece, text, what, "a percentage in [0, 100]");
+    PROTOKV_CHECK(p >= 0.0 && p <= 100.0, "{}: '{}' is not a percentage in [0, 100] (in '{}')",
+                  what, piece, text);
+    percents.push_back(p);
+  }
+  return percents;
+}
+
+std::vector<std::string> split_names(std::string_view text) {
+  std::vector<std::string> names;
+  for (std::string_view piece : split_commas(text)) {
+    PROTOKV_CHECK(!piece.empty(), "empty name in list '{}'", text);
+    names.emplace_back(piece);
+  }
+  return names;
 }
 
 }  // namespace protokv::eval
