@@ -19,14 +19,19 @@ std::vector<std::string_view> split_commas(std::string_view text) {
   return parts;
 }
 
-// One number of a list: all of `piece` read, or Error naming the list.
-double parse_number(std::string_view piece, std::string_view text, std::string_view what,
-                    std::string_view expected) {
-  double v = 0.0;
-  const auto [end, ec] = std::from_chars(piece.data(), piece.data() + piece.size(), v);
-  PROTOKV_CHECK(ec == std::errc() && end == piece.data() + piece.size(),
-                "{}: '{}' is not {} (in '{}')", what, piece, expected, text);
-  return v;
+// Every piece of `text` a number accepted by `in_range`; Error naming the list otherwise.
+template <class InRange>
+std::vector<double> parse_number_list(std::string_view text, std::string_view what,
+                                      std::string_view expected, InRange in_range) {
+  std::vector<double> values;
+  for (std::string_view piece : split_commas(text)) {
+    double v = 0.0;
+    const auto [end, ec] = std::from_chars(piece.data(), piece.data() + piece.size(), v);
+    PROTOKV_CHECK(ec == std::errc() && end == piece.data() + piece.size() && in_range(v),
+                  "{}: '{}' is not {} (in '{}')", what, piece, expected, text);
+    values.push_back(v);
+  }
+  return values;
 }
 
 }  // namespace
@@ -68,25 +73,13 @@ std::vector<int64_t> parse_positive_list(std::string_view text, std::string_view
 }
 
 std::vector<double> parse_ratio_list(std::string_view text, std::string_view what) {
-  std::vector<double> ratios;
-  for (std::string_view piece : split_commas(text)) {
-    const double r = parse_number(piece, text, what, "a number in (0, 1]");
-    PROTOKV_CHECK(r > 0.0 && r <= 1.0, "{}: '{}' is not a number in (0, 1] (in '{}')", what, piece,
-                  text);
-    ratios.push_back(r);
-  }
-  return ratios;
+  return parse_number_list(text, what, "a number in (0, 1]",
+                           [](double r) { return r > 0.0 && r <= 1.0; });
 }
 
 std::vector<double> parse_percent_list(std::string_view text, std::string_view what) {
-  std::vector<double> percents;
-  for (std::string_view piece : split_commas(text)) {
-    const double p = parse_number(piece, text, what, "a percentage in [0, 100]");
-    PROTOKV_CHECK(p >= 0.0 && p <= 100.0, "{}: '{}' is not a percentage in [0, 100] (in '{}')",
-                  what, piece, text);
-    percents.push_back(p);
-  }
-  return percents;
+  return parse_number_list(text, what, "a percentage in [0, 100]",
+                           [](double p) { return p >= 0.0 && p <= 100.0; });
 }
 
 std::vector<std::string> split_names(std::string_view text) {
