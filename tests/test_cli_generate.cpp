@@ -298,6 +298,15 @@ TEST(CliGenerate, BadInputIsOneLineError) {
   const std::string tok = " -z '" + (stories_dir() / "tok512.bin").string() + "'";
   testing::expect_run_fails_with_one_line("generate " + model + " -n 5", "tokenizer");
   testing::expect_run_fails_with_one_line("generate " + model + tok + " -p ''", "empty prompt");
+  // Absurd flags: one line, exit 1, before any work (CLI11's own parse errors included).
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " -n 1000000000000",
+                                          "Could not convert: --n-predict");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " --no-such-flag",
+                                          "no-such-flag");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " -t -3",
+                                          "thread count (-t) must be in [0, 1024]");
+  testing::expect_run_fails_with_one_line("generate " + model + tok + " -t 1025",
+                                          "thread count (-t) must be in [0, 1024]");
   write_text(dir / "empty.txt", "");
   testing::expect_run_fails_with_one_line(
       "generate " + model + tok + " -f '" + (dir / "empty.txt").string() + "'", "empty prompt");

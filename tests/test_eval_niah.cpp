@@ -15,6 +15,7 @@
 #include "eval/spec_list.h"
 #include "eval/statistics.h"
 #include "protokv/error.h"
+#include "protokv/limits.h"
 #include "protokv/press_spec.h"
 #include "protokv/tokenizer.h"
 #include "test_util.h"
@@ -60,6 +61,14 @@ TEST(LongctxRunner, RunSpecsPutFullOnceAndNeedABudget) {
   EXPECT_EQ(runs[3].label(), "snapkv@r0.5");
   EXPECT_THROW(eval::make_run_specs({"snapkv"}, {}, {}), Error);
   EXPECT_THROW(eval::parse_ratio_list("0.5,1.5"), Error);
+  EXPECT_THROW(eval::make_run_specs({"snapkv", "snapkv"}, {16}, {}), Error);  // labels collide
+  // At most limits::kMaxEvalRuns runs (full adds none beyond its one): at the limit, and one over.
+  std::vector<int64_t> budgets(limits::kMaxEvalRuns / 2);
+  for (size_t i = 0; i < budgets.size(); ++i) budgets[i] = static_cast<int64_t>(i) + 1;
+  EXPECT_EQ(eval::make_run_specs({"full", "snapkv", "h2o"}, budgets, {}).size(),
+            limits::kMaxEvalRuns + 1);
+  budgets.push_back(100000);
+  EXPECT_THROW(eval::make_run_specs({"snapkv", "h2o"}, budgets, {}), Error);
 }
 
 TEST(LongctxRunner, SummaryPairsOnlySamplesBothScored) {

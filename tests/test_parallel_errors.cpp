@@ -12,11 +12,19 @@
 #include "protokv/error.h"
 #include "protokv/press/scoring_press.h"
 #include "protokv/press_spec.h"
+#include "protokv/threads.h"
 #include "test_engine_model.h"
 #include "test_util.h"
 
 namespace protokv {
 namespace {
+
+TEST(Threads, CountsOutsideZeroToTheLimitAreRefusedAndChangeNothing) {
+  const int saved = num_threads();
+  EXPECT_THROW(set_threads(-1), Error);
+  EXPECT_THROW(set_threads(limits::kMaxThreads + 1), Error);
+  EXPECT_EQ(num_threads(), saved);
+}
 
 TEST(ParallelErrors, TheFirstErrorOfAParallelLoopIsRethrownAfterIt) {
   for (const bool parallel : {true, false}) {  // even a one-thread region must not throw out

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "protokv/limits.h"
+
 namespace protokv {
 
 class GgufFile;
@@ -33,7 +35,7 @@ class Tokenizer {
     kByte = 6
   };
   enum class Model { kSentencePiece, kByteLevelBpe };
-  static constexpr int32_t kMaxVocabSize = 1 << 22;
+  static constexpr int32_t kMaxVocabSize = limits::kMaxVocab;
 
   struct EncodeOptions {
     bool add_bos = false;

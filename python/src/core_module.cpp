@@ -94,8 +94,8 @@ class Model {
                   "n_ctx must be in [0, {}] (the model's context; 0: all of it), got {}", trained,
                   n_ctx);
     n_ctx_ = n_ctx == 0 ? trained : n_ctx;
-    PROTOKV_CHECK(n_threads >= 0 && n_threads <= 1024, "n_threads must be in [0, 1024], got {}",
-                  n_threads);
+    PROTOKV_CHECK(n_threads >= 0 && n_threads <= kMaxThreads,
+                  "n_threads must be in [0, {}], got {}", kMaxThreads, n_threads);
     try {
       chat_ = chat_format.empty() ? detect_chat_template(loaded_.tokenizer->chat_template())
                                   : chat_template_from_name(chat_format);

@@ -8,6 +8,7 @@
 
 #include "protokv/dtype.h"
 #include "protokv/error.h"
+#include "protokv/limits.h"
 #include "protokv/press_registry.h"
 #include "protokv/threads.h"
 #include "protokv/tokenizer.h"
@@ -132,7 +133,7 @@ std::string read_text_file(const std::string& path) {
   std::error_code ec;
   PROTOKV_CHECK(std::filesystem::is_regular_file(path, ec), "file not found: {}", path);
   // A text input beyond this is a mistake (a model file passed as -f, say), not a prompt.
-  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 28;
+  constexpr uintmax_t kMaxBytes = limits::kMaxTextFileBytes;
   const uintmax_t size = std::filesystem::file_size(path, ec);
   PROTOKV_CHECK(!ec, "cannot read {}: {}", path, ec.message());
   PROTOKV_CHECK(size <= kMaxBytes, "text file {} is {} bytes; the limit is 256 MiB", path, size);

@@ -13,6 +13,7 @@
 #include "press/calibration_profile.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
+#include "protokv/limits.h"
 #include "protokv/model.h"
 #include "protokv/tokenizer.h"
 
@@ -20,7 +21,7 @@ namespace protokv::cli {
 namespace {
 
 constexpr int64_t kDefaultTokens = 1024;  // capped by the model's context
-constexpr int64_t kMaxSamples = 4096;
+constexpr int64_t kMaxSamples = limits::kMaxCalibrationSamples;
 
 struct CalibrateArgs {
   ModelOptions model;

@@ -16,8 +16,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 1;
+    // --help and --version are ParseErrors with exit code 0: CLI11 prints them. A real parse
+    // error (unknown flag, a value that does not convert or overflows) is one line, as ours.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "protokv: error: %s (see --help)\n", e.what());
+    return 1;
   } catch (const protokv::Error& e) {
     std::fprintf(stderr, "protokv: error: %s\n", e.what());
     return 1;

@@ -1,5 +1,7 @@
 #include "protokv/threads.h"
 
+#include "protokv/error.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -9,7 +11,10 @@
 namespace protokv {
 
 void set_threads(int n) {
-  if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  PROTOKV_CHECK(n >= 0 && n <= kMaxThreads,
+                "thread count (-t) must be in [0, {}] (0: all hardware threads), got {}",
+                kMaxThreads, n);
+  if (n == 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }

@@ -14,6 +14,7 @@
 #include "eval/synthetic.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
+#include "protokv/limits.h"
 #include "protokv/press/scoring_press.h"
 #include "protokv/press_spec.h"
 #include "protokv/sampler.h"
@@ -347,6 +348,9 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
   PROTOKV_CHECK(!samples.empty(), "no samples to evaluate");
   PROTOKV_CHECK(!options.presses.empty(), "give at least one press");
   PROTOKV_CHECK(!options.budgets.empty(), "give at least one budget");
+  PROTOKV_CHECK(options.presses.size() * options.budgets.size() <= limits::kMaxEvalRuns,
+                "{} presses x {} budgets is more than {} runs", options.presses.size(),
+                options.budgets.size(), limits::kMaxEvalRuns);
   PROTOKV_CHECK(options.continuation >= 1, "continuation must be at least 1 token, got {}",
                 options.continuation);
   for (int64_t b : options.budgets) {

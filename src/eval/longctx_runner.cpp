@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "eval/progress.h"
@@ -34,6 +35,11 @@ std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& press
                                            const std::vector<int64_t>& budgets,
                                            const std::vector<double>& ratios) {
   PROTOKV_CHECK(!presses.empty(), "give at least one press");
+  const size_t compressed = std::count_if(presses.begin(), presses.end(),
+                                          [](const std::string& p) { return p != "full"; });
+  PROTOKV_CHECK(compressed * (budgets.size() + ratios.size()) <= limits::kMaxEvalRuns,
+                "{} presses x {} budgets is more than {} runs", compressed,
+                budgets.size() + ratios.size(), limits::kMaxEvalRuns);
   std::vector<LongctxRunSpec> runs;
   bool full_added = false;
   for (const auto& press : presses) {
@@ -58,6 +64,9 @@ std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& press
       runs.push_back(spec);
     }
   }
+  std::set<std::string> labels;
+  for (const auto& run : runs)
+    PROTOKV_CHECK(labels.insert(run.label()).second, "run {} is given twice", run.label());
   return runs;
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "eval/progress.h"
+#include "protokv/limits.h"
 #include "protokv/model.h"
 #include "protokv/press.h"
 #include "protokv/press_spec.h"
@@ -59,6 +60,8 @@ struct LongctxRunSpec {
 };
 
 // "full,snapkv" x budgets "64,128" (or ratios "0.1,0.25") -> runs; full appears once (no budget).
+// Throws Error for a run given twice (labels key the records) or more than
+// limits::kMaxEvalRuns runs.
 std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& presses,
                                            const std::vector<int64_t>& budgets,
                                            const std::vector<double>& ratios);

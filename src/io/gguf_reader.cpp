@@ -11,6 +11,7 @@
 #include "io/mapped_file.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
+#include "protokv/limits.h"
 
 namespace protokv {
 namespace {
@@ -19,16 +20,13 @@ using gguf_detail::type_name;
 
 constexpr uint32_t kMinVersion = 2;
 constexpr uint32_t kMaxVersion = 3;
-constexpr size_t kMaxKeyLength = size_t{1} << 16;
-constexpr size_t kMaxStringLength = size_t{1} << 26;  // 64 MiB: chat templates are kilobytes
-constexpr size_t kMaxTensorNameLength = 1024;
-// In memory a metadata array element costs ~50 bytes against 1 on disk; capping the total keeps
-// a hostile file from making us allocate hundreds of times its size. Real vocabularies and
-// merge lists stay well below this.
-constexpr uint64_t kMaxArrayElements = uint64_t{1} << 22;
-constexpr int kMaxArrayDepth = 4;
-constexpr uint32_t kMaxDims = 4;
-constexpr uint64_t kMaxAlignment = uint64_t{1} << 24;
+constexpr size_t kMaxKeyLength = limits::kMaxGgufKeyLength;
+constexpr size_t kMaxStringLength = limits::kMaxGgufStringLength;
+constexpr size_t kMaxTensorNameLength = limits::kMaxGgufTensorNameLength;
+constexpr uint64_t kMaxArrayElements = limits::kMaxGgufArrayElements;
+constexpr int kMaxArrayDepth = limits::kMaxGgufArrayDepth;
+constexpr uint32_t kMaxDims = limits::kMaxTensorDims;
+constexpr uint64_t kMaxAlignment = limits::kMaxGgufAlignment;
 // Smallest possible encodings, to reject impossible counts: key length + type + 1 byte value;
 // name length + n_dims + one dim + type + offset.
 constexpr size_t kMinKvBytes = 8 + 4 + 1;

@@ -13,13 +13,14 @@
 #include "io/gguf_value.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
+#include "protokv/limits.h"
 
 namespace protokv {
 namespace {
 
 using gguf_detail::type_name;
 
-constexpr size_t kMaxDims = 4;
+constexpr size_t kMaxDims = limits::kMaxTensorDims;
 
 // Checks that `value` holds the alternative its type declares, and that integers fit.
 void validate_value(const std::string& key, const GgufValue& value) {

@@ -1,4 +1,5 @@
 #include "io/safetensors.h"
+#include "protokv/limits.h"
 
 #include <algorithm>
 #include <cstring>
@@ -15,9 +16,7 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kHeaderLengthBytes = 8;
-// The reference implementation (safetensors' Rust crate) refuses headers above 100 MB; a real
-// header is a few hundred kilobytes even for the largest checkpoints.
-constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+constexpr uint64_t kMaxHeaderBytes = limits::kMaxSafetensorsHeaderBytes;
 
 uint64_t read_u64_le(const unsigned char* p) {
   uint64_t v = 0;

@@ -1,4 +1,5 @@
 #include "protokv/model.h"
+#include "protokv/limits.h"
 
 #include <cmath>
 
@@ -8,10 +9,8 @@
 namespace protokv {
 
 void ModelConfig::validate() const {
-  constexpr int kMaxDim = 1 << 16;
-  constexpr int kMaxLayers = 1024;
-  constexpr int kMaxVocab = 1 << 22;
-  constexpr int kMaxContext = 1 << 24;
+  using limits::kMaxContext, limits::kMaxLayers, limits::kMaxVocab;
+  constexpr int kMaxDim = limits::kMaxModelDim;
   PROTOKV_CHECK(dim > 0 && dim <= kMaxDim, "invalid embedding length {}", dim);
   PROTOKV_CHECK(hidden_dim > 0 && hidden_dim <= 8 * kMaxDim, "invalid feed-forward length {}",
                 hidden_dim);

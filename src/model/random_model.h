@@ -9,6 +9,7 @@
 
 #include "model/gguf_export.h"
 #include "protokv/dtype.h"
+#include "protokv/limits.h"
 #include "protokv/model.h"
 
 namespace protokv {
@@ -24,8 +25,7 @@ struct RandomModelOptions {
 
 // The smallest vocabulary with the control and byte tokens: <unk>, <s>, </s>, <0x00>..<0xFF>.
 inline constexpr int kMinSyntheticVocab = 3 + 256;
-// Refuses to generate models larger than this on disk.
-inline constexpr uint64_t kMaxRandomModelBytes = uint64_t{64} << 30;
+using limits::kMaxRandomModelBytes;
 
 // Throws Error (one line) on any bad shape, a vocabulary below kMinSyntheticVocab, or a model
 // larger than kMaxRandomModelBytes.

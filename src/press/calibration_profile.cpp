@@ -1,4 +1,5 @@
 #include "press/calibration_profile.h"
+#include "protokv/limits.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -122,9 +123,9 @@ void write_pretty(const nlohmann::ordered_json& j, int indent, std::string& out)
 }
 
 // Limits a profile's shape may not exceed (a corrupt file must not allocate without bound).
-constexpr int64_t kMaxLayers = 1 << 12;
-constexpr int64_t kMaxHeads = 1 << 12;
-constexpr int64_t kMaxHeadDim = 1 << 14;
+constexpr int64_t kMaxLayers = limits::kMaxProfileLayers;
+constexpr int64_t kMaxHeads = limits::kMaxProfileHeads;
+constexpr int64_t kMaxHeadDim = limits::kMaxProfileHeadDim;
 
 }  // namespace
 
