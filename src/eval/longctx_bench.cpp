@@ -169,13 +169,19 @@ std::string group_table(const std::vector<LongctxRecord>& records,
   return table.render();
 }
 
-// Per-length paired differences (NIAH, RULER): records get a "length_name" group.
-void add_per_length_paired(const std::vector<int64_t>& lengths, const LongctxOptions& options,
-                           LongctxReport& report) {
-  std::vector<std::string> length_names;
-  for (int64_t L : lengths) length_names.push_back(std::to_string(L));
-  for (auto& r : report.records)
+// Groups the records by length (NIAH, RULER): each gets a "length_name"; returns the group names.
+std::vector<std::string> name_lengths(const std::vector<int64_t>& lengths,
+                                      std::vector<LongctxRecord>& records) {
+  for (auto& r : records)
     r.meta["length_name"] = std::to_string(r.meta.value("length", int64_t{0}));
+  std::vector<std::string> names;
+  for (int64_t L : lengths) names.push_back(std::to_string(L));
+  return names;
+}
+
+// Per-length paired differences, on records grouped by name_lengths().
+void add_per_length_paired(const std::vector<std::string>& length_names,
+                           const LongctxOptions& options, LongctxReport& report) {
   nlohmann::json per_length_paired;
   report.text += paired_group_table(report.records, options.runs, length_names, "length_name",
                                     options.reference, per_length_paired);
@@ -327,7 +333,7 @@ LongctxReport run_niah_benchmark(const LoadedModel& model, NiahBenchmark benchma
     report.figures.emplace_back(file, render_niah_heatmap(grid, o, title));
   }
   report.results["cells"] = grids;
-  add_per_length_paired(o.lengths, run.options, report);
+  add_per_length_paired(name_lengths(o.lengths, report.records), run.options, report);
   finish(run, result, report);
   return report;
 }
@@ -396,15 +402,12 @@ LongctxReport run_ruler_benchmark(const LoadedModel& model, RulerBenchmark bench
   report.results["per_task"] = per_task;
   report.results["per_task_paired"] = per_task_paired;
   if (o.lengths.size() > 1) {
-    std::vector<std::string> lengths;
-    for (int64_t L : o.lengths) lengths.push_back(std::to_string(L));
-    for (auto& r : report.records)
-      r.meta["length_name"] = std::to_string(r.meta.value("length", int64_t{0}));
+    const std::vector<std::string> lengths = name_lengths(o.lengths, report.records);
     nlohmann::json per_length;
     report.text +=
         "\nby length:\n" + group_table(report.records, runs, lengths, "length_name", per_length);
     report.results["per_length"] = per_length;
-    add_per_length_paired(o.lengths, run.options, report);
+    add_per_length_paired(lengths, run.options, report);
   }
   finish(run, result, report);
   return report;
