@@ -192,6 +192,13 @@ TEST(CalibrationProfile, EveryBadFileIsOneClearError) {
   }
   EXPECT_NE(read_error("[1, 2]").find("must be a JSON object"), std::string::npos);
   EXPECT_THROW(press::read_calibration_profile("/nonexistent/p.json"), Error);
+  // A device or pipe is refused before reading: /dev/zero would never end.
+  try {
+    (void)press::read_calibration_profile("/dev/zero");
+    ADD_FAILURE() << "/dev/zero read as a profile";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
   // Writing validates too: a bad profile is never written.
   CalibrationProfile bad = small_profile();
   bad.pod_block_start[0][2] = 1;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -480,6 +481,25 @@ TEST(QuantActivation, GgmlQ8BlocksRoundAsLlamaCpp) {
   EXPECT_EQ(q8_1.s[0], 0.1339111328125f);
   EXPECT_EQ(q8_1.s[1], 6.0f);  // 127 + 2 - 2 + 4 + 0 + 0 + 2 - 127
   EXPECT_EQ(q8_1.s[3], 0.0f);
+}
+
+// A NaN, an infinity or a subnormal block in the activation (a corrupt model's weights produce
+// them) quantises to -128, as the x86 conversion does, instead of an undefined float -> int8 cast
+// (found by the gguf_model fuzz target; clang's UBSan reports the cast).
+TEST(QuantActivation, NanInfinityAndSubnormalBlocksBecomeMinus128) {
+  std::vector<float> x(96, 0.5f);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[40] = std::numeric_limits<float>::infinity();  // its block's scale inf: values x 0, inf x 0
+  kernels::QuantizedActivation q;
+  // Block 2: subnormal values only: 127 / amax overflows to infinity (as in ggml).
+  for (int j = 64; j < 96; ++j) x[static_cast<size_t>(j)] = (j % 2 ? 1 : -1) * 1e-44f;
+  kernels::quantize_activation_ggml_q8(x.data(), 96, true, q);
+  ASSERT_EQ(q.q.size(), 96u);
+  EXPECT_EQ(q.q[3], -128);
+  EXPECT_EQ(q.q[0], 127);  // the block's finite values keep their scale (0.5 -> 127)
+  EXPECT_EQ(q.q[40], -128);
+  EXPECT_EQ(q.q[41], 0);
+  for (int j = 64; j < 96; ++j) EXPECT_EQ(q.q[static_cast<size_t>(j)], -128) << j;
 }
 
 // ggml's formula for one row in double from the unpacked blocks and the Q8_0 / Q8_1 activation:

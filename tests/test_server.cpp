@@ -114,6 +114,14 @@ TEST(ServerRequest, BadFieldsAre400NamingTheField) {
       {{{"messages", user}, {"kv_compression", {{"budget", 8}, {"ratio", 0.5}}}},
        true,
        "kv_compression"},
+      // A client may not make the server read a file (a calibration profile): /dev/zero would
+      // grow without bound, and the error would tell which files exist.
+      {{{"messages", user}, {"kv_compression", {{"press", "pod:profile=/dev/zero"}}}},
+       true,
+       "kv_compression.press"},
+      {{{"messages", user}, {"kv_compression", {{"press", "chelsea:sinks=4,profile=/etc/passwd"}}}},
+       true,
+       "kv_compression.press"},
       {{{"prompt", ""}}, false, "prompt"},
       {{{"prompt", {"a", "b"}}}, false, "prompt"},
       {{{"prompt", {1, -2}}}, false, "prompt"},

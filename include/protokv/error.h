@@ -3,14 +3,23 @@
 // one-line message; the CLI prints it as "protokv: error: ..." and exits 1.
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace protokv {
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(std::string_view message) : std::runtime_error(one_line(message)) {}
+
+  // `message` as one line of bounded length: line breaks and other control characters (a
+  // newline or a terminal escape in a key or name read from a file, say) written as escapes
+  // (\n, \x1b), and a message longer than kMaxMessageBytes cut at a character boundary with
+  // the count of what was left out. Every error protokv reports is one line, whatever its input.
+  static std::string one_line(std::string_view message);
+  static constexpr size_t kMaxMessageBytes = 4096;
 };
 
 template <typename... Args>

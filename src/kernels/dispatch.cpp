@@ -3,6 +3,9 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "kernels/clustering.h"
 #include "kernels/isa.h"
@@ -76,8 +79,11 @@ const KernelVariant* built_table(Isa isa) {
 bool cpu_runs(Isa isa) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29) directly: clang before 15 has no "f16c" for
+  // __builtin_cpu_supports, and the fuzz build (fuzz/) uses Debian's clang 14.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   switch (isa) {
     case Isa::kScalar:
       return true;

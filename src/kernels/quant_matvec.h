@@ -27,6 +27,15 @@ struct QuantizedActivation {
   std::vector<float> s;       // [n / 32]: Q8_1 blocks' s (quantize_activation_ggml_q8)
 };
 
+// A value already scaled into [-127, 127], rounded half to even in the default rounding mode (as
+// _mm256_round_ps with _MM_ROUND_NEAREST). Not finite (a corrupt model's activations: a NaN, an
+// infinity times a zero inverse scale, or a subnormal block whose inverse scale overflows, as in
+// ggml) gives -128, as the x86 conversion's 0x80000000 does after the saturating packs, instead
+// of an undefined float -> int8 cast.
+inline int8_t round_to_int8(float scaled) {
+  return std::isfinite(scaled) ? static_cast<int8_t>(std::rint(scaled)) : INT8_MIN;
+}
+
 // x[n] to int8 blocks of `block` values: scale = max|x| / 127, q = round(x / scale) (ggml's
 // quantize_row_q8_0 / q8_K rounding up to ties).
 inline void quantize_activation(const float* x, int64_t n, int block, QuantizedActivation& out) {
@@ -42,7 +51,7 @@ inline void quantize_activation(const float* x, int64_t n, int block, QuantizedA
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     out.scale[static_cast<size_t>(b)] = scale;
     int8_t* qb = out.q.data() + b * block;
-    for (int j = 0; j < block; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+    for (int j = 0; j < block; ++j) qb[j] = round_to_int8(xb[j] * inv);
   }
   for (int64_t g = 0; g < n / 16; ++g) {
     int sum = 0;
@@ -78,9 +87,8 @@ inline void quantize_activation_ggml_q8(const float* x, int64_t n, bool q8_1,
     int8_t* qb = out.q.data() + b * kQ8BlockSize;
     int sum = 0;
     for (int j = 0; j < kQ8BlockSize; ++j) {
-      // rint rounds half to even in the default rounding mode, as _mm256_round_ps does with
-      // _MM_ROUND_NEAREST; |x * inv| <= 127 keeps it in int8.
-      qb[j] = static_cast<int8_t>(std::rint(xb[j] * inv));
+      // |x * inv| <= 127 keeps it in int8.
+      qb[j] = round_to_int8(xb[j] * inv);
       sum += qb[j];
     }
     out.scale[static_cast<size_t>(b)] = f16_to_f32(f32_to_f16(d));

@@ -323,6 +323,14 @@ CalibrationProfile read_calibration_profile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   PROTOKV_CHECK(in.good() && !std::filesystem::is_directory(path),
                 "cannot read the calibration profile {}", path);
+  // A regular file of bounded size: /dev/zero or a pipe would be read without end.
+  std::error_code ec;
+  PROTOKV_CHECK(std::filesystem::is_regular_file(path, ec),
+                "calibration profile {} is not a regular file", path);
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  PROTOKV_CHECK(!ec && bytes <= limits::kMaxTextFileBytes,
+                "calibration profile {} is larger than {} bytes (not a profile)", path,
+                limits::kMaxTextFileBytes);
   std::ostringstream text;
   text << in.rdbuf();
   json j;

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <random>
 
+#include "protokv/error.h"
+
 namespace protokv::server {
 
 ApiError::ApiError(int status, std::string message, std::string param, std::string type,
                    std::string code)
-    : std::runtime_error(std::move(message)),
+    : std::runtime_error(Error::one_line(message)),
       status_(status),
       param_(std::move(param)),
       type_(std::move(type)),
@@ -132,6 +134,23 @@ void parse_prompt(const nlohmann::json& body, CompletionRequest& r) {
   bad("prompt", "'prompt' must be a string, or one array of token ids (batches are not served)");
 }
 
+// A request may not make the server read a file: a press option naming one (a calibration
+// `profile=FILE` of chelsea or pod) would let any client probe the server's files through the
+// error messages, or hang it on /dev/zero. The operator's own --press may name one.
+void refuse_file_options(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos) return;
+  for (std::string_view rest = std::string_view(spec).substr(colon + 1); !rest.empty();) {
+    const size_t comma = std::min(rest.find(','), rest.size());
+    const std::string_view option = rest.substr(0, comma);
+    if (option.substr(0, option.find('=')) == "profile")
+      bad("kv_compression.press",
+          "kv_compression.press may not name a file (profile=): start the server with "
+          "--press NAME:profile=FILE to use a calibration profile");
+    rest.remove_prefix(std::min(comma + 1, rest.size()));
+  }
+}
+
 CompressionRequest parse_compression(const nlohmann::json& body) {
   CompressionRequest c;
   const nlohmann::json* kv = field(body, "kv_compression");
@@ -143,7 +162,10 @@ CompressionRequest parse_compression(const nlohmann::json& body) {
           fmt::format("unknown field kv_compression.{} (press, budget, ratio, alloc)", key));
     (void)value;
   }
-  if (field(*kv, "press") != nullptr) c.press = text_of((*kv)["press"], "kv_compression.press");
+  if (field(*kv, "press") != nullptr) {
+    c.press = text_of((*kv)["press"], "kv_compression.press");
+    refuse_file_options(*c.press);
+  }
   if (field(*kv, "alloc") != nullptr) c.alloc = text_of((*kv)["alloc"], "kv_compression.alloc");
   try {
     if (field(*kv, "budget") != nullptr) c.budget = integer(*kv, "budget", 1, INT32_MAX);
