@@ -16,11 +16,13 @@
 
 #include "io/safetensors.h"
 #include "io/text_file.h"
+#include "model/loaders.h"
 #include "model/random_model.h"
 #include "press/calibration_profile.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 #include "protokv/limits.h"
+#include "protokv/memory.h"
 #include "protokv/model.h"
 #include "protokv/tokenizer.h"
 #include "server/http_server.h"
@@ -493,6 +495,82 @@ TEST(Limits, ServeFlags) {
   testing::expect_run_fails_with_one_line(serve + "--max-body 1024", "--port");
   testing::expect_run_fails_with_one_line(serve + "--max-body 1025",
                                           "--max-body must be in (0, 1024] MiB, got 1025");
+}
+
+// ---- memory estimates (protokv/memory.h, model/loader.cpp) ----
+
+TEST(MemoryCheck, NeededAtTheAvailableFitsOneByteMoreIsRefused) {
+  const AvailableMemory available{uint64_t{3} << 30, "a test's budget"};
+  EXPECT_NO_THROW(check_memory_fits("this", available.bytes, available));
+  EXPECT_EQ(error_of([&] { check_memory_fits("this", uint64_t{5} << 30, available); }),
+            "this needs ~5.0 GiB of memory but only 3.0 GiB is available (a test's budget)");
+  EXPECT_CONTAINS(error_of([&] { check_memory_fits("this", available.bytes + 1, available); }),
+                  "this needs ~3.0 GiB of memory but only 3.0 GiB is available");
+}
+
+TEST(MemoryCheck, TheSystemSaysWhatIsAvailable) {
+  const AvailableMemory available = available_memory();
+  EXPECT_GT(available.bytes, uint64_t{0});
+  EXPECT_FALSE(available.source.empty());
+}
+
+TEST(MemoryCheck, KvCacheBytesFollowTheShape) {
+  ModelConfig c = small_config();  // 2 layers, 2 KV heads of 16
+  // Per token, layer and KV head: key and value rows (2 x 16 floats), a position and a weight.
+  const uint64_t per_token = 2 * 2 * (2 * 16 + 2) * 4;
+  EXPECT_EQ(kv_cache_bytes(c, 1000), 1000 * per_token);
+  c.local_layers = {1, 0};  // layer 0 keeps a window of 100
+  c.sliding_window = 100;
+  EXPECT_EQ(kv_cache_bytes(c, 1000), (100 + 1000) * per_token / 2);
+  EXPECT_EQ(kv_cache_bytes(c, 50), 50 * per_token);
+}
+
+// The loader's estimate counts the mapped tensors and the copies it makes: a norm vector stored
+// as F16 is converted to F32.
+TEST(MemoryCheck, GgufEstimateCountsMappedTensorsAndCopies) {
+  TempDir dir;
+  const auto path = (dir / "t.gguf").string();
+  GgufWriter w;
+  const uint16_t half[3] = {0x3c00, 0x3c00, 0x3c00};
+  const float full[2] = {1.0f, 2.0f};
+  w.add_tensor("norm", {3}, DType::F16, half, sizeof(half));
+  w.add_tensor("w", {2}, DType::F32, full, sizeof(full));
+  w.write(path);
+  EXPECT_EQ(gguf_model_memory_bytes(GgufFile::open(path)), sizeof(half) + 3 * 4 + sizeof(full));
+}
+
+// A model whose estimate is the available memory loads; one byte less is refused before any
+// weight is read or copied, with one line naming the file.
+TEST(MemoryCheck, LoadingAModelThatCannotFitIsOneLine) {
+  TempDir dir;
+  const auto path = (dir / "m.gguf").string();
+  RandomModelOptions options;
+  options.config = small_config();
+  write_random_model(options, path);
+  uint64_t tensor_bytes = 0;  // F32 throughout, aligned: the estimate is the tensors' bytes
+  const GgufFile file = GgufFile::open(path);
+  for (const GgufTensorInfo& t : file.tensors()) tensor_bytes += t.nbytes;
+  ASSERT_GT(tensor_bytes, uint64_t{0});
+  const LoadedModel model = load_model(path, "", AvailableMemory{tensor_bytes, "test"});
+  EXPECT_EQ(model.weights.config.n_layers, 2);
+  EXPECT_EQ(error_of([&] {
+              load_model(path, "", AvailableMemory{tensor_bytes - 1, "test"});
+            }),
+            fmt::format("loading {} needs ~{:.1f} MiB of memory but only {:.1f} MiB is available "
+                        "(test)",
+                        path, static_cast<double>(tensor_bytes) / (1 << 20),
+                        static_cast<double>(tensor_bytes - 1) / (1 << 20)));
+}
+
+TEST(MemoryCheck, LoadingALlama2cCheckpointThatCannotFit) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto path = (testing::stories_dir() / "stories260K.bin").string();
+  const uint64_t size = std::filesystem::file_size(path);
+  EXPECT_NO_THROW(load_model(path, "", AvailableMemory{size, "test"}));
+  EXPECT_CONTAINS(error_of([&] {
+                    load_model(path, "", AvailableMemory{size - 1, "test"});
+                  }),
+                  "loading " + path + " needs ~");
 }
 
 }  // namespace
