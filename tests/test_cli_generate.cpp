@@ -451,5 +451,23 @@ TEST(CliGenerate, PromptFileErrorsAreOneLine) {
   EXPECT_EQ(std::count(big.err.begin(), big.err.end(), '\n'), 1) << big.err;
 }
 
+// A generation whose KV cache could not fit is one line before any work: a model with a 16M-token
+// context and 64 KiB of KV per token, asked for 2e9 tokens, needs ~1 TiB.
+TEST(CliGenerate, AKvCacheThatCannotFitIsRefusedUpFront) {
+  TempDir dir;
+  const std::string model = (dir / "wide.gguf").string();
+  const auto made = run_protokv(
+      "make-model --arch qwen3 --dim 64 --layers 1 --heads 8 --head-dim 1024 --vocab 300 --ctx "
+      "16777216 -o '" +
+      model + "'");
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  testing::expect_run_fails_with_one_line(
+      "generate -m '" + model + "' -p hello -n 2000000000 -t 1",
+      "(a KV cache of up to 16777216 tokens) needs ~1025.0 GiB of memory but only");
+  // A short generation from the same model runs.
+  const auto small = run_protokv("generate -m '" + model + "' -p hello -n 2 -t 1 --temp 0");
+  EXPECT_EQ(small.exit_code, 0) << small.err;
+}
+
 }  // namespace
 }  // namespace protokv

@@ -48,4 +48,15 @@ inline constexpr int64_t kMaxCalibrationSamples = 4096;
 // `make-model` refuses to write models larger than this.
 inline constexpr uint64_t kMaxRandomModelBytes = uint64_t{64} << 30;
 
+// ---- the server (server/*, `protokv serve`) ----
+// A request body beyond --max-body is answered 413 before it is parsed. The default holds a
+// 128K-token prompt (under 1 MiB of text) many times over; the largest allowed is a mistake's
+// limit, not a prompt's.
+inline constexpr size_t kDefaultMaxRequestBodyBytes = size_t{8} << 20;
+inline constexpr size_t kMinRequestBodyBytes = 1024;
+inline constexpr size_t kMaxRequestBodyBytes = size_t{1} << 30;
+inline constexpr size_t kMaxStopSequences = 4;  // OpenAI's limit
+// Sessions decoding at once (--parallel): each holds its own KV cache and an HTTP thread.
+inline constexpr int kMaxParallelSessions = 1024;
+
 }  // namespace protokv::limits

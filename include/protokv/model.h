@@ -118,5 +118,13 @@ struct LoadedModel {
 // Loads a GGUF file or a llama2.c checkpoint (detected by magic). `tokenizer_path` (optional)
 // names a llama2.c tokenizer.bin; a GGUF file uses its own tokenizer unless one is given.
 LoadedModel load_model(const std::string& path, const std::string& tokenizer_path = "");
+// The same, refusing (one Error line) a model whose estimated memory is more than `available`:
+// its weights (memory-mapped, but read in full for every token, so a model larger than memory
+// would page from disk at every step) and the copies loading makes (norm vectors stored in a
+// type other than F32, tensors the file does not align for their type). load_model() passes
+// available_memory() (protokv/memory.h).
+struct AvailableMemory;
+LoadedModel load_model(const std::string& path, const std::string& tokenizer_path,
+                       const AvailableMemory& available);
 
 }  // namespace protokv

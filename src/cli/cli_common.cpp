@@ -2,13 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
 #include "protokv/dtype.h"
 #include "protokv/error.h"
-#include "protokv/limits.h"
 #include "protokv/press_registry.h"
 #include "protokv/threads.h"
 #include "protokv/tokenizer.h"
@@ -127,21 +122,6 @@ nlohmann::json sampler_json(const SamplerOptions& options) {
           {"top_k", options.top_k},
           {"top_p", options.top_p},
           {"seed", options.seed}};
-}
-
-std::string read_text_file(const std::string& path) {
-  std::error_code ec;
-  PROTOKV_CHECK(std::filesystem::is_regular_file(path, ec), "file not found: {}", path);
-  // A text input beyond this is a mistake (a model file passed as -f, say), not a prompt.
-  constexpr uintmax_t kMaxBytes = limits::kMaxTextFileBytes;
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  PROTOKV_CHECK(!ec, "cannot read {}: {}", path, ec.message());
-  PROTOKV_CHECK(size <= kMaxBytes, "text file {} is {} bytes; the limit is 256 MiB", path, size);
-  std::ifstream in(path, std::ios::binary);
-  PROTOKV_CHECK(in.good(), "cannot read {}", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace protokv::cli

@@ -14,6 +14,7 @@
 
 #include "eval/longctx_bench.h"
 #include "eval/report/table.h"
+#include "io/text_file.h"
 #include "protokv/engine.h"
 #include "protokv/model.h"
 #include "protokv/press.h"
@@ -74,8 +75,9 @@ void check_ubatch(int64_t ubatch);
 void add_sampler_options(CLI::App& cmd, SamplerOptions& options);
 nlohmann::json sampler_json(const SamplerOptions& options);
 
-// Reads a whole text file (prompt or context); Error when unreadable.
-std::string read_text_file(const std::string& path);
+// Reads a whole text file (prompt or context); Error when unreadable or over
+// limits::kMaxTextFileBytes.
+using protokv::read_text_file;
 
 // Bytes as "12.3 MiB" etc. for human-readable summaries.
 using eval::format_bytes;

@@ -14,6 +14,7 @@
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/generate.h"
+#include "protokv/memory.h"
 #include "protokv/sampler.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
@@ -92,6 +93,19 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   }
 
   const PromptTokens input = build_prompt(tokenizer, context, o.question, setup.query_agnostic);
+  // The KV cache grows as tokens arrive: the most it will hold (the whole prompt while it is
+  // compressed, then the prompt as the press keeps it, the question and every generated token,
+  // never more than the context) is checked now, not met by an OOM kill far into the run.
+  const auto prompt_tokens = static_cast<int64_t>(input.prefill.size());
+  const int64_t kept =
+      setup.press ? std::min(prompt_tokens, setup.budget.resolve(prompt_tokens)) : prompt_tokens;
+  const int64_t held = std::min<int64_t>(
+      model.weights.config.context_length,
+      std::max(prompt_tokens, kept + static_cast<int64_t>(input.fed_after.size()) + o.n_predict));
+  check_memory_fits(fmt::format("generating {} tokens after a {}-token prompt (a KV cache of up to "
+                                "{} tokens)",
+                                o.n_predict, prompt_tokens, held),
+                    kv_cache_bytes(model.weights.config, held), available_memory());
 
   SessionOptions session_options = setup.session_options();
   session_options.ubatch = o.ubatch;

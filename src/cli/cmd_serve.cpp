@@ -10,6 +10,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "protokv/error.h"
+#include "protokv/limits.h"
 #include "protokv/threads.h"
 #include "server/http_server.h"
 
@@ -22,7 +23,7 @@ struct ServeArgs {
   server::ServerOptions server;
   double kv_memory_mib = 0.0;
   size_t queue = 64;
-  double max_body_mib = 8.0;
+  double max_body_mib = static_cast<double>(limits::kDefaultMaxRequestBodyBytes >> 20);
 };
 
 void run_serve(ServeArgs& a) {
@@ -31,11 +32,14 @@ void run_serve(ServeArgs& a) {
   const PressSetup setup = make_press_setup(a.press);  // validates press, budget and alloc
   PROTOKV_CHECK(a.kv_memory_mib >= 0 && a.kv_memory_mib <= 1e9,
                 "--kv-memory must be a number of MiB in [0, 1e9], got {}", a.kv_memory_mib);
-  PROTOKV_CHECK(a.max_body_mib > 0 && a.max_body_mib <= 1024,
-                "--max-body must be in (0, 1024] MiB, got {}", a.max_body_mib);
+  constexpr double kMaxBodyMib = static_cast<double>(limits::kMaxRequestBodyBytes >> 20);
+  PROTOKV_CHECK(a.max_body_mib > 0 && a.max_body_mib <= kMaxBodyMib,
+                "--max-body must be in (0, {}] MiB, got {}", kMaxBodyMib, a.max_body_mib);
   PROTOKV_CHECK(a.queue >= 1 && a.queue <= 100000, "--queue must be in 1..100000, got {}", a.queue);
-  PROTOKV_CHECK(a.server.scheduler.parallel >= 1 && a.server.scheduler.parallel <= 1024,
-                "--parallel must be in 1..1024, got {}", a.server.scheduler.parallel);
+  PROTOKV_CHECK(a.server.scheduler.parallel >= 1 &&
+                    a.server.scheduler.parallel <= limits::kMaxParallelSessions,
+                "--parallel must be in 1..{}, got {}", limits::kMaxParallelSessions,
+                a.server.scheduler.parallel);
   check_ubatch(a.server.scheduler.ubatch);
   a.server.press = setup.press ? setup.press->text() : "full";
   a.server.budget = setup.budget;

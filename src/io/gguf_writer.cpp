@@ -272,9 +272,13 @@ void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> dims, 
 void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> dims, DType type,
                             TensorFill fill) {
   PROTOKV_CHECK(!name.empty(), "GGUF tensor name must not be empty");
+  // The reader refuses longer names: a file it would refuse is not written.
+  PROTOKV_CHECK(name.size() <= limits::kMaxGgufTensorNameLength,
+                "GGUF tensor name of {} bytes is over the limit of {}", name.size(),
+                limits::kMaxGgufTensorNameLength);
   for (const auto& t : tensors_) PROTOKV_CHECK(t.name != name, "duplicate GGUF tensor {}", name);
-  PROTOKV_CHECK(!dims.empty() && dims.size() <= kMaxDims, "GGUF tensor {}: {} dimensions", name,
-                dims.size());
+  PROTOKV_CHECK(!dims.empty() && dims.size() <= kMaxDims,
+                "GGUF tensor {}: {} dimensions (1 to {} supported)", name, dims.size(), kMaxDims);
   int64_t elements = 1;
   for (int64_t d : dims) {
     PROTOKV_CHECK(d > 0, "GGUF tensor {}: dimension {} is not positive", name, d);

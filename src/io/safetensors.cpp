@@ -58,9 +58,11 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const auto* base = static_cast<const unsigned char*>(file.mapping_.get());
 
   const uint64_t header_len = read_u64_le(base);
-  PROTOKV_CHECK(
-      header_len >= 2 && header_len <= kMaxHeaderBytes && header_len <= size - kHeaderLengthBytes,
-      "{}: bad safetensors header length {} (file has {} bytes)", path, header_len, size);
+  PROTOKV_CHECK(header_len <= kMaxHeaderBytes,
+                "{}: bad safetensors header length {}: over the limit of {} bytes", path,
+                header_len, kMaxHeaderBytes);
+  PROTOKV_CHECK(header_len >= 2 && header_len <= size - kHeaderLengthBytes,
+                "{}: bad safetensors header length {} (file has {} bytes)", path, header_len, size);
   const std::string_view header(reinterpret_cast<const char*>(base + kHeaderLengthBytes),
                                 static_cast<size_t>(header_len));
   const json root = json::parse(header, nullptr, /*allow_exceptions=*/false);

@@ -163,6 +163,12 @@ ModelConfig read_config(const GgufFile& file) {
   return c;
 }
 
+// The file's alignment may be smaller than the element's; kernels need natural alignment.
+bool needs_aligned_copy(const GgufTensorInfo& t) {
+  const size_t need = t.type == DType::F32 ? alignof(float) : alignof(uint16_t);
+  return reinterpret_cast<uintptr_t>(t.data) % need != 0;
+}
+
 class TensorBinder {
  public:
   TensorBinder(const GgufFile& file, ModelWeights& weights) : file_(file), weights_(weights) {}
@@ -204,10 +210,8 @@ class TensorBinder {
     }
   }
 
-  // The file's alignment may be smaller than the element's; kernels need natural alignment.
   const void* aligned_data(const GgufTensorInfo& t) {
-    const size_t need = t.type == DType::F32 ? alignof(float) : alignof(uint16_t);
-    if (reinterpret_cast<uintptr_t>(t.data) % need == 0) return t.data;
+    if (!needs_aligned_copy(t)) return t.data;
     auto copy =
         std::make_shared<std::vector<float>>((t.nbytes + sizeof(float) - 1) / sizeof(float));
     std::memcpy(copy->data(), t.data, t.nbytes);
@@ -269,8 +273,21 @@ ModelWeights weights_from_gguf(const GgufFile& file) {
   return w;
 }
 
-LoadedModel load_gguf_model(const std::string& path) {
+uint64_t gguf_model_memory_bytes(const GgufFile& file) {
+  uint64_t total = 0;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    total += t.nbytes;                               // mapped, read every token
+    if (needs_aligned_copy(t)) total += t.nbytes;    // TensorBinder::aligned_data
+    if (t.dims.size() == 1 && t.type != DType::F32)  // TensorBinder::vector
+      total += static_cast<uint64_t>(t.dims[0]) * sizeof(float);
+  }
+  return total;
+}
+
+LoadedModel load_gguf_model(const std::string& path, const AvailableMemory& available) {
   const GgufFile file = GgufFile::open(path);
+  // Before weights_from_gguf() makes its copies and the first token reads every weight.
+  check_memory_fits(fmt::format("loading {}", path), gguf_model_memory_bytes(file), available);
   LoadedModel model;
   try {
     model.weights = weights_from_gguf(file);

@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,11 @@
 namespace protokv {
 
 LoadedModel load_model(const std::string& path, const std::string& tokenizer_path) {
+  return load_model(path, tokenizer_path, available_memory());
+}
+
+LoadedModel load_model(const std::string& path, const std::string& tokenizer_path,
+                       const AvailableMemory& available) {
   kernels::active_isa();  // a bad PROTOKV_ISA fails with one clear error before any work
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) fail("model file not found: {}", path);
@@ -22,8 +29,11 @@ LoadedModel load_model(const std::string& path, const std::string& tokenizer_pat
   LoadedModel model;
   model.path = path;
   if (std::memcmp(magic, "GGUF", 4) == 0) {
-    model = load_gguf_model(path);
+    model = load_gguf_model(path, available);
   } else {
+    // A llama2.c checkpoint is F32 weights after a small header, mapped as they are.
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    check_memory_fits(fmt::format("loading {}", path), ec ? 0 : size, available);
     model.weights = load_llama2c_model(path);
     model.format = "llama2c";
   }

@@ -11,16 +11,17 @@ namespace protokv {
 void ModelConfig::validate() const {
   using limits::kMaxContext, limits::kMaxLayers, limits::kMaxVocab;
   constexpr int kMaxDim = limits::kMaxModelDim;
-  PROTOKV_CHECK(dim > 0 && dim <= kMaxDim, "invalid embedding length {}", dim);
-  PROTOKV_CHECK(hidden_dim > 0 && hidden_dim <= 8 * kMaxDim, "invalid feed-forward length {}",
-                hidden_dim);
-  PROTOKV_CHECK(n_layers > 0 && n_layers <= kMaxLayers, "invalid layer count {}", n_layers);
+  PROTOKV_CHECK(dim > 0 && dim <= kMaxDim, "invalid embedding length {} (1 to {})", dim, kMaxDim);
+  PROTOKV_CHECK(hidden_dim > 0 && hidden_dim <= 8 * kMaxDim,
+                "invalid feed-forward length {} (1 to {})", hidden_dim, 8 * kMaxDim);
+  PROTOKV_CHECK(n_layers > 0 && n_layers <= kMaxLayers, "invalid layer count {} (1 to {})",
+                n_layers, kMaxLayers);
   PROTOKV_CHECK(n_heads > 0 && n_heads <= dim, "invalid head count {} for embedding length {}",
                 n_heads, dim);
   PROTOKV_CHECK(explicit_head_dim > 0 || dim % n_heads == 0,
                 "head count {} does not divide embedding length {}", n_heads, dim);
   PROTOKV_CHECK(explicit_head_dim >= 0 && explicit_head_dim <= kMaxDim,
-                "invalid head dimension (key length) {}", explicit_head_dim);
+                "invalid head dimension (key length) {} (at most {})", explicit_head_dim, kMaxDim);
   PROTOKV_CHECK(n_kv_heads > 0 && n_kv_heads <= n_heads && n_heads % n_kv_heads == 0,
                 "invalid KV head count {} for {} heads", n_kv_heads, n_heads);
   PROTOKV_CHECK(head_dim() % 2 == 0, "head dimension {} must be even for RoPE", head_dim());
@@ -29,10 +30,10 @@ void ModelConfig::validate() const {
                 n_rot, head_dim());
   PROTOKV_CHECK(rope_linear_factor >= 1.0f / 1024 && rope_linear_factor <= 1024.0f,
                 "invalid linear RoPE scaling factor {}", rope_linear_factor);
-  PROTOKV_CHECK(vocab_size > 0 && vocab_size <= kMaxVocab, "invalid vocabulary size {}",
-                vocab_size);
-  PROTOKV_CHECK(context_length > 0 && context_length <= kMaxContext, "invalid context length {}",
-                context_length);
+  PROTOKV_CHECK(vocab_size > 0 && vocab_size <= kMaxVocab, "invalid vocabulary size {} (1 to {})",
+                vocab_size, kMaxVocab);
+  PROTOKV_CHECK(context_length > 0 && context_length <= kMaxContext,
+                "invalid context length {} (1 to {})", context_length, kMaxContext);
   PROTOKV_CHECK(rope_theta > 0.0f, "invalid RoPE base {}", rope_theta);
   PROTOKV_CHECK(norm_eps > 0.0f && norm_eps < 1.0f, "invalid RMS norm epsilon {}", norm_eps);
   PROTOKV_CHECK(local_layers.empty() || static_cast<int>(local_layers.size()) == n_layers,

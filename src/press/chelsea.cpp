@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "protokv/error.h"
 #include "protokv/press/options.h"
@@ -290,10 +291,16 @@ void ChelseaPress::begin(const SequenceInfo& info, const Budget& budget) {
 }
 
 ChelseaPress::HeadState& ChelseaPress::state(int layer, int kv_head) {
-  return heads_.at(static_cast<size_t>(layer * info_.n_kv_heads + kv_head));
+  return const_cast<HeadState&>(std::as_const(*this).state(layer, kv_head));
 }
 const ChelseaPress::HeadState& ChelseaPress::state(int layer, int kv_head) const {
-  return heads_.at(static_cast<size_t>(layer * info_.n_kv_heads + kv_head));
+  // A caller driving the press directly may hand it a layer of another shape than begin() was
+  // told: one error line, not another head's state.
+  if (layer < 0 || layer >= info_.n_layers || kv_head < 0 || kv_head >= info_.n_kv_heads)
+    fail(
+        "press 'chelsea': layer {} KV head {} is outside the {} layers x {} KV heads it began with",
+        layer, kv_head, info_.n_layers, info_.n_kv_heads);
+  return heads_[static_cast<size_t>(layer * info_.n_kv_heads + kv_head)];
 }
 
 bool ChelseaPress::is_outlier(int layer, int kv_head) const {

@@ -107,6 +107,14 @@ void PodPress::begin(const SequenceInfo& info, const Budget& budget) {
   layer_shares_.assign(static_cast<size_t>(std::max(0, info.n_layers)), 0);
 }
 
+PodPress::Calibration& PodPress::calibration(int layer, int kv_head) {
+  if (layer < 0 || layer >= info_.n_layers || kv_head < 0 ||
+      static_cast<size_t>(kv_head) >= calibration_.size())
+    fail("press 'pod': layer {} KV head {} is outside the {} layers x {} KV heads it began with",
+         layer, kv_head, info_.n_layers, calibration_.size());
+  return calibration_[static_cast<size_t>(kv_head)];
+}
+
 void PodPress::calibrate(const LayerView& layer) {
   const int l = layer.layer;
   // Algorithm 1 is bottom-up over the layers in order. A layer fed without its predecessor (a
@@ -119,7 +127,7 @@ void PodPress::calibrate(const LayerView& layer) {
 #pragma omp parallel for schedule(dynamic, 1) if (worth_parallel(layer))
   for (int h = 0; h < layer.n_kv_heads; ++h) {
     errors.run([&] {
-      Calibration& c = calibration_[static_cast<size_t>(h)];
+      Calibration& c = calibration(l, h);
       std::vector<float> rows = last_query_attention_rows(layer, h, options_.queries);
       int start = l;
       if (continues && !c.block_layers.empty()) {

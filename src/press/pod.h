@@ -84,6 +84,9 @@ class PodPress final : public Press {
     std::vector<int> block_layers;               // their layers, ascending
     std::map<std::pair<int, int>, double> similarity;  // (layer, earlier layer) -> sim
   };
+  // KV head `kv_head`'s calibration state for `layer`; Error when either is outside the shape
+  // begin() was told (a caller driving the press directly with a layer of another model).
+  Calibration& calibration(int layer, int kv_head);
 
   PodOptions options_;
   SequenceInfo info_;

@@ -11,6 +11,7 @@
 
 #include "protokv/error.h"
 #include "protokv/generate.h"
+#include "protokv/limits.h"
 #include "protokv/tokenizer.h"
 
 namespace protokv::server {
@@ -66,7 +67,10 @@ struct Server::Impl {
     PROTOKV_CHECK(options.port >= 0 && options.port <= 65535, "--port must be in 0..65535, got {}",
                   options.port);
     PROTOKV_CHECK(options.scheduler.queue_limit >= 1, "--queue must be at least 1");
-    PROTOKV_CHECK(options.max_body_bytes >= 1024, "--max-body must be at least 1024 bytes");
+    PROTOKV_CHECK(options.max_body_bytes >= limits::kMinRequestBodyBytes &&
+                      options.max_body_bytes <= limits::kMaxRequestBodyBytes,
+                  "--max-body must be in [{}, {}] bytes, got {}", limits::kMinRequestBodyBytes,
+                  limits::kMaxRequestBodyBytes, options.max_body_bytes);
     default_press = press_spec(options.press, options.alloc);  // validates
     if (default_press != nullptr) options.budget.validate();
     model_id = options.model_alias.empty() ? std::filesystem::path(model.path).filename().string()

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "protokv/limits.h"
 #include "protokv/model.h"
 #include "protokv/press.h"
 #include "protokv/press_spec.h"
@@ -26,7 +27,7 @@ struct ServerOptions {
   std::string alloc;
   int64_t n_predict = 1024;  // max_tokens when a request leaves it out
   int64_t ctx = 0;           // prompt + max_tokens limit per request; 0: the model's context
-  size_t max_body_bytes = 8u << 20;
+  size_t max_body_bytes = limits::kDefaultMaxRequestBodyBytes;
   SchedulerOptions scheduler;
 };
 

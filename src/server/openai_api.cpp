@@ -6,6 +6,7 @@
 #include <random>
 
 #include "protokv/error.h"
+#include "protokv/limits.h"
 
 namespace protokv::server {
 
@@ -184,11 +185,13 @@ std::vector<std::string> parse_stop(const nlohmann::json& body) {
   if (stop->is_string()) {
     out.push_back(stop->get<std::string>());
   } else if (stop->is_array()) {
+    if (stop->size() > limits::kMaxStopSequences)
+      bad("stop", fmt::format("at most {} stop sequences, got {}", limits::kMaxStopSequences,
+                              stop->size()));
     for (const auto& s : *stop) out.push_back(text_of(s, "stop"));
   } else {
     bad("stop", "'stop' must be a string or an array of strings");
   }
-  if (out.size() > 4) bad("stop", "at most 4 stop sequences");  // OpenAI's limit
   for (const auto& s : out)
     if (s.empty()) bad("stop", "stop sequences must not be empty");
   return out;

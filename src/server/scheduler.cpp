@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "protokv/error.h"
+#include "protokv/limits.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
 #include "protokv/tokenizer.h"
@@ -73,7 +74,9 @@ struct Scheduler::Active {
 
 Scheduler::Scheduler(const LoadedModel& model, SchedulerOptions options)
     : model_(model), options_(options), accountant_(options.kv_memory) {
-  PROTOKV_CHECK(options_.parallel >= 1, "--parallel must be at least 1, got {}", options_.parallel);
+  PROTOKV_CHECK(options_.parallel >= 1 && options_.parallel <= limits::kMaxParallelSessions,
+                "--parallel must be in 1..{}, got {}", limits::kMaxParallelSessions,
+                options_.parallel);
   PROTOKV_CHECK(model_.tokenizer != nullptr, "the server needs a model with a tokenizer");
   stats_.kv_bytes_cap = options_.kv_memory;
   // OpenMP's thread count is per thread: the engine thread takes the caller's (-t).
