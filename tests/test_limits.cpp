@@ -310,6 +310,26 @@ TEST(Limits, TextFileSizeIsCheckedWithoutReadingTheFile) {
   EXPECT_EQ(read_text_file(path), "small");
 }
 
+// `tokenize -f` reads its input with the same bound (it read any file whole before).
+TEST(Limits, TokenizeInputFile) {
+  TempDir dir;
+  const auto tokenizer = (dir / "t.json").string();
+  std::ofstream(tokenizer)
+      << R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},)"
+      << R"( "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false,)"
+      << R"( "use_regex": true}})";
+  const auto input = (dir / "in.txt").string();
+  { std::ofstream create(input); }
+  std::filesystem::resize_file(input, limits::kMaxTextFileBytes + 1);
+  testing::expect_run_fails_with_one_line("tokenize -m '" + tokenizer + "' -f '" + input + "'",
+                                          "is 268435457 bytes; the limit is 256 MiB");
+  std::ofstream(input, std::ios::trunc) << "abba";
+  const testing::CommandResult ok =
+      testing::run_protokv("tokenize -m '" + tokenizer + "' -f '" + input + "' --json");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(nlohmann::json::parse(ok.out)["ids"], (std::vector<int32_t>{2, 1, 0}));
+}
+
 // ---- calibration profiles (press/calibration_profile.cpp) ----
 
 press::CalibrationProfile one_layer_profile() {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "io/text_file.h"
 #include "protokv/error.h"
 #include "protokv/tokenizer.h"
 
@@ -24,14 +25,6 @@ struct TokenizeOptions {
   bool decode = false;
   bool timing = false;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PROTOKV_CHECK(in.good(), "cannot open input file {}", path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 // Ids separated by spaces, commas or newlines; brackets (a JSON list) are ignored.
 std::vector<int32_t> parse_ids(const std::string& text, int32_t vocab_size) {
@@ -85,7 +78,7 @@ std::string printable(std::string_view piece) {
 
 void run(const TokenizeOptions& o) {
   const auto tokenizer = Tokenizer::load_file(o.model_path);
-  const std::string input = o.file.empty() ? o.prompt : read_file(o.file);
+  const std::string input = o.file.empty() ? o.prompt : read_text_file(o.file);
   if (o.decode) {
     const auto ids = parse_ids(input, tokenizer->vocab_size());
     const std::string text = tokenizer->decode(ids);
