@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 
+#include "gguf_bytes.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
 #include "test_util.h"
@@ -20,28 +21,7 @@ using testing::TempDir;
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF"
 
-class Bytes {
- public:
-  template <typename T>
-  Bytes& put(T v) {
-    bytes_.append(reinterpret_cast<const char*>(&v), sizeof(T));
-    return *this;
-  }
-  Bytes& str(std::string_view s) {
-    put<uint64_t>(s.size());
-    bytes_.append(s);
-    return *this;
-  }
-  Bytes& raw(std::string_view s) {
-    bytes_.append(s);
-    return *this;
-  }
-  const std::string& bytes() const { return bytes_; }
-  size_t size() const { return bytes_.size(); }
-
- private:
-  std::string bytes_;
-};
+using Bytes = testing::GgufBytes;
 
 // Encodes one key/value pair.
 std::string kv_u32(std::string_view key, uint32_t v) {

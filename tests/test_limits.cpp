@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "gguf_bytes.h"
 #include "io/safetensors.h"
 #include "io/text_file.h"
 #include "model/loaders.h"
@@ -27,6 +28,7 @@
 #include "protokv/tokenizer.h"
 #include "server/http_server.h"
 #include "server/openai_api.h"
+#include "test_engine_model.h"
 #include "test_util.h"
 
 namespace protokv {
@@ -56,14 +58,9 @@ std::string error_of(Call&& call) {
 
 // ---- model shape (ModelConfig::validate) ----
 
+// test_engine_model.h's small shape with a longer context.
 ModelConfig small_config() {
-  ModelConfig c;
-  c.dim = 64;
-  c.hidden_dim = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 300;
+  ModelConfig c = testing::tiny_config();
   c.context_length = 256;
   return c;
 }
@@ -111,23 +108,7 @@ TEST(Limits, Llama2cTokenizerVocabularyAtTheLimitIsReadOneOverIsRefused) {
 
 // ---- GGUF files (io/gguf_reader.cpp) ----
 
-class Bytes {
- public:
-  template <typename T>
-  Bytes& put(T v) {
-    bytes_.append(reinterpret_cast<const char*>(&v), sizeof(T));
-    return *this;
-  }
-  Bytes& str(std::string_view s) {
-    put<uint64_t>(s.size());
-    bytes_.append(s);
-    return *this;
-  }
-  std::string& bytes() { return bytes_; }
-
- private:
-  std::string bytes_;
-};
+using Bytes = testing::GgufBytes;
 
 constexpr uint32_t kGgufMagic = 0x46554747;
 constexpr uint32_t kTypeU32 = 4, kTypeString = 8, kTypeArray = 9, kTypeU8 = 0;
