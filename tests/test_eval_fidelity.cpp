@@ -1,11 +1,13 @@
 // eval fidelity, bench compress and demo on the SYNTHETIC model: end to end, at tiny sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "eval/compress_bench.h"
@@ -161,6 +163,115 @@ TEST(EvalFidelity, MergedEntriesCountTheirMembersInRecallAndTokensPerEntry) {
   EXPECT_NE(render_table(report).find("4.00"), std::string::npos);  // tok/entry
 }
 
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Every measured number of two reports, timings aside (a resumed sample keeps the timings of the
+// run that wrote it).
+void expect_same_numbers(const FidelityReport& a, const FidelityReport& b) {
+  EXPECT_EQ(a.continuations, b.continuations);
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  EXPECT_EQ(a.reference.ppl.mean(), b.reference.ppl.mean());
+  for (size_t r = 0; r < a.rows.size(); ++r) {
+    const FidelityRow &x = a.rows[r], &y = b.rows[r];
+    SCOPED_TRACE(x.press + " @ " + std::to_string(x.budget));
+    EXPECT_EQ(x.error, y.error);
+    EXPECT_EQ(x.kl_samples, y.kl_samples);
+    EXPECT_EQ(x.top1_samples, y.top1_samples);
+    EXPECT_EQ(x.kl_max, y.kl_max);
+    EXPECT_EQ(x.ppl.count(), y.ppl.count());
+    EXPECT_EQ(x.ppl.mean(), y.ppl.mean());
+    EXPECT_EQ(x.ppl_full.mean(), y.ppl_full.mean());
+    EXPECT_EQ(x.recall.count(), y.recall.count());
+    EXPECT_EQ(x.recall.mean(), y.recall.mean());
+    EXPECT_EQ(x.attn_err_mean.mean(), y.attn_err_mean.mean());
+    ASSERT_EQ(x.attn_err_layer.size(), y.attn_err_layer.size());
+    for (size_t l = 0; l < x.attn_err_layer.size(); ++l)
+      EXPECT_EQ(x.attn_err_layer[l].mean(), y.attn_err_layer[l].mean());
+    EXPECT_EQ(x.kv_bytes.mean(), y.kv_bytes.mean());
+    EXPECT_EQ(x.kv_bytes_attended.mean(), y.kv_bytes_attended.mean());
+    EXPECT_EQ(x.entries_stored.mean(), y.entries_stored.mean());
+    EXPECT_EQ(x.tokens_represented.mean(), y.tokens_represented.mean());
+    ASSERT_EQ(x.diagnostics.size(), y.diagnostics.size());
+    for (const auto& [key, layers] : x.diagnostics) {
+      ASSERT_EQ(layers.size(), y.diagnostics.at(key).size()) << key;
+      for (size_t l = 0; l < layers.size(); ++l)
+        EXPECT_EQ(layers[l].mean(), y.diagnostics.at(key)[l].mean()) << key;
+    }
+  }
+}
+
+size_t count_lines(const std::filesystem::path& path) {
+  const std::string text = slurp(path);
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+TEST(EvalFidelity, ResumeReadsFinishedSamplesBackAndRunsTheRest) {
+  TempDir dir;
+  const ModelWeights weights = make_synthetic_model(SyntheticModelSpec::tiny());
+  FidelityOptions options;
+  // chelsea refuses a budget below its sinks + recent entries: an error row to carry over too.
+  options.presses = {"full", "chelsea", "snapkv", "protokv"};
+  options.budgets = {6, 16};
+  options.continuation = 6;
+  options.progress = false;
+  const auto samples = samples_synthetic(weights.config.vocab_size, 48, 3, 11);
+  const auto uninterrupted = run_fidelity(weights, samples, options);
+  ASSERT_FALSE(uninterrupted.rows[2].error.empty()) << "chelsea @ 6 must be refused";
+
+  const auto path = dir / "samples.jsonl";
+  options.jsonl_path = path.string();
+  const auto written = run_fidelity(weights, samples, options);
+  expect_same_numbers(uninterrupted, written);
+  ASSERT_EQ(count_lines(path), 4u);  // header + one line per sample
+
+  // Stopped while writing the third line: keep the header, two samples and half of the third.
+  std::string text = slurp(path);
+  size_t cut = 0;
+  for (int line = 0; line < 3; ++line) cut = text.find('\n', cut) + 1;
+  const size_t third_end = text.find('\n', cut);
+  text.resize(cut + (third_end - cut) / 2);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+  }
+  options.resume = true;
+  std::set<std::string> run_full;  // samples whose full-cache run was computed, not read back
+  options.progress = true;
+  options.progress_sink = [&](int64_t, int64_t, const std::string& detail) {
+    if (detail.ends_with(": full")) run_full.insert(detail);
+  };
+  const auto resumed = run_fidelity(weights, samples, options);
+  expect_same_numbers(uninterrupted, resumed);
+  EXPECT_EQ(run_full, std::set<std::string>{"sample 3/3: full"});
+  EXPECT_EQ(count_lines(path), 4u);
+
+  // Everything there: nothing left to run, same numbers again.
+  run_full.clear();
+  const auto again = run_fidelity(weights, samples, options);
+  expect_same_numbers(uninterrupted, again);
+  EXPECT_TRUE(run_full.empty());
+  EXPECT_EQ(count_lines(path), 4u);
+
+  // Another configuration in the same file is refused, naming the file.
+  auto other = options;
+  other.budgets = {6, 20};
+  try {
+    run_fidelity(weights, samples, other);
+    FAIL() << "resumed a file of another configuration";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another configuration"), std::string::npos) << e.what();
+  }
+  // Without resume the file starts afresh.
+  options.resume = false;
+  run_fidelity(weights, std::vector<FidelitySample>(samples.begin(), samples.begin() + 1), options);
+  EXPECT_EQ(count_lines(path), 2u);
+}
+
 TEST(EvalFidelity, RefusesPromptsBeyondTheContextAndUnknownPresses) {
   const ModelWeights weights = make_synthetic_model(SyntheticModelSpec::tiny());
   FidelityOptions options;
@@ -173,13 +284,6 @@ TEST(EvalFidelity, RefusesPromptsBeyondTheContextAndUnknownPresses) {
   options.presses = {"no_such_press"};
   const auto ok = samples_synthetic(weights.config.vocab_size, 32, 1, 1);
   EXPECT_THROW(run_fidelity(weights, ok, options), Error);
-}
-
-std::string slurp(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 TEST(EvalFidelityCli, SyntheticJsonAndOutputFolder) {
@@ -209,6 +313,7 @@ TEST(EvalFidelityCli, SyntheticJsonAndOutputFolder) {
   ASSERT_TRUE(std::filesystem::is_directory(out)) << result.err;
   EXPECT_EQ(nlohmann::json::parse(slurp(out / "results.json"))["results"].size(), 9u);
   EXPECT_EQ(nlohmann::json::parse(slurp(out / "config.json"))["prompt_len"], 64);
+  EXPECT_EQ(count_lines(out / "samples.jsonl"), 2u);  // header + the one sample
   for (const char* svg : {"kl_mean.svg", "top1.svg", "ppl.svg", "recall.svg", "attn_err.svg"}) {
     const std::string text = slurp(out / svg);
     EXPECT_EQ(text.rfind("<svg", 0), 0u) << svg;
@@ -240,6 +345,11 @@ TEST(EvalFidelityCli, TableAndErrors) {
   EXPECT_EQ(bad_reference.exit_code, 1);
   EXPECT_NE(bad_reference.err.find("--reference h2o is not one of the presses"), std::string::npos)
       << bad_reference.err;
+  const auto resume_nowhere =
+      run_protokv("eval fidelity --synthetic --budget 16 --press snapkv --resume");
+  EXPECT_EQ(resume_nowhere.exit_code, 1);
+  EXPECT_NE(resume_nowhere.err.find("--resume needs --out DIR"), std::string::npos)
+      << resume_nowhere.err;
 }
 
 TEST(EvalFidelityPaired, StudentTQuantilesAndPairedInterval) {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The fidelity and long-context evaluations on the real pretrained models (issue 21), with the
-# exact commands behind docs/results/*.md. Each writes its results folder (results.json,
-# config.json, SVGs; samples.jsonl for the long-context ones) under OUT and copies the JSON into
-# docs/results/data/. Not part of CI: hours on a 2-core machine (each command prints its own
-# progress when run on a terminal).
+# exact commands behind docs/results/*.md. Each keeps its results folder (results.json,
+# config.json, SVGs, samples.jsonl) in docs/results/NAME/ and its JSON in docs/results/data/.
+# Not part of CI: hours on a 2-core machine, so every run resumes where the last one stopped
+# (each command prints its own progress when run on a terminal).
 #
 #   tools/real_model_evals.sh [fidelity|niah|niah-gemma|ruler] [OUT]   # default: all, /tmp/protokv-evals
 #
@@ -32,31 +32,49 @@ if [[ ! -s $TEXT ]]; then
     cat GPL-3 GPL-2 LGPL-2.1 GFDL-1.3 Apache-2.0 MPL-2.0 Artistic CC0-1.0) >"$TEXT"
 fi
 
-run() { # name, then the protokv arguments
-  local name=$1
-  shift
+# Every evaluation resumes: its results folder lives in docs/results/NAME/ (samples.jsonl holds
+# each finished record, committed as it grows), is copied to OUT/NAME, run there with --resume,
+# and copied back whether the run finishes or is stopped (Ctrl-C, kill), so a grid of hours
+# accumulates across sessions. The finished run's JSON goes to docs/results/data/NAME.json.
+run() { # name, the folder the command writes under --out ("." for the out folder itself), args
+  local name=$1 sub=$2
+  shift 2
+  local keep=$ROOT/docs/results/$name made=$OUT/$name/$sub
+  mkdir -p "$made"
+  if [[ -s $keep/samples.jsonl && ! -s $made/samples.jsonl ]]; then
+    cp "$keep/samples.jsonl" "$made/samples.jsonl"
+  fi
   echo "real_model_evals.sh: $name: protokv $*" >&2
-  "$PROTOKV" "$@" --out "$OUT/$name" --json >"$OUT/$name.json"
+  trap 'mkdir -p "$keep"; cp "$made/samples.jsonl" "$keep/samples.jsonl"; exit 130' INT TERM
+  local status=0
+  "$PROTOKV" "$@" --out "$OUT/$name" --resume --json >"$OUT/$name.json" || status=$?
+  trap - INT TERM
+  mkdir -p "$keep"
+  if [[ -s $made/samples.jsonl ]]; then cp "$made/samples.jsonl" "$keep/samples.jsonl"; fi
+  [[ $status == 0 ]] || return "$status"
+  cp "$made"/*.json "$made"/*.svg "$keep/" 2>/dev/null || true
   cp "$OUT/$name.json" "$ROOT/docs/results/data/$name.json"
 }
 
 if [[ $WHAT == all || $WHAT == fidelity ]]; then
-  # 16 prompts of 2048 tokens, each teacher-forced over the next 64 tokens of the text.
-  run fidelity_smollm2 eval fidelity -m "$SMOLLM2" -f "$TEXT" --prompt-len 2048 --continuation 64 \
-    --samples "${SAMPLES:-16}" --press "$PRESSES" --budget 64,128,256,512 -t "$THREADS" \
-    --share-prefill
+  # SAMPLES prompts of 2048 tokens, each teacher-forced over the next 64 tokens of the text.
+  # eval fidelity writes into a subfolder named after the model and its shape.
+  samples=${SAMPLES:-48}
+  run fidelity_smollm2 "fidelity_$(basename "$SMOLLM2" .gguf)_p2048_c64_s$samples" \
+    eval fidelity -m "$SMOLLM2" -f "$TEXT" --prompt-len 2048 --continuation 64 \
+    --samples "$samples" --press "$PRESSES" --budget 64,128,256,512 -t "$THREADS" --share-prefill
 fi
 if [[ $WHAT == all || $WHAT == niah ]]; then
-  run niah_smollm2 eval niah -m "$SMOLLM2" --haystack "$TEXT" --press "$PRESSES" --budget 64,256 \
+  run niah_smollm2 . eval niah -m "$SMOLLM2" --haystack "$TEXT" --press "$PRESSES" --budget 64,256 \
     --lengths 1024,2048,4096,7936 --depths 0,25,50,75,100 -t "$THREADS" --share-prefill
 fi
 if [[ $WHAT == all || $WHAT == niah-gemma ]]; then
-  run niah_gemma3 eval niah -m "$GEMMA3" --haystack "$TEXT" --press "$PRESSES" --budget 64,256 \
+  run niah_gemma3 . eval niah -m "$GEMMA3" --haystack "$TEXT" --press "$PRESSES" --budget 64,256 \
     --lengths 4096,16384,32000 --depths 0,50,100 -t "$THREADS" --share-prefill
 fi
 if [[ $WHAT == all || $WHAT == ruler ]]; then
   for mode in query-aware query-agnostic; do
-    run "ruler_smollm2_$mode" eval ruler -m "$SMOLLM2" --press "$PRESSES" --budget 64,256 \
+    run "ruler_smollm2_$mode" . eval ruler -m "$SMOLLM2" --press "$PRESSES" --budget 64,256 \
       --lengths 4096 --samples 20 --haystack "$TEXT" --mode "$mode" -t "$THREADS" --share-prefill
   done
 fi

@@ -43,6 +43,7 @@ struct FidelityArgs {
   bool greedy = false;
   bool no_attention = false;
   bool share_prefill = false;
+  bool resume = false;
 };
 
 void run_fidelity_command(const FidelityArgs& args) {
@@ -57,6 +58,7 @@ void run_fidelity_command(const FidelityArgs& args) {
   PROTOKV_CHECK(args.samples >= 1 && args.samples <= 10000, "--samples must be in [1, 10000]");
   PROTOKV_CHECK(args.prompt_len >= 2, "--prompt-len must be at least 2");
   PROTOKV_CHECK(args.continuation >= 1, "--continuation must be at least 1");
+  PROTOKV_CHECK(!args.resume || !args.out_dir.empty(), "--resume needs --out DIR");
   set_threads(args.threads);
 
   eval::FidelityOptions options;
@@ -114,6 +116,15 @@ void run_fidelity_command(const FidelityArgs& args) {
     for (auto& s : samples) s.continuation.clear();
   }
 
+  std::string dir;
+  if (!args.out_dir.empty()) {
+    const std::string name = fmt::format("fidelity_{}_p{}_c{}_s{}", model_stem, args.prompt_len,
+                                         args.continuation, args.samples);
+    dir = (std::filesystem::path(args.out_dir) / name).string();
+    std::filesystem::create_directories(dir);
+    options.jsonl_path = (std::filesystem::path(dir) / "samples.jsonl").string();
+    options.resume = args.resume;
+  }
   eval::FidelityReport report = eval::run_fidelity(loaded.weights, samples, options);
   for (auto& [key, value] : source.items()) report.config[key] = value;
   report.config["seed"] = args.seed;
@@ -132,10 +143,7 @@ void run_fidelity_command(const FidelityArgs& args) {
         args.samples == 1 ? "" : "s");
     std::printf("%s", eval::render_table(report).c_str());
   }
-  if (!args.out_dir.empty()) {
-    const std::string name = fmt::format("fidelity_{}_p{}_c{}_s{}", model_stem, args.prompt_len,
-                                         args.continuation, args.samples);
-    const std::string dir = (std::filesystem::path(args.out_dir) / name).string();
+  if (!dir.empty()) {
     eval::write_report_dir(report, dir);
     std::fprintf(args.json ? stderr : stdout, "wrote %s\n", dir.c_str());
   }
@@ -198,8 +206,11 @@ void register_eval(CLI::App& app) {
       "top1}, paired: {reference, kl_mean_diff, top1_diff: {mean, se, ci95, samples}}, "
       "protokv_diagnostics: [per layer], ...}]}");
   cmd->add_option("--out", args->out_dir,
-                  "write DIR/fidelity_<model>_p<P>_c<M>_s<S>/ with results.json, config.json and "
-                  "SVG plots");
+                  "write DIR/fidelity_<model>_p<P>_c<M>_s<S>/ with results.json, config.json, "
+                  "SVG plots and samples.jsonl (each sample's numbers as it finishes)");
+  cmd->add_flag("--resume", args->resume,
+                "continue a stopped run of the same configuration from --out's samples.jsonl "
+                "(one line per finished sample; those are read back, not run again)");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->footer("Presses:\n" + press_help());
   cmd->callback([args] { run_fidelity_command(*args); });

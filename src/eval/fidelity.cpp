@@ -10,6 +10,7 @@
 
 #include "eval/progress.h"
 #include "eval/report/table.h"
+#include "eval/results_file.h"
 #include "eval/svg_plot.h"
 #include "eval/synthetic.h"
 #include "protokv/engine.h"
@@ -223,6 +224,59 @@ struct RunMetrics {
   double compress_ms = 0.0, prefill_ms = 0.0, decode_ms_per_token = 0.0;
 };
 
+// Doubles as JSON numbers, exactly (nlohmann writes the shortest text that reads back to the same
+// double); JSON has no NaN or infinity, so those become strings.
+nlohmann::json exact(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+}
+double exact_double(const nlohmann::json& j) {
+  if (j.is_number()) return j.get<double>();
+  const std::string s = j.get<std::string>();
+  if (s == "nan") return kNaN;
+  PROTOKV_CHECK(s == "inf" || s == "-inf", "not a number: {}", s);
+  return s == "inf" ? std::numeric_limits<double>::infinity()
+                    : -std::numeric_limits<double>::infinity();
+}
+
+nlohmann::json to_json(const RunMetrics& m) {
+  nlohmann::json attn = nlohmann::json::array();
+  for (double e : m.attn_err) attn.push_back(exact(e));
+  return {{"kl_mean", exact(m.kl_mean)},
+          {"kl_max", exact(m.kl_max)},
+          {"top1", exact(m.top1)},
+          {"ppl", exact(m.ppl)},
+          {"recall", exact(m.recall)},
+          {"attn_err", attn},
+          {"kv_bytes", m.kv_bytes},
+          {"entries", m.entries},
+          {"tokens_represented", m.tokens_represented},
+          {"kv_bytes_attended", exact(m.kv_bytes_attended)},
+          {"compress_ms", exact(m.compress_ms)},
+          {"prefill_ms", exact(m.prefill_ms)},
+          {"decode_ms_per_token", exact(m.decode_ms_per_token)},
+          {"diagnostics", m.diagnostics}};
+}
+
+RunMetrics run_metrics_from_json(const nlohmann::json& j) {
+  RunMetrics m;
+  m.kl_mean = exact_double(j.at("kl_mean"));
+  m.kl_max = exact_double(j.at("kl_max"));
+  m.top1 = exact_double(j.at("top1"));
+  m.ppl = exact_double(j.at("ppl"));
+  m.recall = exact_double(j.at("recall"));
+  for (const auto& e : j.at("attn_err")) m.attn_err.push_back(exact_double(e));
+  m.kv_bytes = j.at("kv_bytes").get<size_t>();
+  m.entries = j.at("entries").get<int64_t>();
+  m.tokens_represented = j.at("tokens_represented").get<int64_t>();
+  m.kv_bytes_attended = exact_double(j.at("kv_bytes_attended"));
+  m.compress_ms = exact_double(j.at("compress_ms"));
+  m.prefill_ms = exact_double(j.at("prefill_ms"));
+  m.decode_ms_per_token = exact_double(j.at("decode_ms_per_token"));
+  m.diagnostics = j.at("diagnostics");
+  return m;
+}
+
 // Accumulates one sample's per-layer diagnostics (array of objects or nulls) into `out`.
 void add_diagnostics(const nlohmann::json& layers,
                      std::map<std::string, std::vector<RunningStats>>& out) {
@@ -340,6 +394,59 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   return m;
 }
 
+// Adds one sample's metrics of a (press, budget) to its row.
+void add_run(FidelityRow& row, const RunMetrics& m, double ppl_full) {
+  row.kl_mean.add(m.kl_mean);
+  row.kl_samples.push_back(m.kl_mean);
+  row.top1_samples.push_back(m.top1);
+  add_diagnostics(m.diagnostics, row.diagnostics);
+  row.kl_max = std::max(row.kl_max, m.kl_max);
+  row.top1.add(m.top1);
+  row.ppl.add(m.ppl);
+  row.ppl_full.add(ppl_full);
+  if (!std::isnan(m.recall)) row.recall.add(m.recall);
+  double err_sum = 0.0;
+  for (size_t l = 0; l < m.attn_err.size(); ++l) {
+    row.attn_err_layer[l].add(m.attn_err[l]);
+    err_sum += m.attn_err[l];
+  }
+  if (!m.attn_err.empty()) row.attn_err_mean.add(err_sum / m.attn_err.size());
+  row.kv_bytes.add(static_cast<double>(m.kv_bytes));
+  row.kv_bytes_attended.add(m.kv_bytes_attended);
+  row.entries_stored.add(static_cast<double>(m.entries));
+  row.tokens_represented.add(static_cast<double>(m.tokens_represented));
+  row.compress_ms.add(m.compress_ms);
+  row.prefill_ms.add(m.prefill_ms);
+  row.decode_ms_per_token.add(m.decode_ms_per_token);
+}
+
+// Adds one sample's record (one line of the results file, computed now or read back when
+// resuming) to the report: the same numbers either way, since doubles round-trip exactly.
+void add_sample(FidelityReport& report, const nlohmann::json& record) {
+  const auto& full = record.at("full");
+  const double ppl_full = exact_double(full.at("ppl"));
+  report.continuations.push_back(full.at("continuation").get<std::vector<int32_t>>());
+  report.reference.ppl.add(ppl_full);
+  report.reference.kv_bytes.add(exact_double(full.at("kv_bytes")));
+  report.reference.prefill_ms.add(exact_double(full.at("prefill_ms")));
+  report.reference.decode_ms_per_token.add(exact_double(full.at("decode_ms_per_token")));
+  const auto& runs = record.at("runs");
+  PROTOKV_CHECK(runs.size() == report.rows.size(), "a sample record has {} runs, {} expected",
+                runs.size(), report.rows.size());
+  for (size_t r = 0; r < runs.size(); ++r) {
+    FidelityRow& row = report.rows[r];
+    const auto& run = runs[r];
+    PROTOKV_CHECK(run.at("press") == row.press && run.at("budget") == row.budget,
+                  "a sample record's run {} is {} @ {}, expected {} @ {}", r,
+                  run.at("press").dump(), run.at("budget").dump(), row.press, row.budget);
+    if (run.contains("error")) {
+      row.error = run["error"].get<std::string>();
+    } else if (run.contains("metrics")) {
+      add_run(row, run_metrics_from_json(run["metrics"]), ppl_full);
+    }
+  }
+}
+
 }  // namespace
 
 FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<FidelitySample>& samples,
@@ -409,6 +516,41 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
     }
   }
 
+  // The results file (FidelityOptions::jsonl_path): one line per sample, checked against this
+  // header when resuming.
+  nlohmann::json model_config = {{"dim", config.dim},
+                                 {"n_layers", config.n_layers},
+                                 {"n_heads", config.n_heads},
+                                 {"n_kv_heads", config.n_kv_heads},
+                                 {"vocab_size", config.vocab_size},
+                                 {"context_length", config.context_length}};
+  const nlohmann::json header = {{"eval", "fidelity"},
+                                 {"model_config", model_config},
+                                 {"presses", options.presses},
+                                 {"budgets", options.budgets},
+                                 {"alloc", options.alloc},
+                                 {"continuation", options.continuation},
+                                 {"prompt_len", prompt_len},
+                                 {"samples", samples.size()},
+                                 {"greedy", samples.front().continuation.empty()},
+                                 {"attention_metrics", options.attention_metrics}};
+  std::map<int64_t, nlohmann::json> previous;  // sample index -> its record
+  if (options.resume) {
+    PROTOKV_CHECK(!options.jsonl_path.empty(), "resuming needs a results file");
+    for (auto& record : read_results_file(options.jsonl_path, header)) {
+      const int64_t s = record.value("sample", int64_t{-1});
+      PROTOKV_CHECK(
+          s >= 0 && s < static_cast<int64_t>(samples.size()) &&
+              record.value("origin", nlohmann::json()) == samples[static_cast<size_t>(s)].origin,
+          "{}: a record of sample {} that is not among these samples; start afresh",
+          options.jsonl_path, s);
+      previous[s] = std::move(record);
+    }
+  }
+  std::unique_ptr<ResultsFileWriter> jsonl;
+  if (!options.jsonl_path.empty())
+    jsonl = std::make_unique<ResultsFileWriter>(options.jsonl_path, header, options.resume);
+
   Progress progress("eval fidelity",
                     static_cast<int64_t>(samples.size() * (1 + report.rows.size())),
                     options.progress, options.progress_sink);
@@ -416,68 +558,58 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
   for (size_t s = 0; s < samples.size(); ++s) {
     const auto& sample = samples[s];
     origins.push_back(sample.origin);
+    if (auto it = previous.find(static_cast<int64_t>(s)); it != previous.end()) {
+      try {
+        add_sample(report, it->second);
+      } catch (const nlohmann::json::exception& e) {
+        fail("{}: the record of sample {}: {}", options.jsonl_path, s, e.what());
+      }
+      progress.advance(static_cast<int64_t>(1 + report.rows.size()),
+                       fmt::format("sample {}/{} (resumed)", s + 1, samples.size()));
+      continue;
+    }
     progress.set_detail(fmt::format("sample {}/{}: full", s + 1, samples.size()));
     const std::shared_ptr<const PrefilledPrompt> shared =
         options.share_prefill ? PrefilledPrompt::make(weights, sample.prompt) : nullptr;
     const Reference ref = run_reference(weights, sample, options, top_count, shared.get());
-    report.continuations.push_back(ref.continuation);
-    report.reference.ppl.add(ref.ppl);
-    report.reference.kv_bytes.add(static_cast<double>(ref.kv_bytes));
-    report.reference.prefill_ms.add(ref.prefill_ms);
-    report.reference.decode_ms_per_token.add(ref.decode_ms_per_token);
+    nlohmann::json record = {{"sample", s},
+                             {"origin", sample.origin},
+                             {"full",
+                              {{"continuation", ref.continuation},
+                               {"ppl", exact(ref.ppl)},
+                               {"kv_bytes", ref.kv_bytes},
+                               {"prefill_ms", exact(ref.prefill_ms)},
+                               {"decode_ms_per_token", exact(ref.decode_ms_per_token)}}},
+                             {"runs", nlohmann::json::array()}};
     progress.advance(1);
 
     size_t r = 0;
     for (size_t p = 0; p < presses.size(); ++p) {
       for (int64_t b : options.budgets) {
-        FidelityRow& row = report.rows[r++];
+        const FidelityRow& row = report.rows[r++];
         progress.set_detail(
             fmt::format("sample {}/{}: {} @ {}", s + 1, samples.size(), row.press, b));
+        nlohmann::json run = {{"press", row.press}, {"budget", b}};
         if (row.error.empty()) {
           try {
-            const RunMetrics m =
-                run_press(weights, sample, ref, presses[p], b, options, shared.get());
-            row.kl_mean.add(m.kl_mean);
-            row.kl_samples.push_back(m.kl_mean);
-            row.top1_samples.push_back(m.top1);
-            add_diagnostics(m.diagnostics, row.diagnostics);
-            row.kl_max = std::max(row.kl_max, m.kl_max);
-            row.top1.add(m.top1);
-            row.ppl.add(m.ppl);
-            row.ppl_full.add(ref.ppl);
-            if (!std::isnan(m.recall)) row.recall.add(m.recall);
-            double err_sum = 0.0;
-            for (size_t l = 0; l < m.attn_err.size(); ++l) {
-              row.attn_err_layer[l].add(m.attn_err[l]);
-              err_sum += m.attn_err[l];
-            }
-            if (!m.attn_err.empty()) row.attn_err_mean.add(err_sum / m.attn_err.size());
-            row.kv_bytes.add(static_cast<double>(m.kv_bytes));
-            row.kv_bytes_attended.add(m.kv_bytes_attended);
-            row.entries_stored.add(static_cast<double>(m.entries));
-            row.tokens_represented.add(static_cast<double>(m.tokens_represented));
-            row.compress_ms.add(m.compress_ms);
-            row.prefill_ms.add(m.prefill_ms);
-            row.decode_ms_per_token.add(m.decode_ms_per_token);
+            run["metrics"] =
+                to_json(run_press(weights, sample, ref, presses[p], b, options, shared.get()));
           } catch (const Error& e) {
             // The press refuses this budget (e.g. below its window): report, keep going.
-            row.error = e.what();
+            run["error"] = e.what();
           }
         }
+        record["runs"].push_back(std::move(run));
         progress.advance(1);
       }
     }
+    add_sample(report, record);
+    if (jsonl) jsonl->append(record);
   }
   progress.finish();
 
   report.config = {
-      {"model_config",
-       {{"dim", config.dim},
-        {"n_layers", config.n_layers},
-        {"n_heads", config.n_heads},
-        {"n_kv_heads", config.n_kv_heads},
-        {"vocab_size", config.vocab_size},
-        {"context_length", config.context_length}}},
+      {"model_config", model_config},
       {"prompt_len", prompt_len},
       {"continuation", options.continuation},
       {"continuation_source", samples.front().continuation.empty() ? "greedy" : "text"},

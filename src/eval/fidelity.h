@@ -56,6 +56,12 @@ struct FidelityOptions {
   // (PrefilledPrompt): the same numbers, bit for bit, in a fraction of the time; the presses'
   // prefill_ms then counts the copy and the compression only.
   bool share_prefill = false;
+  // Results file: one JSON line per sample, appended as each sample finishes (empty: none).
+  // With `resume`, the samples already in it are read back instead of run again (same numbers
+  // bit for bit; their timings are those of the run that wrote them) and the rest appended; a
+  // file written with another configuration is refused.
+  std::string jsonl_path;
+  bool resume = false;
   bool progress = true;
   ProgressSink progress_sink;  // set: gets the steps instead of the stderr bar
 };

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "eval/progress.h"
+#include "eval/results_file.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/press_spec.h"
@@ -228,63 +229,6 @@ std::string format_eta(int64_t done, int64_t total, double elapsed_ms) {
   return fmt::format("{}s", secs);
 }
 
-namespace {
-
-// Reads the records of an interrupted run; a last line cut by the interruption is dropped and
-// the file truncated before it, so that appending continues on a clean line.
-std::vector<LongctxRecord> read_resume_file(const std::string& path, const nlohmann::json& header) {
-  std::vector<LongctxRecord> records;
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return records;  // nothing yet: a fresh start
-  std::string line;
-  int64_t line_no = 0;
-  size_t good_bytes = 0;
-  bool truncated_tail = false;
-  while (std::getline(in, line)) {
-    ++line_no;
-    const bool complete = !in.eof();  // the line ended in '\n'
-    if (line.empty()) {
-      good_bytes += 1;
-      continue;
-    }
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      PROTOKV_CHECK(!complete, "{} line {}: not valid JSON; cannot resume from this file", path,
-                    line_no);
-      truncated_tail = true;
-      break;
-    }
-    if (line_no == 1) {
-      PROTOKV_CHECK(j.contains("header"), "{}: not a protokv results file (no header line)", path);
-      PROTOKV_CHECK(j["header"] == header,
-                    "{} was written with another configuration ({}); write elsewhere or start "
-                    "afresh instead of resuming (now: {})",
-                    path, j["header"].dump(), header.dump());
-    } else {
-      try {
-        records.push_back(LongctxRecord::from_json(j));
-      } catch (const nlohmann::json::exception& e) {
-        fail("{} line {}: bad record: {}", path, line_no, e.what());
-      }
-    }
-    good_bytes += line.size() + (complete ? 1 : 0);
-    if (!complete) {
-      // A valid last line without '\n': keep it and add the newline.
-      std::ofstream fix(path, std::ios::app | std::ios::binary);
-      fix << '\n';
-      good_bytes += 1;
-    }
-  }
-  in.close();
-  if (truncated_tail) {
-    std::filesystem::resize_file(path, good_bytes);
-    std::fprintf(stderr, "protokv: warning: %s: dropped an incomplete last line\n", path.c_str());
-  }
-  return records;
-}
-
-}  // namespace
-
 LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenizer,
                           const std::vector<LongctxSample>& samples, const LongctxScorer& scorer,
                           const LongctxOptions& options) {
@@ -315,22 +259,21 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
                                  {"alloc", options.alloc.empty() ? "default" : options.alloc}};
   std::map<std::pair<std::string, std::string>, LongctxRecord> previous;
   if (options.resume) {
-    for (auto& r : read_resume_file(options.jsonl_path, header)) {
-      auto key = std::make_pair(r.run, r.id);
-      previous[key] = std::move(r);
+    int64_t record_no = 0;
+    for (const auto& j : read_results_file(options.jsonl_path, header)) {
+      ++record_no;
+      try {
+        LongctxRecord r = LongctxRecord::from_json(j);
+        auto key = std::make_pair(r.run, r.id);
+        previous[key] = std::move(r);
+      } catch (const nlohmann::json::exception& e) {
+        fail("{} record {}: {}", options.jsonl_path, record_no, e.what());
+      }
     }
   }
-  std::unique_ptr<std::ofstream> jsonl;
-  if (!options.jsonl_path.empty()) {
-    std::error_code ec;
-    const bool fresh = !options.resume || !std::filesystem::exists(options.jsonl_path) ||
-                       std::filesystem::file_size(options.jsonl_path, ec) == 0;
-    jsonl = std::make_unique<std::ofstream>(
-        options.jsonl_path,
-        fresh ? std::ios::trunc | std::ios::binary : std::ios::app | std::ios::binary);
-    PROTOKV_CHECK(jsonl->good(), "cannot write {}", options.jsonl_path);
-    if (fresh) *jsonl << nlohmann::json{{"header", header}}.dump() << '\n' << std::flush;
-  }
+  std::unique_ptr<ResultsFileWriter> jsonl;
+  if (!options.jsonl_path.empty())
+    jsonl = std::make_unique<ResultsFileWriter>(options.jsonl_path, header, options.resume);
 
   LongctxResult result;
   Timer wall;
@@ -395,7 +338,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
       rec.error = e.what();
       rec.score = 0.0;
     }
-    if (jsonl) *jsonl << rec.to_json().dump() << '\n' << std::flush;
+    if (jsonl) jsonl->append(rec.to_json());
     ++computed;
     progress.advance(
         1, fmt::format("{}  ETA {}", label, format_eta(computed, to_compute, compute_timer.ms())));

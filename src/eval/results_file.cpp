@@ -1,0 +1,73 @@
+#include "eval/results_file.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "protokv/error.h"
+
+namespace protokv::eval {
+
+std::vector<nlohmann::json> read_results_file(const std::string& path,
+                                              const nlohmann::json& header) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return records;  // nothing yet: a fresh start
+  std::string line;
+  int64_t line_no = 0;
+  size_t good_bytes = 0;
+  bool truncated_tail = false;
+  while (std::getline(in, line)) {
+    ++line_no;
+    const bool complete = !in.eof();  // the line ended in '\n'
+    if (line.empty()) {
+      good_bytes += 1;
+      continue;
+    }
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      PROTOKV_CHECK(!complete, "{} line {}: not valid JSON; cannot resume from this file", path,
+                    line_no);
+      truncated_tail = true;
+      break;
+    }
+    if (line_no == 1) {
+      PROTOKV_CHECK(j.contains("header"), "{}: not a protokv results file (no header line)", path);
+      PROTOKV_CHECK(j["header"] == header,
+                    "{} was written with another configuration ({}); write elsewhere or start "
+                    "afresh instead of resuming (now: {})",
+                    path, j["header"].dump(), header.dump());
+    } else {
+      records.push_back(std::move(j));
+    }
+    good_bytes += line.size() + (complete ? 1 : 0);
+    if (!complete) {
+      // A valid last line without '\n': keep it and add the newline.
+      std::ofstream fix(path, std::ios::app | std::ios::binary);
+      fix << '\n';
+      good_bytes += 1;
+    }
+  }
+  in.close();
+  if (truncated_tail) {
+    std::filesystem::resize_file(path, good_bytes);
+    std::fprintf(stderr, "protokv: warning: %s: dropped an incomplete last line\n", path.c_str());
+  }
+  return records;
+}
+
+ResultsFileWriter::ResultsFileWriter(const std::string& path, const nlohmann::json& header,
+                                     bool resume) {
+  std::error_code ec;
+  const bool fresh =
+      !resume || !std::filesystem::exists(path) || std::filesystem::file_size(path, ec) == 0;
+  out_.open(path, fresh ? std::ios::trunc | std::ios::binary : std::ios::app | std::ios::binary);
+  PROTOKV_CHECK(out_.good(), "cannot write {}", path);
+  if (fresh) append({{"header", header}});
+}
+
+void ResultsFileWriter::append(const nlohmann::json& record) {
+  out_ << record.dump() << '\n' << std::flush;
+  PROTOKV_CHECK(out_.good(), "cannot write a record: disk full?");
+}
+
+}  // namespace protokv::eval
