@@ -463,7 +463,7 @@ TEST(CliGenerate, AKvCacheThatCannotFitIsRefusedUpFront) {
   ASSERT_EQ(made.exit_code, 0) << made.err;
   testing::expect_run_fails_with_one_line(
       "generate -m '" + model + "' -p hello -n 2000000000 -t 1",
-      "(a KV cache of up to 16777216 tokens) needs ~1025.0 GiB of memory but only");
+      "(a KV cache of up to 16777216 tokens) needs ~1.0 TiB of memory but only");
   // A short generation from the same model runs.
   const auto small = run_protokv("generate -m '" + model + "' -p hello -n 2 -t 1 --temp 0");
   EXPECT_EQ(small.exit_code, 0) << small.err;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/units.h"
 #include "gguf_bytes.h"
 #include "io/safetensors.h"
 #include "io/text_file.h"
@@ -557,10 +558,9 @@ TEST(MemoryCheck, LoadingAModelThatCannotFitIsOneLine) {
   EXPECT_EQ(error_of([&] {
               load_model(path, "", AvailableMemory{tensor_bytes - 1, "test"});
             }),
-            fmt::format("loading {} needs ~{:.1f} MiB of memory but only {:.1f} MiB is available "
-                        "(test)",
-                        path, static_cast<double>(tensor_bytes) / (1 << 20),
-                        static_cast<double>(tensor_bytes - 1) / (1 << 20)));
+            fmt::format("loading {} needs ~{} of memory but only {} is available (test)", path,
+                        format_bytes(static_cast<double>(tensor_bytes)),
+                        format_bytes(static_cast<double>(tensor_bytes - 1))));
 }
 
 TEST(MemoryCheck, LoadingALlama2cCheckpointThatCannotFit) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/units.h"
 #include "eval/longctx_bench.h"
 #include "eval/report/table.h"
 #include "io/text_file.h"
@@ -80,6 +81,5 @@ nlohmann::json sampler_json(const SamplerOptions& options);
 using protokv::read_text_file;
 
 // Bytes as "12.3 MiB" etc. for human-readable summaries.
-using eval::format_bytes;
 
 }  // namespace protokv::cli

@@ -217,13 +217,14 @@ void run_e2e(const E2eOptions& o) {
   fmt::print("model: {} ({}, dim {}, {} layers, {} heads / {} KV heads, {:.2f} M parameters, {})\n",
              model.path, model.format, config.dim, config.n_layers, config.n_heads,
              config.n_kv_heads, static_cast<double>(model.weights.parameter_count()) / 1e6,
-             format_bytes(model.weights.weight_bytes()));
+             format_bytes(static_cast<double>(model.weights.weight_bytes()), 2));
   fmt::print("press: {} | threads {} | kernels {} | decode steps {} | reps {} (median)\n",
              setup.to_json()["press"].dump(), num_threads(),
              kernels::isa_name(kernels::active_isa()), o.decode_steps, o.reps);
   fmt::print(
       "machine: sgemm {}^3 {:.1f} GFLOP/s | copy {} {:.1f} GB/s (read+write), read {:.1f} GB/s\n",
-      ref.sgemm_size, ref.sgemm_gflops, format_bytes(ref.copy_bytes), ref.copy_gbs, ref.read_gbs);
+      ref.sgemm_size, ref.sgemm_gflops, format_bytes(static_cast<double>(ref.copy_bytes), 2),
+      ref.copy_gbs, ref.read_gbs);
   fmt::print(
       "{:>8} {:>11} {:>10} {:>9} {:>7} {:>11} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>7}\n",
       "context", "prefill ms", "tok/s", "GFLOP/s", "%sgemm", "compress ms", "%pref", "KV prefill",
@@ -234,9 +235,10 @@ void run_e2e(const E2eOptions& o) {
         "{:>11.3f} {:>10.2f} {:>6.1f}%\n",
         r.context, r.prefill_ms, 1000.0 * static_cast<double>(r.context) / r.prefill_ms,
         prefill_gflops(r), 100.0 * prefill_gflops(r) / ref.sgemm_gflops, r.compress_ms,
-        100.0 * r.compress_ms / r.prefill_ms, format_bytes(r.kv_bytes_after_prefill),
-        format_bytes(static_cast<size_t>(r.kv_bytes_attended)), r.decode_ms_per_token,
-        r.decode_cpu_ms_per_token, decode_gbs(r), 100.0 * decode_gbs(r) / ref.copy_gbs);
+        100.0 * r.compress_ms / r.prefill_ms,
+        format_bytes(static_cast<double>(r.kv_bytes_after_prefill), 2),
+        format_bytes(r.kv_bytes_attended, 2), r.decode_ms_per_token, r.decode_cpu_ms_per_token,
+        decode_gbs(r), 100.0 * decode_gbs(r) / ref.copy_gbs);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/human_units.h"
+#include "core/units.h"
 #include "model/gguf_export.h"
 #include "model/hf_convert.h"
 #include "protokv/error.h"
@@ -40,7 +41,7 @@ void run_convert_hf(const ConvertOptions& o, DType type, const Timer& timer) {
       "{:.2f} s\n",
       o.output, c.architecture, r.hf_architecture, human_count(r.parameters), c.dim, c.n_layers,
       c.n_heads, c.n_kv_heads, c.vocab_size, dtype_name(type),
-      human_bytes(std::filesystem::file_size(o.output)), timer.ms() / 1000.0);
+      format_bytes(static_cast<double>(std::filesystem::file_size(o.output))), timer.ms() / 1000.0);
 }
 
 void run_convert(const ConvertOptions& o) {
@@ -68,7 +69,8 @@ void run_convert(const ConvertOptions& o) {
   fmt::print("wrote {}: {} {}, dim {}, {} layers, {} heads ({} kv), vocab {}, {}, {} in {:.2f} s\n",
              o.output, c.architecture, human_count(model.weights.parameter_count()), c.dim,
              c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, dtype_name(type),
-             human_bytes(std::filesystem::file_size(o.output)), timer.ms() / 1000.0);
+             format_bytes(static_cast<double>(std::filesystem::file_size(o.output))),
+             timer.ms() / 1000.0);
 }
 
 }  // namespace

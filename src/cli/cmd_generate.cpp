@@ -207,11 +207,13 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     summary +=
         fmt::format(", decode {:.3f} ms/token ({:.1f} tok/s)", ms_per_token, 1000.0 / ms_per_token);
   summary += fmt::format(" | KV {} after prefill (peak {}), {} at end | {} threads",
-                         format_bytes(prefill.kv_bytes), format_bytes(prefill.peak_kv_bytes),
-                         format_bytes(kv_end), num_threads());
+                         format_bytes(static_cast<double>(prefill.kv_bytes), 2),
+                         format_bytes(static_cast<double>(prefill.peak_kv_bytes), 2),
+                         format_bytes(static_cast<double>(kv_end), 2), num_threads());
   if (decode_steps > 0 && session.prefill_stats().decode_attended_kv_bytes < kv_end)
-    summary += fmt::format(" | attended {} per step (recall)",
-                           format_bytes(session.prefill_stats().decode_attended_kv_bytes));
+    summary += fmt::format(
+        " | attended {} per step (recall)",
+        format_bytes(static_cast<double>(session.prefill_stats().decode_attended_kv_bytes), 2));
   if (context_full) summary += " | stopped: context full";
   std::fprintf(stderr, "%s\n", summary.c_str());
 }

@@ -12,6 +12,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "cli/human_units.h"
+#include "core/units.h"
 #include "model/tensor_table.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
@@ -122,7 +123,7 @@ void print_text(const nlohmann::json& j) {
   row("path", str(j["path"]));
   std::string format = str(j["format"]);
   if (j.contains("gguf")) format += fmt::format(" v{}", j["gguf"]["version"].get<int>());
-  row("format", fmt::format("{} ({})", format, human_bytes(j["file_bytes"].get<uint64_t>())));
+  row("format", fmt::format("{} ({})", format, format_bytes(j["file_bytes"].get<double>())));
   row("architecture", str(j["architecture"]));
   row("dim", str(j["dim"]));
   row("ffn dim", str(j["hidden_dim"]));
@@ -155,7 +156,7 @@ void print_text(const nlohmann::json& j) {
   const auto params = j["parameters"].get<int64_t>();
   row("parameters", fmt::format("{} ({})", human_count(params), params));
   const auto bytes = j["weight_bytes"].get<uint64_t>();
-  row("weight bytes", fmt::format("{} ({})", human_bytes(bytes), bytes));
+  row("weight bytes", fmt::format("{} ({})", format_bytes(static_cast<double>(bytes)), bytes));
   const auto& tok = j["tokenizer"];
   row("tokenizer", tok.is_null()
                        ? "none"

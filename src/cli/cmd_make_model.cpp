@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
-#include "cli/human_units.h"
+#include "core/units.h"
 #include "model/random_model.h"
 #include "model/tensor_table.h"
 #include "protokv/error.h"
@@ -105,7 +105,7 @@ void run_make_model(const MakeModelOptions& o) {
       "context {}, {}, seed {}, {} in {:.2f} s\n",
       o.output, c.architecture, c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
       c.vocab_size, c.context_length, o.type, o.seed,
-      human_bytes(std::filesystem::file_size(o.output)), timer.ms() / 1000.0);
+      format_bytes(static_cast<double>(std::filesystem::file_size(o.output))), timer.ms() / 1000.0);
 }
 
 }  // namespace

@@ -66,8 +66,9 @@ void run_serve(ServeArgs& a) {
                "kv-memory %s, %d threads)\n",
                a.server.host.c_str(), port, model.path.c_str(), a.server.press.c_str(),
                a.server.scheduler.parallel,
-               a.server.scheduler.kv_memory ? format_bytes(a.server.scheduler.kv_memory).c_str()
-                                            : "unlimited",
+               a.server.scheduler.kv_memory
+                   ? format_bytes(static_cast<double>(a.server.scheduler.kv_memory), 2).c_str()
+                   : "unlimited",
                num_threads());
   std::fflush(stderr);
   std::thread signal_thread([&] {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 
+#include "core/units.h"
 #include "protokv/error.h"
 #include "protokv/model.h"
 
@@ -49,12 +50,6 @@ std::optional<uint64_t> cgroup_room() {
   return std::nullopt;
 }
 
-std::string human_bytes(uint64_t bytes) {
-  const double gib = static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30);
-  if (gib >= 0.1) return fmt::format("{:.1f} GiB", gib);
-  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
-}
-
 }  // namespace
 
 AvailableMemory available_memory() {
@@ -74,8 +69,9 @@ AvailableMemory available_memory() {
 
 void check_memory_fits(std::string_view what, uint64_t needed, const AvailableMemory& available) {
   if (needed <= available.bytes) return;
-  fail("{} needs ~{} of memory but only {} is available ({})", what, human_bytes(needed),
-       human_bytes(available.bytes), available.source);
+  fail("{} needs ~{} of memory but only {} is available ({})", what,
+       format_bytes(static_cast<double>(needed)),
+       format_bytes(static_cast<double>(available.bytes)), available.source);
 }
 
 uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens) {

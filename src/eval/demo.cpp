@@ -8,6 +8,7 @@
 #include <random>
 #include <span>
 
+#include "core/units.h"
 #include "eval/fetched_models.h"
 #include "eval/longctx_words.h"
 #include "eval/report/table.h"
@@ -132,12 +133,6 @@ std::string short_answer(const std::string& text) {
 bool is_recall_press(const std::string& name) {
   const press::PressEntry* entry = press::find_press_entry(name.substr(0, name.find(':')));
   return entry != nullptr && entry->recalls;
-}
-
-std::string human_bytes(double bytes) {
-  if (bytes >= 1024.0 * 1024.0) return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0));
-  if (bytes >= 1024.0) return fmt::format("{:.1f} KiB", bytes / 1024.0);
-  return fmt::format("{:.0f} B", bytes);
 }
 
 double decode_ms_per_token(const LongctxRecord& r) {
@@ -441,8 +436,8 @@ std::string render_recall_demo(const RecallDemoReport& report) {
     const bool show_attended =
         r.attended_kv_bytes > 0 && (is_recall_press(row.press) || r.attended_kv_bytes < r.kv_bytes);
     table.add_row({row.press, budget, row.answer.empty() ? "(empty)" : row.answer,
-                   row.correct ? "✓" : "✗", human_bytes(static_cast<double>(r.kv_bytes)),
-                   show_attended ? human_bytes(static_cast<double>(r.attended_kv_bytes)) : "",
+                   row.correct ? "✓" : "✗", format_bytes(static_cast<double>(r.kv_bytes), 2),
+                   show_attended ? format_bytes(static_cast<double>(r.attended_kv_bytes), 2) : "",
                    fmt::format("{:.2f}", r.compress_ms),
                    fmt::format("{:.3f}", decode_ms_per_token(r))});
   }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include "core/units.h"
 #include "eval/fidelity.h"
 #include "eval/longbench.h"
 #include "eval/report/table.h"
@@ -79,9 +80,8 @@ std::string summary_table(const std::vector<LongctxSummary>& summaries,
   for (const auto& s : summaries)
     table.add_row({s.run, s.scored > 0 ? fmt::format("{:.1f}", 100.0 * s.mean_score) : "-",
                    format_diff(s), std::to_string(s.scored), std::to_string(s.skipped),
-                   fmt::format("{:.2f}", s.compress_ms),
-                   format_bytes(static_cast<size_t>(s.kv_bytes)),
-                   format_bytes(static_cast<size_t>(s.peak_kv_bytes))});
+                   fmt::format("{:.2f}", s.compress_ms), format_bytes(s.kv_bytes, 2),
+                   format_bytes(s.peak_kv_bytes, 2)});
   return table.render();
 }
 

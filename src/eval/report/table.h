@@ -25,7 +25,4 @@ class Table {
 // Display width of UTF-8 text in terminal columns (one per code point; enough for our labels).
 size_t display_width(const std::string& text);
 
-// 1536 -> "1.5 KiB", 3 << 20 -> "3.00 MiB": the byte counts of reports.
-std::string format_bytes(size_t bytes);
-
 }  // namespace protokv::eval
