@@ -176,9 +176,12 @@ TEST(FidelityOracle, MetricsMatchAnIndependentRecomputation) {
   for (int t = 0; t < kSteps; ++t)
     for (int l = 0; l < c.n_layers; ++l)
       for (int qh = 0; qh < c.n_heads; ++qh) {
-        const auto& [weights, positions] =
+        // Named references, not a structured binding: clang 14 cannot capture bindings.
+        const auto& probs =
             full.recorder
                 .probs[static_cast<size_t>(t)][static_cast<size_t>(l)][static_cast<size_t>(qh)];
+        const auto& weights = probs.first;
+        const auto& positions = probs.second;
         std::vector<size_t> order;
         for (size_t e = 0; e < positions.size(); ++e)
           if (positions[e] < kPrompt) order.push_back(e);
