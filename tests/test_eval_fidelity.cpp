@@ -266,6 +266,21 @@ TEST(EvalFidelity, ResumeReadsFinishedSamplesBackAndRunsTheRest) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("another configuration"), std::string::npos) << e.what();
   }
+  // A record edited by hand into nonsense is one error naming the file, not a crash.
+  {
+    std::string edited = slurp(path);
+    const size_t at = edited.find("\"attn_err\":[");
+    ASSERT_NE(at, std::string::npos);
+    edited.insert(at + 12, "0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5,");
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << edited;
+    try {
+      run_fidelity(weights, samples, options);
+      FAIL() << "read a record with more attention-error layers than the model";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("samples.jsonl"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("layers"), std::string::npos) << e.what();
+    }
+  }
   // Without resume the file starts afresh.
   options.resume = false;
   run_fidelity(weights, std::vector<FidelitySample>(samples.begin(), samples.begin() + 1), options);

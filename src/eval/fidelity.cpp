@@ -442,7 +442,11 @@ void add_sample(FidelityReport& report, const nlohmann::json& record) {
     if (run.contains("error")) {
       row.error = run["error"].get<std::string>();
     } else if (run.contains("metrics")) {
-      add_run(row, run_metrics_from_json(run["metrics"]), ppl_full);
+      const RunMetrics m = run_metrics_from_json(run["metrics"]);
+      PROTOKV_CHECK(m.attn_err.empty() || m.attn_err.size() == row.attn_err_layer.size(),
+                    "a sample record has attention errors for {} layers, the model has {}",
+                    m.attn_err.size(), row.attn_err_layer.size());
+      add_run(row, m, ppl_full);
     }
   }
 }
@@ -561,7 +565,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
     if (auto it = previous.find(static_cast<int64_t>(s)); it != previous.end()) {
       try {
         add_sample(report, it->second);
-      } catch (const nlohmann::json::exception& e) {
+      } catch (const std::exception& e) {  // a JSON type error or a check of add_sample
         fail("{}: the record of sample {}: {}", options.jsonl_path, s, e.what());
       }
       progress.advance(static_cast<int64_t>(1 + report.rows.size()),
