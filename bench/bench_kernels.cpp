@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Micro-benchmarks of the kernels against the machine's own limits: OpenBLAS sgemm GFLOP/s (the
 // prefill target: matmul >= half of it) and copy/read bandwidth (the decode target: F16 matvec
 // within 2x of it). Run: ./build/protokv_microbench --benchmark_min_time=0.2

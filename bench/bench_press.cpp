@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compression time per method on the same tensors (DESIGN §7: ratio to snapkv). One layer of a
 // Llama-3-8B-shaped attention (32 query heads, 8 KV heads, head_dim 128) with the SYNTHETIC
 // post-RoPE Q/K/V of `protokv bench compress`, budget 512. That command gives the medians and

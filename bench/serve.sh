@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # protokv serve next to llama-server on the same GGUF, same threads, same concurrency (issue 25's
 # benchmark; prints figures, asserts nothing). Not part of CI.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Load generator for bench/serve.sh: C concurrent clients, each sending R streamed
 /v1/completions requests of a long prompt to an OpenAI-compatible server (protokv serve or
 llama-server), measuring time to first token (TTFT), inter-token latency (ITL) and aggregate

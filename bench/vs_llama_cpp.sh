@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # protokv next to llama.cpp on the same GGUF files (issue 9, item 6; real models: issue 21,
 # item 4): prefill tokens/s at each PP length and decode tokens/s at each DEPTHS depth, both
 # engines on $THREADS threads, one row per (model, test) with the ratio protokv / llama.cpp.

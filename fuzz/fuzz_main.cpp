@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The libFuzzer entry: one binary for every target, the target named by $PROTOKV_FUZZ_TARGET
 // (fuzz/run.sh sets it), e.g.
 //   PROTOKV_FUZZ_TARGET=gguf_model build-fuzz/protokv_fuzz -max_total_time=60 corpus/gguf_model

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The fuzz targets (docs/security.md): one row per input protokv reads from strangers. Each target
 // turns arbitrary bytes into that input and runs what protokv does with it: the libFuzzer binaries

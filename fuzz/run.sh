@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the libFuzzer targets of a fuzz build (cmake -DPROTOKV_FUZZ=ON with clang; .ci/run shows
 # how) for SECONDS each, one after the other, on their seed corpus (protokv_fuzz_seeds) plus the
 # committed regression cases, and prints one line per target: executions, coverage (edges),

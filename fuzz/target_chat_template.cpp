@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Chat templates: a model's Jinja template text recognised (detect_chat_template) or a family
 // forced, and fuzzed messages rendered. protokv executes no template language: the families are
 // formatted by its own code, so the input here is the template text and the conversation.

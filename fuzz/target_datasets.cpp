@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Evaluation datasets: LongBench JSONL (read_longbench_jsonl, then every official metric on the
 // parsed answers) and RULER's QA sources (SQuAD and HotpotQA JSON). Byte 0 picks the reader
 // ('S' SQuAD, 'H' HotpotQA, anything else LongBench); the rest is the file.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GGUF reader + model load (metadata, tensor infos, offsets, every weight type), and llama2.c
 // checkpoints (load_model tells them apart by magic): the file is opened and loaded as `protokv
 // generate -m` would, its tokenizer encodes and decodes a text, and a small model runs a forward

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HTTP request bodies of `protokv serve` (/v1/chat/completions, /v1/completions): the body parsed
 // as the server parses it, validated into a CompletionRequest, its kv_compression press parsed,
 // its messages rendered with a chat template and its stop sequences run over its own text, as

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Press specs (`--press NAME:key=value,...`, `--alloc`, a request's kv_compression): parsed
 // through the registry, and each accepted spec run end to end — a prefill compressed at a fuzzed
 // budget and two decode steps on a small random model — so that option values the parser lets

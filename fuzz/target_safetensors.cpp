@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // safetensors header + tensor table (convert's input): the file is opened as `protokv convert`
 // opens each shard, and every tensor's bytes are read, so a range the header got wrong shows.
 #include <nlohmann/json.hpp>

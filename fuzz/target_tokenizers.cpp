@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tokenizer inputs: a tokenizer.json (hf_tokenizer), a GGUF vocabulary (gguf_vocab: the
 // tokenizer.ggml.* keys of a model file, SentencePiece or byte-level BPE), and text through the
 // real vocabularies of shared/ (tokenize). Each loaded tokenizer encodes and decodes text

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The registry of fuzz targets and the helpers they share.
 #include <sys/mman.h>
 #include <unistd.h>

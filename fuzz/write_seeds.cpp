@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // protokv_fuzz_seeds OUT_DIR [TARGET...]: writes each target's seed corpus into OUT_DIR/TARGET/
 // (every target when none is named), from the repository's fixtures and shared/ (fuzz_target.h).
 // protokv_fuzz_seeds --list: the targets' names, one per line.

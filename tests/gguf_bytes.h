@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Hand-assembled GGUF bytes for the reader's tests (test_gguf_corrupt.cpp, test_limits.cpp):
 // little-endian values and length-prefixed strings appended in the order the format lays them out,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Naive reference implementations (double accumulation, no tiling, no SIMD) and random inputs
 // for the kernel tests.

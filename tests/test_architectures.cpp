@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Architectures beyond plain Llama 2 (issue 9 item 1): Llama 3.x rope_freqs factors, linear RoPE
 // scaling, partial rotary dimensions, tied output, Qwen2 (biases, NeoX), Qwen3 (per-head q/k
 // RMSNorm, explicit head width). Each feature is checked against the naive double-precision

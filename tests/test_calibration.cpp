@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration profile (press/calibration_profile.h) and `protokv calibrate` (eval/calibration.h):
 // the capture against a naive forward pass, the measures against a direct computation on the
 // captured tensors, the profile's JSON round trip and every kind of bad file, and the command.

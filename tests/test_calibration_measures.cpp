@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The calibration measures of chelsea and pod (DESIGN §5) on hand-made inputs with known answers.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Chat templates: detection from the Jinja source, rendering exactly as the reference templates
 // (the shared Llama 3 / Qwen3 tokenizer_config.json templates, expected strings worked out by hand
 // from their Jinja), llama.cpp's formats for the other families, and errors.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Chat templates of every family against reference renderings, each cited:
 //  - llama.cpp's own test vectors (tests/test-chat-template.cpp of ggml-org/llama.cpp, commit
 //    de3ff815ea7d559ee917f063901b8986f038abc6, MIT): the real templates of named models, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv generate` and `protokv bench e2e` through the binary: the published stories260K
 // output, JSON records, and one-line errors for bad input.
 #include <gtest/gtest.h>

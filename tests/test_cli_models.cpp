@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The model subcommands through the real binary: make-model, info, convert.
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv tokenize`: GGUF vocabularies and tokenizer.json, --json, --decode, --no-special, and
 // one-line errors for bad input.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face checkpoints -> GGUF (protokv convert HF_DIR): tiny random checkpoints written here
 // (config.json, safetensors single and sharded, tokenizer.json, tokenizer_config.json) convert to
 // files whose logits equal those of the same weights exported directly as GGUF; the safetensors

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv demo` on the shipped recall model (models/protokv-recall.gguf): the structure of the
 // story (full first, every registered press at both budgets, each answer checked against the
 // planted value), the chat-template layout it uses for instruct models, which model it picks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Session forward pass: prefill vs decode equivalence, agreement with the naive reference,
 // ragged (per-head) caches with log-weights, press hooks, observers, and input errors.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Chunked prefill (SessionOptions::ubatch) and Session::append: the prompt fed in chunks, or a
 // follow-up turn fed after a (compressed) prefill, gives the logits and caches of a single chunk
 // or of token-by-token decode to float rounding; a press still runs once over the whole prompt.

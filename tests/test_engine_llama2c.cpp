@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama2.c checkpoint loader: round trip of a random model through the file format, the real
 // stories260K checkpoint, and corrupt files.
 #include <gtest/gtest.h>

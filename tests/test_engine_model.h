@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Test helpers for the engine: random-weight models from the library's builder, held in memory in
 // any dtype, a llama2.c checkpoint writer, and a naive reference forward pass written with plain

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Engine <-> press agreement against the independent reference forward pass: the entries a press
 // keeps inside Session::prefill must be the entries it keeps when handed the reference's own
 // post-RoPE Q/K/V, and decoding over the compressed cache must give the reference's logits with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every protokv::Error is one line of bounded length, whatever text it quotes (Error::one_line):
 // the fuzz targets found a GGUF metadata key with a newline quoted into a two-line error.
 #include <gtest/gtest.h>

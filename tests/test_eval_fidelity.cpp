@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // eval fidelity, bench compress and demo on the SYNTHETIC model: end to end, at tiny sizes.
 #include <gtest/gtest.h>
 
@@ -222,6 +223,9 @@ TEST(EvalFidelity, ResumeReadsFinishedSamplesBackAndRunsTheRest) {
   const auto samples = samples_synthetic(weights.config.vocab_size, 48, 3, 11);
   const auto uninterrupted = run_fidelity(weights, samples, options);
   ASSERT_FALSE(uninterrupted.rows[2].error.empty()) << "chelsea @ 6 must be refused";
+  // The refusal is a row of the table, padded to its columns (with the ±std column of several
+  // samples it once had one cell too many and the table threw).
+  EXPECT_NE(render_table(uninterrupted).find("n/a: "), std::string::npos);
 
   const auto path = dir / "samples.jsonl";
   options.jsonl_path = path.string();

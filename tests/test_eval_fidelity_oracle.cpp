@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `eval fidelity` metrics recomputed independently: two plain Sessions (full cache and press) run
 // the same teacher-forced tokens, and this file computes KL(full ‖ press), top-1 agreement,
 // perplexity, top-B recall (with an explicit query-head -> KV-head table under GQA) and the

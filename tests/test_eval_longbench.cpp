@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LongBench data, truncation and official metrics (eval/longbench.h), and `eval longbench`.
 // Expected metric values are worked out by hand from the definitions in THUDM/LongBench
 // metrics.py and the `rouge` package's rouge_score.py (comments show the arithmetic).

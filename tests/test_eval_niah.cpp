@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The long-context harness (eval/longctx_runner.h) and `eval niah`.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -32,6 +33,19 @@ std::string stories_args() {
   const auto dir = testing::stories_dir();
   return fmt::format("-m '{}' -z '{}'", (dir / "stories260K.bin").string(),
                      (dir / "tok512.bin").string());
+}
+
+LoadedModel load_stories() {
+  return load_model((testing::stories_dir() / "stories260K.bin").string(),
+                    (testing::stories_dir() / "tok512.bin").string());
+}
+
+// Lengths 128 and 200 x depths 0 and 100: four prompts.
+eval::NiahBenchmark small_niah_grid() {
+  eval::NiahBenchmark niah;
+  niah.niah.lengths = {128, 200};
+  niah.niah.depths = {0, 100};
+  return niah;
 }
 
 std::vector<std::string> read_lines(const std::filesystem::path& p) {
@@ -183,11 +197,8 @@ TEST(Niah, Utf8Validation) {
 // progress sink sees every step.
 TEST(Niah, BenchmarkRunsPressObjectsAndReportsProgress) {
   PROTOKV_REQUIRE_STORIES();
-  const LoadedModel model = load_model((testing::stories_dir() / "stories260K.bin").string(),
-                                       (testing::stories_dir() / "tok512.bin").string());
-  eval::NiahBenchmark niah;
-  niah.niah.lengths = {128, 200};
-  niah.niah.depths = {0, 100};
+  const LoadedModel model = load_stories();
+  const eval::NiahBenchmark niah = small_niah_grid();
   eval::LongctxBenchmarkRun run;
   run.options.runs = eval::make_run_specs({"full", "snapkv", "mine"}, {32}, {});
   run.options.runs[2].press_object = PressSpec::parse("snapkv", "");
@@ -226,6 +237,50 @@ TEST(Niah, BenchmarkRunsPressObjectsAndReportsProgress) {
   run.options.runs.resize(1);
   eval::run_niah_benchmark(model, niah, run);
   EXPECT_TRUE(steps.empty());
+}
+
+TEST(Niah, BatchedDecodeGivesTheSameRecords) {
+  PROTOKV_REQUIRE_STORIES();
+  const LoadedModel model = load_stories();
+  const eval::NiahBenchmark niah = small_niah_grid();
+  // Presses with decode-time state too (h2o's running scores, clusterkv's re-clustering, pod's
+  // window, chelsea's merges), and chelsea@12, which refuses its budget: an error record.
+  eval::LongctxBenchmarkRun run;
+  run.options.runs = eval::make_run_specs(
+      {"full", "snapkv", "h2o:decode=1", "clusterkv", "chelsea", "pod", "protokv"}, {12, 40}, {});
+  run.options.progress = false;
+  for (const bool query_agnostic : {false, true}) {
+    run.options.query_agnostic = query_agnostic;
+    run.options.share_prefill = false;
+    run.options.batch_decode = false;
+    const eval::LongctxReport alone = eval::run_niah_benchmark(model, niah, run);
+    run.options.batch_decode = true;
+    const eval::LongctxReport batched = eval::run_niah_benchmark(model, niah, run);
+    run.options.share_prefill = true;
+    const eval::LongctxReport both = eval::run_niah_benchmark(model, niah, run);
+    EXPECT_EQ(both.results["config"].value("batch_decode", false), true);
+    ASSERT_EQ(alone.records.size(), 13u * 4u);
+    size_t errors = 0, long_answers = 0;
+    for (const auto* other : {&batched, &both}) {
+      ASSERT_EQ(other->records.size(), alone.records.size());
+      for (size_t i = 0; i < alone.records.size(); ++i) {
+        const auto& a = alone.records[i];
+        const auto& b = other->records[i];
+        EXPECT_EQ(a.run, b.run);
+        EXPECT_EQ(a.id, b.id);
+        EXPECT_EQ(a.error, b.error) << a.run;
+        EXPECT_EQ(a.prediction, b.prediction) << a.run << " " << a.id;
+        EXPECT_EQ(a.generated_tokens, b.generated_tokens) << a.run << " " << a.id;
+        EXPECT_EQ(a.kv_bytes, b.kv_bytes) << a.run;
+        EXPECT_EQ(a.attended_kv_bytes, b.attended_kv_bytes) << a.run;
+        EXPECT_EQ(a.score, b.score) << a.run;
+        errors += !a.error.empty();
+        long_answers += a.generated_tokens > 4;
+      }
+    }
+    EXPECT_GT(errors, 0u);  // chelsea@12
+    EXPECT_GT(long_answers, 40u);
+  }
 }
 
 TEST(Niah, SamplesHaveExactLengthAndTheNeedleAtItsDepth) {

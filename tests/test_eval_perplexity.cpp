@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv perplexity` (llama-perplexity's protocol): the library result against a naive
 // recomputation on stories260K, and one-line errors for bad input through the CLI.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reports: aligned tables, SVG plots, command-line lists.
 #include <gtest/gtest.h>
 

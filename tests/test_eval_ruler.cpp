@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RULER generators and scoring (eval/ruler.h) and `eval ruler`.
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The SYNTHETIC model, workload and benchmark tensors.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fuzz targets (fuzz/) in the ordinary test run, so that every build (Release, ASan + UBSan)
 // checks them: each target's seed corpus is accepted (the seeds are valid inputs, so a target
 // that refuses everything, or a reader that broke, fails here), deterministic mutations of every

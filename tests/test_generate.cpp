@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The library generate API (protokv/generate.h): the loop the CLI, evals and future front ends
 // share. Checked against a hand-written prefill / append / decode loop on a random model.
 #include "protokv/generate.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GGUF reader against hand-assembled bytes: the layout it parses matches the format as
 // written down (independently of our writer), and every corruption ends in one protokv::Error
 // line, never a crash or an absurd allocation (this suite also runs under ASan).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GGUF writer -> reader round trips: every value type, nested arrays, tensors of every dtype,
 // alignment padding, typed accessors and writer-side validation.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Llama models through GGUF: random models written and read back, the loader's checks of keys
 // and tensors, export to every type, and the synthetic vocabulary.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element-wise kernels (dot, exp, softmax, RMSNorm, RoPE) against naive references, for every
 // compiled instruction-set variant.
 #include <gtest/gtest.h>

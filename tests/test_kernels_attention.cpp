@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tiled causal prefill attention and decode attention against the full-matrix softmax.
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // matvec (decode) and matmul (prefill) for every weight dtype and instruction-set variant,
 // against the dequantised weights multiplied in double.
 #include <gtest/gtest.h>

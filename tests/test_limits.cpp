@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every bound of include/protokv/limits.h at the limit and one over: the value at the limit gets
 // past its check (it may fail later, for another reason the message tells apart), one over is
 // one protokv::Error line naming the bound. Hostile inputs are small: a file whose header claims a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // protokv against llama.cpp on committed fixtures (tests/data/llama_cpp, made by
 // tools/llama_cpp/make_fixtures.sh with llama.cpp de3ff81): tiny random-weight models per
 // architecture x weight type, with llama.cpp's logits at every position of a fixed token

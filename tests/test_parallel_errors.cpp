@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An error inside an OpenMP parallel loop reaches the caller as that error (core/parallel.h),
 // instead of std::terminate: the helper itself, and the engine's loops that run a press's code.
 #include <gtest/gtest.h>

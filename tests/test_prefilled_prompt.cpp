@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PrefilledPrompt: a prompt run once, then compressed by any number of sessions, each equal bit for
 // bit to a session that prefilled the tokens itself (compression never changes the prompt's own
 // forward pass), for every press, in one chunk or several, on a model with sliding-window layers

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Budget allocators: the PyramidKV layer rule on DESIGN's worked example and its two special
 // cases, and Ada-KV's head-wise split on a constructed layer (one concentrated head, one flat).
 #include <gtest/gtest.h>

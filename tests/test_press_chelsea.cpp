@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Chelsea (§5, Appendix C; DESIGN §5 chelsea): merge steps on hand-made inputs, the
 // attention of merged exact duplicates, the degree bias, the ratio schedule, outlier heads, a
 // brute-force double reference of one full compression, decode-time re-runs and bad options.

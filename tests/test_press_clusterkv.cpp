@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ClusterKV (DESIGN §5): cosine k-means and cluster recall against brute-force
 // computations in double precision, more than 256 clusters, exact truncation of the last
 // cluster, exact partial ranking, and the press's cluster-contiguous storage, selection (the

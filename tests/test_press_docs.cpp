@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The docs' press tables cannot drift from the press table: docs/methods.md holds
 // press_markdown_table() verbatim between its markers (tools/update_press_docs.sh regenerates it),
 // and the README's methods table has a row for every registered press.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End to end on the real stories260K model (5 layers, 8 query heads, 4 KV heads, head_dim 8):
 // every method generates without error at budgets 16, 32, 64, 128 of a 400-token prompt, the KV
 // bytes after prefill are exactly what the budget promises, and a budget covering the prompt gives

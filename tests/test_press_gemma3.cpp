@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Presses on a model with sliding-window layers (Gemma 3, docs/DESIGN.md §3.4): by default every
 // press compresses the global layers only, numbered as its own layers 0..n-1, while the local
 // layers keep their window; with compress_local_layers the press compresses the local layers too

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // H2O: the tiled column sums against a naive full-attention reference, the kept set, and the
 // decode-time eviction policy (decode=1).
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Invariants every method and allocator must satisfy on every head of every layer: the budget is
 // met exactly (or the allocator's per-head numbers, which sum to the expected total), the window
 // (and sinks) are kept, positions are unique and ascending (a recall press's clustered layers:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Press creation by name: option parsing, defaults recorded in config(), and every way a user can
 // get it wrong (unknown press/option, bad value, contradictory options, too small a budget).
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PoD (DESIGN §5 pod): shared keys in the cache, the segmented decode kernel, the
 // press's layout and calibration, and the engine reading a block's lowest layer's keys.
 #include <gtest/gtest.h>

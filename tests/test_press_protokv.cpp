@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ProtoKV: each step of Algorithm 1 on hand-made keys (deviation, irregular set, LSH, prototypes,
 // assignment, cluster-pooled scores), the planted-cluster scenario the method is built for, and
 // the variants of ProtoKV's ICLR version.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ProtoKV's chunk pass (Eq. 10-11 statistics) fused into the window GEMM's loop over key blocks:
 // the fused scorer must give exactly (bit for bit) the scores of the unfused composition it
 // replaced (the window GEMM, then the chunk pass over all keys, then the clustering), so the kept

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // assign=local, the opt-in approximation of ProtoKV Eq. 17: each token is compared only with the
 // prototypes of its own chunk, `assign_neighbours` chunks on each side and the LSH buckets. With
 // every chunk in reach it must equal the exact assignment; otherwise its disagreement with exact

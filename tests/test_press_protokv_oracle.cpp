@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ProtoKV against an independent oracle: the paper's equations written out naively in double
 // precision (ProtoKV Eqs. 4-5, 10-18, Algorithm 1; ICLR-version variants), sharing no code with
 // src/press/ except the random draws of the LSH projection (make_lsh_projection, whose

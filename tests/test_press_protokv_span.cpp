@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The point of ProtoKV (ProtoKV §1, §4): a semantically coherent multi-token span far from the
 // observation window, attended moderately and evenly by the window queries, is kept whole by the
 // cluster mean (Eq. 18), while SnapKV's max-pooled scores spend the same budget on the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SnapKV (and the shared observation-window scores) against a naive implementation of DESIGN §5's
 // formulas, written independently here in double precision.
 #include <gtest/gtest.h>

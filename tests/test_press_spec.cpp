@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PressSpec: an immutable press configuration that every session turns into its own state. One
 // spec serving two interleaved sessions must give each exactly what a press of its own gives.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Synthetic layers for press tests: random or hand-made Q/K/V in the engine's layout, and the
 // invariants every compressed cache must satisfy.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GGML quantised weight types Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (and Q8_0's
 // int8 mat-vec): dequantisation of hand-made blocks against values worked out here from ggml's
 // documented layouts, every mat-vec variant against dequantise-then-dot, matmul against matvec,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // protokv against llama.cpp on the two real pretrained models of tools/fetch_models.sh
 // (SmolLM2-135M-Instruct Q4_1, architecture llama; Gemma 3 270M Q4_K_M, architecture gemma3):
 // token ids of hard texts, chat-template renderings, 64 greedy tokens per prompt (library and

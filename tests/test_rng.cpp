@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // core/rng.h: SplitMix64 must produce the reference sequence, so a seed gives the same synthetic
 // models, layers and projections on every platform and after every refactor.
 #include "core/rng.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv serve` (src/server/): the OpenAI request parser, the stop-string matcher and the KV
 // memory accountant on hand-made inputs, then the HTTP server itself on the shipped recall model,
 // started in-process on an ephemeral 127.0.0.1 port and driven with cpp-httplib's client

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tokenizer as GGUF metadata: write_gguf -> GgufWriter::write -> GgufFile::open -> from_gguf.
 #include <gtest/gtest.h>
 

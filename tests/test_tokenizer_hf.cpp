@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face tokenizer.json (Llama 3, Qwen3 from ../shared/tokenizers/hf): golden ids from
 // @lenml/tokenizers (tools/tokenizer/make_golden.js) over tests/data/tokenizer/hf_texts.json,
 // round trips, special-token handling and bad-input errors.

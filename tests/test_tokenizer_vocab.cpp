@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama.cpp's own tokenizer test vectors (../shared/tokenizers/llama.cpp-vocab): every text of
 // every ggml-vocab-NAME.gguf.inp must tokenize to exactly the ids of the .out line, as llama.cpp's
 // test-tokenizer-0 checks them (add_special=false, parse_special=false).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The recall model shipped in models/ (trained by tools/train/train_recall.py, card in
 // models/protokv-recall.md): it loads as a plain Llama GGUF, with no special case, and the engine
 // reproduces the training framework's greedy output.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // core/units.h: the one byte formatter every message, table and log line uses.
 #include "core/units.h"
 

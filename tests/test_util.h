@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Test helpers: locating ../shared, temporary files, running the CLI.
 #include <gtest/gtest.h>

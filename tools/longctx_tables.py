@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Turns the output folders of `protokv eval niah` and `protokv eval ruler` (as run by
 tools/longctx_tables.sh) into the long-context tables of docs/results/longcontext_recall_model.md and figures.
 
@@ -147,10 +148,72 @@ def compose_figure(niah_dir, labels, path, title, columns=5, scale=0.5):
                 f'{title}</text>\n' + "\n".join(parts) + "\n</svg>\n")
 
 
+def task_ids(rec, task):
+    return {i for i, r in rec.items() if r["meta"].get("task") == task}
+
+
+def ruler_tables(p, ruler, ruler_rec, tasks, keeps_all, ruler_share):
+    """The RULER tables: accuracy per task and the paired differences against the full cache."""
+    ruler_len = max(ruler["config"]["ruler"]["lengths"])
+    ruler_samples = ruler["config"]["ruler"]["samples_per_task_and_length"]
+    p(f"**RULER** at {ruler_len} tokens ({ruler_samples} samples per task; RULER's scoring, "
+      "×100; `avg`: mean over the tasks the run scored):")
+    p("")
+    short = {t: t.replace("niah_", "").replace("single_", "s").replace("multikey_", "mk")
+             .replace("multivalue", "mv").replace("multiquery", "mq") for t in tasks}
+    p("| run | " + " | ".join(short[t] for t in tasks)
+      + " | avg | Δ avg vs full (95%) | KV kept |")
+    p("| --- | " + " | ".join("---:" for _ in tasks) + " | ---: | ---: | ---: |")
+    ruler_labels = run_labels(ruler)
+    rfull = scored(ruler_rec["full"])
+
+    task_mean = {}
+    for l in ruler_labels:
+        rec = ruler_rec[l]
+        s = scored(rec)
+        if not s:
+            p(f"| `{l}` | " + " | ".join("-" for _ in tasks) + " | - | skipped | - |")
+            continue
+        vals = []
+        for t in tasks:
+            task_mean[(l, t)] = mean_score(rec, task_ids(rec, t))
+            vals.append(task_mean[(l, t)])
+        present = [v for v in vals if v is not None]
+        avg = sum(present) / len(present) if present else None
+        common = sorted(set(s) & set(rfull))
+        diff = "-" if l == "full" else fmt_diff(*paired([s[i] for i in common],
+                                                        [rfull[i] for i in common]))
+        note = " †" if l in keeps_all else ""
+        p(f"| `{l}`{note} | " + " | ".join(fmt_pct(v) for v in vals)
+          + f" | {fmt_pct(avg)} | {diff} | {fmt_share(ruler_share(l))} |")
+    p("")
+    p("Paired difference against the full cache per task (points, 95% Student-t interval over "
+      f"the {ruler_samples} samples; `± 0.0`: every sample moved the same way):")
+    p("")
+    p("| run | " + " | ".join(short[t] for t in tasks) + " |")
+    p("| --- | " + " | ".join("---:" for _ in tasks) + " |")
+    for l in ruler_labels:
+        if l == "full" or not scored(ruler_rec[l]):
+            continue
+        s = scored(ruler_rec[l])
+        cells = []
+        for t in tasks:
+            ids = sorted(task_ids(ruler_rec[l], t) & set(s) & set(rfull))
+            cells.append(fmt_diff(*paired([s[i] for i in ids], [rfull[i] for i in ids])))
+        p(f"| `{l}` | " + " | ".join(cells) + " |")
+    p("")
+    p("Task names: s1–s3 `niah_single_1..3`, mk1–mk3 `niah_multikey_1..3`, mv "
+      "`niah_multivalue`, mq `niah_multiquery`, vt, cwe, fwe. KV kept: KV bytes at answer time "
+      "as a share of the full cache's (clusterkv stores everything, attends a subset). † keeps "
+      f"at least {100 * KEEPS_ALL:.0f}% of the full cache on this model: no eviction to rank, "
+      "see below.")
+    p("")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--niah", required=True, help="eval niah --out folder")
-    ap.add_argument("--ruler", required=True, help="eval ruler --out folder")
+    ap.add_argument("--ruler", help="eval ruler --out folder (without it: NIAH only)")
     ap.add_argument("--figures", required=True, help="folder for the composed NIAH figures")
     ap.add_argument("--figures-link", default=None,
                     help="path of --figures as the markdown links it (default: as given)")
@@ -159,9 +222,11 @@ def main():
     args = ap.parse_args()
 
     niah = json.load(open(os.path.join(args.niah, "results.json"), encoding="utf-8"))
-    ruler = json.load(open(os.path.join(args.ruler, "results.json"), encoding="utf-8"))
     niah_rec = read_records(args.niah)
-    ruler_rec = read_records(args.ruler)
+    ruler = ruler_rec = None
+    if args.ruler:
+        ruler = json.load(open(os.path.join(args.ruler, "results.json"), encoding="utf-8"))
+        ruler_rec = read_records(args.ruler)
     labels = run_labels(niah)
     budgets = sorted({budget_of(l) for l in labels if budget_of(l) is not None})
     model = niah["config"]["model"]
@@ -169,10 +234,9 @@ def main():
     depths = niah["config"]["niah"]["depths"]
     per_cell = niah["config"]["niah"]["samples_per_cell"]
     longest = max(lengths)
-    ruler_len = max(ruler["config"]["ruler"]["lengths"])
-    tasks = ruler["config"]["ruler"]["tasks"]
-    ruler_samples = ruler["config"]["ruler"]["samples_per_task_and_length"]
-    niah_store, ruler_store = storage(niah_rec), storage(ruler_rec)
+    niah_store = storage(niah_rec)
+    ruler_store = storage(ruler_rec) if ruler else {}
+    tasks = ruler["config"]["ruler"]["tasks"] if ruler else []
 
     def kv_share(store, label):
         """Mean KV bytes at answer as a share of the full cache's (None: not scored)."""
@@ -181,7 +245,8 @@ def main():
 
     # Runs that keep (nearly) the whole cache in memory in either benchmark: no eviction to rank.
     keeps_all = {l for l in labels if l != "full"
-                 and any((kv_share(st, l) or 0) >= KEEPS_ALL for st in (niah_store, ruler_store))}
+                 and any((kv_share(st, l) or 0) >= KEEPS_ALL for st in (niah_store, ruler_store)
+                         if st)}
     figures_link = args.figures_link or args.figures
     os.makedirs(args.figures, exist_ok=True)
 
@@ -228,62 +293,9 @@ def main():
         p(f"| `{l}`{note} | " + " | ".join(cells)
           + f" | {fmt_pct(mean_score(rec))} | {diff} | {fmt_share(kv_share(niah_store, l))} |")
     p("")
-    # ---- RULER ----
-    p(f"**RULER** at {ruler_len} tokens ({ruler_samples} samples per task; RULER's scoring, "
-      "×100; `avg`: mean over the tasks the run scored):")
-    p("")
-    short = {t: t.replace("niah_", "").replace("single_", "s").replace("multikey_", "mk")
-             .replace("multivalue", "mv").replace("multiquery", "mq") for t in tasks}
-    p("| run | " + " | ".join(short[t] for t in tasks)
-      + " | avg | Δ avg vs full (95%) | KV kept |")
-    p("| --- | " + " | ".join("---:" for _ in tasks) + " | ---: | ---: | ---: |")
-    ruler_labels = run_labels(ruler)
-    rfull = scored(ruler_rec["full"])
-
-    def task_ids(rec, task):
-        return {i for i, r in rec.items() if r["meta"].get("task") == task}
-
-    task_mean = {}
-    for l in ruler_labels:
-        rec = ruler_rec[l]
-        s = scored(rec)
-        if not s:
-            p(f"| `{l}` | " + " | ".join("-" for _ in tasks) + " | - | skipped | - |")
-            continue
-        vals = []
-        for t in tasks:
-            task_mean[(l, t)] = mean_score(rec, task_ids(rec, t))
-            vals.append(task_mean[(l, t)])
-        present = [v for v in vals if v is not None]
-        avg = sum(present) / len(present) if present else None
-        common = sorted(set(s) & set(rfull))
-        diff = "-" if l == "full" else fmt_diff(*paired([s[i] for i in common],
-                                                        [rfull[i] for i in common]))
-        note = " †" if l in keeps_all else ""
-        p(f"| `{l}`{note} | " + " | ".join(fmt_pct(v) for v in vals)
-          + f" | {fmt_pct(avg)} | {diff} | {fmt_share(kv_share(ruler_store, l))} |")
-    p("")
-    p("Paired difference against the full cache per task (points, 95% Student-t interval over "
-      f"the {ruler_samples} samples; `± 0.0`: every sample moved the same way):")
-    p("")
-    p("| run | " + " | ".join(short[t] for t in tasks) + " |")
-    p("| --- | " + " | ".join("---:" for _ in tasks) + " |")
-    for l in ruler_labels:
-        if l == "full" or not scored(ruler_rec[l]):
-            continue
-        s = scored(ruler_rec[l])
-        cells = []
-        for t in tasks:
-            ids = sorted(task_ids(ruler_rec[l], t) & set(s) & set(rfull))
-            cells.append(fmt_diff(*paired([s[i] for i in ids], [rfull[i] for i in ids])))
-        p(f"| `{l}` | " + " | ".join(cells) + " |")
-    p("")
-    p("Task names: s1–s3 `niah_single_1..3`, mk1–mk3 `niah_multikey_1..3`, mv "
-      "`niah_multivalue`, mq `niah_multiquery`, vt, cwe, fwe. KV kept: KV bytes at answer time "
-      "as a share of the full cache's (clusterkv stores everything, attends a subset). † keeps "
-      f"at least {100 * KEEPS_ALL:.0f}% of the full cache on this model: no eviction to rank, "
-      "see below.")
-    p("")
+    if ruler:
+        ruler_tables(p, ruler, ruler_rec, tasks, keeps_all,
+                     lambda label: kv_share(ruler_store, label))
     # ---- discrimination (issue 12, point 3) ----
     p("**Discrimination** (two presses at the same budget ≥ 20 points apart on one task; gap "
       "with its paired 95% interval on the same samples; presses marked † excluded, they do not "
@@ -294,7 +306,7 @@ def main():
         candidates = []  # (benchmark, task, rec_of_label, labels)
         evicting = [l for l in labels if budget_of(l) == b and l not in keeps_all]
         candidates.append(("NIAH", "all cells", niah_rec, evicting, None))
-        for t in tasks:
+        for t in tasks:  # none without --ruler
             candidates.append(("RULER", t, ruler_rec, evicting, t))
         for bench, tname, recs, labs, task in candidates:
             means = {}

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Regenerates every number and figure of docs/results/longcontext_recall_model.md (the block between
 # its longctx-tables markers, and docs/figures/niah_b*.svg) on a recall model:
 #   tools/longctx_tables.sh [MODEL [OUTDIR]]    (default models/protokv-recall.gguf, /tmp/longctx)

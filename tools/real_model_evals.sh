@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The fidelity and long-context evaluations on the real pretrained models (issue 21), with the
 # exact commands behind docs/results/*.md. Each keeps its results folder (results.json,
-# config.json, SVGs, samples.jsonl) in docs/results/NAME/ and its JSON in docs/results/data/.
+# config.json, SVGs, samples.jsonl) in docs/results/NAME/.
 # Not part of CI: hours on a 2-core machine, so every run resumes where the last one stopped
 # (each command prints its own progress when run on a terminal).
 #
@@ -26,7 +27,7 @@ SMOLLM2=${models[0]}
 GEMMA3=${models[1]}
 
 TEXT=$CACHE/text/debian-licences.txt
-mkdir -p "$(dirname "$TEXT")" "$OUT" "$ROOT/docs/results/data"
+mkdir -p "$(dirname "$TEXT")" "$OUT"
 if [[ ! -s $TEXT ]]; then
   (cd /usr/share/common-licenses &&
     cat GPL-3 GPL-2 LGPL-2.1 GFDL-1.3 Apache-2.0 MPL-2.0 Artistic CC0-1.0) >"$TEXT"
@@ -35,7 +36,7 @@ fi
 # Every evaluation resumes: its results folder lives in docs/results/NAME/ (samples.jsonl holds
 # each finished record, committed as it grows), is copied to OUT/NAME, run there with --resume,
 # and copied back whether the run finishes or is stopped (Ctrl-C, kill), so a grid of hours
-# accumulates across sessions. The finished run's JSON goes to docs/results/data/NAME.json.
+# accumulates across sessions. results.json there is what --json prints.
 run() { # name, the folder the command writes under --out ("." for the out folder itself), args
   local name=$1 sub=$2
   shift 2
@@ -53,7 +54,6 @@ run() { # name, the folder the command writes under --out ("." for the out folde
   if [[ -s $made/samples.jsonl ]]; then cp "$made/samples.jsonl" "$keep/samples.jsonl"; fi
   [[ $status == 0 ]] || return "$status"
   cp "$made"/*.json "$made"/*.svg "$keep/" 2>/dev/null || true
-  cp "$OUT/$name.json" "$ROOT/docs/results/data/$name.json"
 }
 
 if [[ $WHAT == all || $WHAT == fidelity ]]; then
@@ -66,15 +66,17 @@ if [[ $WHAT == all || $WHAT == fidelity ]]; then
 fi
 if [[ $WHAT == all || $WHAT == niah ]]; then
   run niah_smollm2 . eval niah -m "$SMOLLM2" --haystack "$TEXT" --press "$PRESSES" --budget 64,256 \
-    --lengths 1024,2048,4096,7936 --depths 0,25,50,75,100 -t "$THREADS" --share-prefill
+    --lengths 1024,2048,4096,7936 --depths 0,25,50,75,100 -t "$THREADS" \
+    --share-prefill --batch-decode
 fi
 if [[ $WHAT == all || $WHAT == niah-gemma ]]; then
   run niah_gemma3 . eval niah -m "$GEMMA3" --haystack "$TEXT" --press "$PRESSES" --budget 64,256 \
-    --lengths 4096,16384,32000 --depths 0,50,100 -t "$THREADS" --share-prefill
+    --lengths 4096,16384,32000 --depths 0,50,100 -t "$THREADS" --share-prefill --batch-decode
 fi
 if [[ $WHAT == all || $WHAT == ruler ]]; then
   for mode in query-aware query-agnostic; do
     run "ruler_smollm2_$mode" . eval ruler -m "$SMOLLM2" --press "$PRESSES" --budget 64,256 \
-      --lengths 4096 --samples 20 --haystack "$TEXT" --mode "$mode" -t "$THREADS" --share-prefill
+      --lengths 4096 --samples 20 --haystack "$TEXT" --mode "$mode" -t "$THREADS" \
+      --share-prefill --batch-decode
   done
 fi

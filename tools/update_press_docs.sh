@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Regenerates the press table of docs/methods.md (between its press-table markers) from the press
 # table of the built binary: tools/update_press_docs.sh [build/protokv]. The test
 # PressDocs.MethodsTableMatchesPressTable fails until this has been run after a press changes.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Element types of weight tensors. Values are the GGML type ids so GGUF files map 1:1.
 #include <cstddef>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Session: one sequence's state (KV cache, scratch) over immutable ModelWeights.
 // Prefill runs layer by layer and compresses each layer's KV right after its attention, so peak

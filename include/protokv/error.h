@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Errors: every failure the user can cause (bad files, bad options) is a protokv::Error with a
 // one-line message; the CLI prints it as "protokv: error: ..." and exits 1.

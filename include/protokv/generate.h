@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Text generation on top of Session, for the CLI and any other front end (server, bindings):
 // prompt text -> tokens (build_prompt) -> prefill, compressed by the session's press -> the

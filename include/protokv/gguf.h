@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // GGUF v3 (also reads v2): reader over a memory-mapped file, and a writer.
 // Layout facts: tensor dims are in ggml order (dims[0] is the contiguous one); tensor offsets are

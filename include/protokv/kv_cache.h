@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // KV cache (docs/DESIGN.md §4): per layer, per KV head, ragged. Each head holds its own entries:
 // post-RoPE keys, values, the original token position and a log-weight added to the attention logit

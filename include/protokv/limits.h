@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Every bound protokv enforces on what it reads or is asked to do, in one place (docs/security.md
 // says why each exists). Input beyond a bound is refused with one line (protokv::Error) before

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Memory checks before the large allocations a request implies: a model or a KV cache that cannot
 // fit is one error line up front, not an OOM kill part-way through.

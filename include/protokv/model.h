@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Model description and weights. Weights are immutable and shared by every Session; per-sequence
 // state (KV cache, scratch) lives in Session.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Press interface (docs/DESIGN.md §5): a KV-cache compression method. The engine calls it inside
 // prefill, right after each layer's attention, with that layer's full post-RoPE tensors, and during

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Creating presses by name: `--press NAME[:key=value,...]` plus `--alloc uniform|pyramid|adakv`.
 #include <memory>

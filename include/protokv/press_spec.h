@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A press spec: a method with its options, parsed and validated once, immutable, shareable between
 // sessions and threads. A Press object is one sequence's state (scores, decode-time statistics,

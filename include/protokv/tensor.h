@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The tensor view every layer shares: model weights hold them, loaders fill them, kernels read
 // them. Below protokv/model.h so that the kernels need not know what a model is.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // One level of threading at a time: OpenMP for our loops, and OpenBLAS (OpenMP build) shares the
 // same pool. set_threads() sets both.

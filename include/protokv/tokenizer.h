@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Tokenizers of real model families behind one interface:
 //  - SentencePiece-style BPE over scored pieces (llama/mistral/phi-3: GGUF tokenizer.ggml.model

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """protokv: LLM inference on GGUF models with a compressed KV cache, from Python.
 
 ``Model`` loads a GGUF file and generates in llama-cpp-python's shapes (``llm(prompt)``,

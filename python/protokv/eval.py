@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """protokv's evaluations from Python, returning the dicts the CLI prints with ``--json``.
 
 Every function takes the same samples for every (press, budget), as the CLI does, so the
@@ -83,25 +84,30 @@ def fidelity(model: Any, text: str, presses: Sequence[Union[str, Press]],
              budgets: Sequence[int], *, samples: int = 8, prompt_len: int = 512,
              continuation: int = 64, alloc: str = "", reference: str = "",
              attention_metrics: bool = True, share_prefill: bool = False,
+             out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
              progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval fidelity``: every (press, budget) against the full cache on the same
     ``samples`` prompts cut from ``text`` (``prompt_len`` tokens, then ``continuation`` tokens
     teacher-forced): KL, top-1 agreement, perplexity, attention error and recall, KV bytes, and
-    paired differences with 95% intervals against ``reference`` (default: the full cache).
-    Returns ``{"config": ..., "results": [...]}``, as ``--json``. Presses written in Python
-    (``ScorerPress``) run in ``niah``, ``ruler``, ``longbench`` and ``Model.session()``."""
+    paired differences with 95% intervals against ``reference`` (default: snapkv when given,
+    else the full cache). ``out`` writes ``fidelity_<model>_p<P>_c<M>_s<S>/`` there (results.json,
+    config.json, plots, and samples.jsonl as each sample finishes), where ``resume=True``
+    continues a stopped run. Returns ``{"config": ..., "results": [...]}``, as ``--json``.
+    Presses written in Python (``ScorerPress``) run in ``niah``, ``ruler``, ``longbench`` and
+    ``Model.session()``."""
     specs = [_spec(p, "fidelity") for p in presses]
     return _run_with_progress(progress, "eval fidelity", lambda on, callback: _core.eval_fidelity(
         model._model, text, specs, [int(b) for b in budgets], alloc, int(samples),
         int(prompt_len), int(continuation), reference, bool(attention_metrics),
-        bool(share_prefill), on, callback))
+        bool(share_prefill), os.fspath(out) if out is not None else "", bool(resume), on,
+        callback))
 
 
 def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
              ratios: Sequence[float], alloc: str, mode: str, reference: str, limit: int,
              out: Optional[Union[str, os.PathLike]], resume: bool, share_prefill: bool,
-             progress: ProgressArg, call: Callable[[Dict[str, Any]], Tuple[Dict[str, Any], str]],
-             ) -> Dict[str, Any]:
+             batch_decode: bool, progress: ProgressArg,
+             call: Callable[[Dict[str, Any]], Tuple[Dict[str, Any], str]]) -> Dict[str, Any]:
     if isinstance(presses, (str, Press, ScorerPress)):
         presses = [presses]
     engine_presses: List[Any] = []
@@ -117,7 +123,8 @@ def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
             "ratios": [float(r) for r in ratios], "alloc": alloc, "mode": mode,
             "reference": reference, "limit": int(limit),
             "out": os.fspath(out) if out is not None else "", "resume": bool(resume),
-            "share_prefill": bool(share_prefill), "progress": on, "progress_callback": callback,
+            "share_prefill": bool(share_prefill), "batch_decode": bool(batch_decode),
+            "progress": on, "progress_callback": callback,
         })
         return results
 
@@ -134,7 +141,9 @@ _LONGCTX_DOC = """
     labels the run the others are paired against; ``limit`` keeps the first N samples (0: all);
     ``out`` writes results.json, config.json, samples.jsonl (and figures) to a folder, where
     ``resume=True`` continues an interrupted run; ``share_prefill`` runs each prompt through the
-    model once for all runs (the same records, faster). Returns the dict ``--json`` prints.
+    model once for all runs and ``batch_decode`` decodes a sample's runs together, one batched
+    forward pass per token (the same records, faster; ``decode_ms`` is then the batch's time).
+    Returns the dict ``--json`` prints.
 """
 
 
@@ -147,7 +156,8 @@ def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[
          haystack: str = "", haystack_kind: str = "noise", seed: int = 42, alloc: str = "",
          mode: str = "query-aware", reference: str = "full", limit: int = 0,
          out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
-         share_prefill: bool = False, progress: ProgressArg = None) -> Dict[str, Any]:
+         share_prefill: bool = False, batch_decode: bool = False,
+         progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval niah``: needle in a haystack over a grid of ``lengths`` (prompt tokens;
     default: geometric up to the model's context) x ``depths`` (percent; default 0, 10, ...,
     100), ``samples`` key/value pairs per cell, greedy answer scored by exact containment of the
@@ -157,7 +167,7 @@ def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[
     ``per_length_paired``; with ``out``, one heat-map SVG per run.
     """
     return _longctx("niah", presses, budgets, ratios, alloc, mode, reference, limit, out, resume,
-                    share_prefill, progress, lambda run: _core.eval_niah(
+                    share_prefill, batch_decode, progress, lambda run: _core.eval_niah(
                         model._model, run, [int(x) for x in lengths],
                         [float(x) for x in depths], needle, question, int(max_new_tokens),
                         int(samples), haystack, haystack_kind, int(seed)))
@@ -169,7 +179,8 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
           hotpotqa: str = "", seed: int = 42, alloc: str = "", mode: str = "query-aware",
           reference: str = "full", limit: int = 0,
           out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
-          share_prefill: bool = False, progress: ProgressArg = None) -> Dict[str, Any]:
+          share_prefill: bool = False, batch_decode: bool = False,
+          progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval ruler``: RULER's synthetic tasks (default: the eleven; ``qa_1`` /
     ``qa_2`` with ``squad`` / ``hotpotqa`` file paths) at ``lengths`` (prompt + generated
     tokens; default from the model's context), ``samples`` per task and length, scored as
@@ -178,7 +189,7 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
     ``per_task_paired`` (and ``per_length`` with several lengths).
     """
     return _longctx("ruler", presses, budgets, ratios, alloc, mode, reference, limit, out, resume,
-                    share_prefill, progress, lambda run: _core.eval_ruler(
+                    share_prefill, batch_decode, progress, lambda run: _core.eval_ruler(
                         model._model, run, list(tasks), [int(x) for x in lengths], int(samples),
                         haystack, os.fspath(squad), os.fspath(hotpotqa), int(seed)))
 
@@ -188,7 +199,7 @@ def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[Press
               datasets: Sequence[str] = (), e: bool = False, max_length: int = 0,
               alloc: str = "", mode: str = "query-aware", reference: str = "full",
               limit: int = 0, out: Optional[Union[str, os.PathLike]] = None,
-              resume: bool = False, share_prefill: bool = False,
+              resume: bool = False, share_prefill: bool = False, batch_decode: bool = False,
               progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval longbench``: LongBench (or LongBench-E with ``e=True``) on the official
     JSONL files in the folder ``data`` (default: every dataset found; ``limit`` then counts per
@@ -197,7 +208,8 @@ def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[Press
     ``summary``, ``per_dataset`` (and ``per_dataset_length`` for -E).
     """
     return _longctx("longbench", presses, budgets, ratios, alloc, mode, reference, limit, out,
-                    resume, share_prefill, progress, lambda run: _core.eval_longbench(
+                    resume, share_prefill, batch_decode, progress,
+                    lambda run: _core.eval_longbench(
                         model._model, run, os.fspath(data), list(datasets), bool(e),
                         int(max_length)))
 

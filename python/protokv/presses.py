@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """KV-cache presses as objects, one class per press of the C++ press table.
 
 ``protokv.presses.SnapKV(window=16)`` names the press ``snapkv`` with ``window=16``; the options

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // protokv._core: the C++ library as seen from Python (nanobind). Thin on purpose: objects and
 // calls of the library's public API (include/protokv/), with the GIL released around every
 // forward pass; the OpenAI-shaped results, stop strings and press classes live in the Python
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -440,13 +442,14 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
                          const std::vector<std::string>& presses,
                          const std::vector<int64_t>& budgets, const std::string& alloc, int samples,
                          int64_t prompt_len, int64_t continuation, const std::string& reference,
-                         bool attention_metrics, bool share_prefill, bool progress,
-                         nb::object progress_callback) {
+                         bool attention_metrics, bool share_prefill, const std::string& out,
+                         bool resume, bool progress, nb::object progress_callback) {
   PROTOKV_CHECK(samples >= 1 && samples <= 10000, "samples must be in [1, 10000], got {}", samples);
   PROTOKV_CHECK(prompt_len >= 2, "prompt_len must be at least 2, got {}", prompt_len);
   PROTOKV_CHECK(continuation >= 1, "continuation must be at least 1, got {}", continuation);
   PROTOKV_CHECK(!presses.empty() && !budgets.empty(), "give at least one press and one budget");
   for (int64_t b : budgets) PROTOKV_CHECK(b > 0, "budgets must be > 0, got {}", b);
+  PROTOKV_CHECK(!resume || !out.empty(), "resume=True needs out= (the folder to resume from)");
   eval::FidelityOptions options;
   options.presses = presses;
   options.budgets = budgets;
@@ -457,6 +460,13 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
   options.share_prefill = share_prefill;
   options.progress = progress;
   options.progress_sink = python_progress(std::move(progress_callback));
+  std::string dir;
+  if (!out.empty()) {  // as the CLI's --out: samples.jsonl as each sample finishes, then the rest
+    dir = eval::fidelity_out_dir(out, model.loaded().path, prompt_len, continuation, samples);
+    std::filesystem::create_directories(dir);
+    options.jsonl_path = (std::filesystem::path(dir) / "samples.jsonl").string();
+    options.resume = resume;
+  }
   nlohmann::json report;
   {
     nb::gil_scoped_release release;
@@ -469,6 +479,7 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
     r.config["tokenizer"] = "embedded";
     r.config["text_source"] = "python";
     r.config["threads"] = num_threads();
+    if (!dir.empty()) eval::write_report_dir(r, dir);
     report = eval::to_json(r);
   }
   return to_python(report);
@@ -514,6 +525,7 @@ eval::LongctxBenchmarkRun longctx_run(const nb::dict& args) {
   run.options.reference = nb::cast<std::string>(get("reference"));
   run.options.resume = nb::cast<bool>(get("resume"));
   run.options.share_prefill = nb::cast<bool>(get("share_prefill"));
+  run.options.batch_decode = nb::cast<bool>(get("batch_decode"));
   run.options.progress = nb::cast<bool>(get("progress"));
   run.options.progress_sink = python_progress(nb::borrow(get("progress_callback")));
   run.out_dir = nb::cast<std::string>(get("out"));
@@ -620,7 +632,7 @@ NB_MODULE(_core, m) {
 
   m.def("eval_fidelity", &eval_fidelity, "model"_a, "text"_a, "presses"_a, "budgets"_a, "alloc"_a,
         "samples"_a, "prompt_len"_a, "continuation"_a, "reference"_a, "attention_metrics"_a,
-        "share_prefill"_a, "progress"_a, "progress_callback"_a.none());
+        "share_prefill"_a, "out"_a, "resume"_a, "progress"_a, "progress_callback"_a.none());
   m.def("eval_niah", &eval_niah, "model"_a, "run"_a, "lengths"_a, "depths"_a, "needle"_a,
         "question"_a, "max_new_tokens"_a, "samples"_a, "haystack"_a, "haystack_kind"_a, "seed"_a);
   m.def("eval_ruler", &eval_ruler, "model"_a, "run"_a, "tasks"_a, "lengths"_a, "samples"_a,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """protokv.eval.niah / ruler / longbench: the CLI's reports from Python, presses written in
 Python run end to end, progress, bad input; and s.kv() against `generate --json`."""
 
@@ -62,6 +63,16 @@ def test_niah_returns_the_clis_report(recall, recall_path, protokv_cli):
     same_report(py, ref)
     assert [s["run"] for s in py["summary"]] == ["full", "snapkv@32", "h2o@32"]
     assert len(py["cells"]["snapkv@32"]) == 2 * 3
+    # One shared prefill and batched decoding per sample: the same answers.
+    fast = protokv.eval.niah(recall, ["full", "snapkv", protokv.presses.H2O()], [32],
+                             lengths=[160, 256], depths=[0, 50, 100], share_prefill=True,
+                             batch_decode=True, progress=False)
+    assert fast["config"]["share_prefill"] is True and fast["config"]["batch_decode"] is True
+    for key in ("cells", "per_length_paired"):
+        assert fast[key] == py[key], key
+    # (the peak KV differs: a shared prefill holds the full cache once for every press)
+    assert ([(s["run"], s["score"], s["kv_bytes"]) for s in fast["summary"]] ==
+            [(s["run"], s["score"], s["kv_bytes"]) for s in py["summary"]])
 
 
 def test_ruler_and_longbench_return_the_clis_reports(recall, recall_path, protokv_cli):

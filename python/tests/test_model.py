@@ -1,6 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
 """protokv from Python: the package must agree with the CLI and the C++ library."""
 
 import json
+import pathlib
 import subprocess
 import threading
 import time
@@ -296,6 +298,18 @@ def test_eval_fidelity_returns_the_clis_report(recall, recall_path, protokv_cli,
                 assert a[key] == b[key], key
     for key in ("presses", "budgets", "prompt_len", "continuation", "samples", "sample_origins"):
         assert out["config"][key] == ref["config"][key], key
+    # out= writes the CLI's folder; resume=True reads its finished samples back.
+    kept = protokv.eval.fidelity(recall, text, ["snapkv", protokv.presses.H2O()], [16, 24],
+                                 samples=2, prompt_len=64, continuation=8, out=tmp_path / "fid")
+    folder = tmp_path / "fid" / f"fidelity_{pathlib.Path(recall_path).stem}_p64_c8_s2"
+    assert json.loads((folder / "results.json").read_text())["results"] == kept["results"]
+    assert len((folder / "samples.jsonl").read_text().splitlines()) == 3  # header + 2 samples
+    resumed = protokv.eval.fidelity(recall, text, ["snapkv", protokv.presses.H2O()], [16, 24],
+                                    samples=2, prompt_len=64, continuation=8,
+                                    out=tmp_path / "fid", resume=True)
+    assert resumed["results"] == kept["results"]  # timings included: read back, not re-run
+    with pytest.raises(protokv.Error, match="needs out="):
+        protokv.eval.fidelity(recall, text, ["snapkv"], [16], samples=1, resume=True)
     with pytest.raises(protokv.Error, match="samples"):
         protokv.eval.fidelity(recall, text, ["snapkv"], [16], samples=0)
     with pytest.raises(protokv.Error, match="nope"):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Presses written in Python run inside the engine, with its allocator and selector."""
 
 import numpy as np

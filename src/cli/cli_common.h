@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Flag plumbing shared by the subcommands that run a model (generate, bench, eval, demo):
 // model + tokenizer loading, threads, press / budget / allocator / mode flags, sampler flags, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv bench e2e`: prefill and decode speed against the machine's own reference numbers
 // (OpenBLAS sgemm GFLOP/s and memory copy bandwidth), measured in the same run.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv bench compress`: each press's compress_prefill alone on the same SYNTHETIC post-RoPE
 // tensors, as a ratio to snapkv (DESIGN §7).
 #include <cstdio>

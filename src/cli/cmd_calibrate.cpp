@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv calibrate`: runs calibration text through the full cache and writes a model's profile
 // for chelsea (outlier heads) and pod (layer blocks per KV head); see eval/calibration.h.
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv convert`: llama2.c checkpoint + tokenizer.bin -> GGUF, GGUF -> GGUF of another tensor
 // type, or a Hugging Face checkpoint folder (config.json + safetensors + tokenizer.json) -> GGUF.
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv demo`: a model answers one planted-fact question with the full cache and with presses at
 // small budgets (eval/demo.h): SmolLM2-135M-Instruct through its chat template when
 // tools/fetch_models.sh has fetched it, else the project's trained recall model in `eval niah`'s

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv eval fidelity`: every (press, budget) against the full cache on the same prompts.
 #include <fmt/format.h>
 
@@ -77,21 +78,21 @@ void run_fidelity_command(const FidelityArgs& args) {
   options.progress = !args.quiet;
 
   LoadedModel loaded;
-  std::string model_stem;
+  std::string model_path;  // names the --out subfolder
   nlohmann::json source;
   std::vector<eval::FidelitySample> samples;
   if (args.synthetic) {
     const eval::SyntheticModelSpec spec;
     loaded.weights = eval::make_synthetic_model(spec);
     loaded.path = "SYNTHETIC";
-    model_stem = "synthetic";
+    model_path = "synthetic";
     samples = eval::samples_synthetic(spec.vocab_size, args.prompt_len, args.samples, args.seed);
     source = {{"model", "SYNTHETIC"},
               {"model_description", spec.describe()},
               {"text_source", "SYNTHETIC workload"}};
   } else {
     loaded = load_model(args.model, args.tokenizer);
-    model_stem = std::filesystem::path(args.model).stem().string();
+    model_path = args.model;
     source = {{"model", args.model},
               {"model_format", loaded.format},
               {"tokenizer",
@@ -118,9 +119,8 @@ void run_fidelity_command(const FidelityArgs& args) {
 
   std::string dir;
   if (!args.out_dir.empty()) {
-    const std::string name = fmt::format("fidelity_{}_p{}_c{}_s{}", model_stem, args.prompt_len,
-                                         args.continuation, args.samples);
-    dir = (std::filesystem::path(args.out_dir) / name).string();
+    dir = eval::fidelity_out_dir(args.out_dir, model_path, args.prompt_len, args.continuation,
+                                 args.samples);
     std::filesystem::create_directories(dir);
     options.jsonl_path = (std::filesystem::path(dir) / "samples.jsonl").string();
     options.resume = args.resume;

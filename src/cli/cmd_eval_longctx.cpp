@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv eval niah|ruler|longbench`: the long-context benchmarks of the papers, every
 // (press, budget) on the same samples (eval/longctx_runner.h).
 #include <cstdio>
@@ -28,6 +29,7 @@ struct LongctxArgs {
   std::string out_dir;
   bool resume = false;
   bool share_prefill = false;
+  bool batch_decode = false;
   bool quiet = false;
 };
 
@@ -58,6 +60,10 @@ void add_longctx_options(CLI::App& cmd, LongctxArgs& args) {
                "run each prompt through the model once and compress that for every press and "
                "budget (the same records bit for bit, much faster; prefill_ms then counts only "
                "the copy and the compression)");
+  cmd.add_flag("--batch-decode", args.batch_decode,
+               "decode the answers of every press and budget of a sample together, one batched "
+               "forward pass per token (the same records bit for bit, faster; decode_ms is then "
+               "the batch's time, not one press's decode speed)");
   cmd.add_flag("--resume", args.resume,
                "continue an interrupted run: reuse DIR/samples.jsonl records (needs --out)");
   cmd.add_flag("--quiet", args.quiet, "no progress bar");
@@ -86,6 +92,7 @@ eval::LongctxBenchmarkRun make_run(const LongctxArgs& args) {
   run.options.progress = !args.quiet;
   run.options.resume = args.resume;
   run.options.share_prefill = args.share_prefill;
+  run.options.batch_decode = args.batch_decode;
   run.out_dir = args.out_dir;
   run.limit = args.limit;
   run.config["tokenizer"] =

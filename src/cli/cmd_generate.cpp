@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv generate`: prefill a prompt (compressing the KV cache with a press), then sample,
 // through the library's generate() (protokv/generate.h). stdout carries only the generated text,
 // streamed token by token; the summary goes to stderr.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv info`: what a model file holds (shapes, types, sizes, tokenizer), as text or JSON.
 #include <fmt/format.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv make-model`: a random-weight llama, qwen2 or qwen3 model of any shape, as a standard
 // GGUF file in llama.cpp's conventions.
 #include <fmt/format.h>

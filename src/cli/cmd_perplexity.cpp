@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv perplexity`: llama.cpp's llama-perplexity protocol on a GGUF (or llama2.c) model, so
 // the two engines' numbers on the same file and text can be compared directly.
 #include <fmt/format.h>

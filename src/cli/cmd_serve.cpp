@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv serve`: the OpenAI-compatible HTTP server (src/server/). Flags are named like
 // llama-server's where they mean the same thing (-m, --host, --port, -t, --parallel (llama-server:
 // -np), -c/--ctx, -n/--n-predict, --api-key, --chat-template, --alias, --ubatch).

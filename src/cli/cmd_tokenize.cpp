@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `protokv tokenize`: text -> token ids (and back with --decode) with the tokenizer of a GGUF
 // model, a vocabulary-only GGUF, or a Hugging Face tokenizer.json.
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Human-readable counts for subcommand output (sizes: core/units.h).
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // protokv command-line entry: registers the subcommands and turns every error into one line on
 // stderr and exit code 1.
 #include <CLI/CLI.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // An exception must not leave an OpenMP parallel region: GCC's runtime calls std::terminate
 // (even for a region that runs on one thread). A loop whose body can throw (a check of the

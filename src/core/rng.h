@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // One portable random source for everything built from a seed (synthetic models, layers and
 // workloads, random-weight models, seeded projections): SplitMix64 (Steele, Lea & Flood 2014,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Sizes as people read them, for every message, table and log line (one rule in one place).
 #include <string>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `protokv calibrate` as a library: runs calibration sequences through the FULL cache and measures
 // what chelsea and pod need (press/calibration_profile.h), with the measure functions of

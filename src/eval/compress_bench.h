@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `bench compress`: times each press's compress_prefill alone on the same SYNTHETIC post-RoPE
 // tensors (DESIGN §7: compression time per method, as a ratio to snapkv).

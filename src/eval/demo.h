@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `protokv demo`: the story of KV-cache compression in one prompt: a fact planted in a long
 // context, a question, the full cache and presses at small budgets answering it, each answer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The haystack of `protokv demo` on an instruct model: a short story in plain English, written
 // for this project (so it ships with the code under the project's licence, needs no download, and
 // no model can have memorised it). It has no digits, so the planted 7-digit value is the only

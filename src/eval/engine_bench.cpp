@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Machine reference probes and the prefill / decode cost model of `bench e2e`.
 #include "eval/engine_bench.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `bench e2e`'s machine reference and cost model: OpenBLAS sgemm GFLOP/s and memory copy/read
 // bandwidth measured on this machine, and the FLOPs of one prefill and the bytes streamed per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Where tools/fetch_models.sh puts the pretrained models it fetches (issue 21), found by the same
 // rule as the script, so the binary and the script agree without configuration:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `eval fidelity` as a library (DESIGN §6): every (press, budget) against the full cache on the
 // same prompts, teacher-forced over the same continuation.
@@ -124,6 +125,11 @@ std::vector<FidelitySample> samples_synthetic(int vocab_size, int64_t prompt_len
 // {"config": ..., "results": [...]}; see the --help of `eval fidelity` for the fields.
 nlohmann::json to_json(const FidelityReport& report);
 std::string render_table(const FidelityReport& report);
+
+// The folder a run writes under `out` (eval fidelity --out, eval.fidelity(out=)):
+// out/fidelity_<model stem>_p<prompt_len>_c<continuation>_s<samples>.
+std::string fidelity_out_dir(const std::string& out, const std::string& model_path,
+                             int64_t prompt_len, int64_t continuation, int samples);
 
 // Writes results.json, config.json and one SVG per metric (metric vs budget, one line per
 // press) into `dir` (created). Returns the files written.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A fidelity report as JSON, as a text table, and as a directory of files with plots.
 #include <fmt/format.h>
 
@@ -173,7 +174,7 @@ std::string render_table(const FidelityReport& report) {
     std::vector<std::string> cells = {row.press, fmt::format("{}", row.budget)};
     if (!row.error.empty()) {
       cells.push_back("n/a: " + row.error);
-      while (cells.size() < 14u + (spread ? 1u : 0u)) cells.push_back("");
+      cells.resize(table.columns());
       table.add_row(std::move(cells));
       continue;
     }
@@ -210,6 +211,14 @@ std::string render_table(const FidelityReport& report) {
       "when entries are merged)\n",
       report.paired_reference);
   return out;
+}
+
+std::string fidelity_out_dir(const std::string& out, const std::string& model_path,
+                             int64_t prompt_len, int64_t continuation, int samples) {
+  const std::string name =
+      fmt::format("fidelity_{}_p{}_c{}_s{}", std::filesystem::path(model_path).stem().string(),
+                  prompt_len, continuation, samples);
+  return (std::filesystem::path(out) / name).string();
 }
 
 std::vector<std::string> write_report_dir(const FidelityReport& report, const std::string& dir) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where fidelity samples come from: a text file, the model's own samples, or the SYNTHETIC
 // workload.
 #include <cstdint>

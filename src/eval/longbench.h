@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // LongBench / LongBench-E (Bai et al. 2023, THUDM/LongBench): official JSONL data, per-dataset
 // prompt templates (config/dataset2prompt.json) and generation limits (config/

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "eval/longctx_bench.h"
 
 #include <fmt/format.h>
@@ -53,6 +54,9 @@ void prepare(const LoadedModel& model, const std::string& benchmark, LongctxBenc
   c["threads"] = num_threads();
   c["decoding"] = "greedy (argmax), stop at EOS";
   c["chat_template"] = "none (plain prompt)";
+  // How the records were made (the same records either way; timings differ).
+  if (run.options.share_prefill) c["share_prefill"] = true;
+  if (run.options.batch_decode) c["batch_decode"] = true;
 }
 
 void apply_limit(std::vector<LongctxSample>& samples, int64_t limit) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The long-context benchmarks end to end, one library call each: the CLI's `eval niah|ruler|
 // longbench` and the Python package's protokv.eval.niah/ruler/longbench are thin over these, so

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "eval/longctx_runner.h"
 
 #include "eval/statistics.h"
@@ -285,11 +286,18 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   Progress progress(options.progress_label, total, options.progress, options.progress_sink);
   Timer compute_timer;
 
-  // One (run, sample): prefill (its own, or from the sample's shared prompt), the question,
-  // greedy answer, score.
-  auto compute = [&](const std::string& label, Session& session, const LongctxSample& sample,
-                     const PrefilledPrompt* shared) {
+  // One (run, sample) in flight: prefilled, then answered greedily until the end of generation
+  // or max_new_tokens.
+  struct Answer {
     LongctxRecord rec;
+    std::vector<int32_t> generated;
+    bool done = false;
+  };
+  // Prefill (its own, or from the sample's shared prompt), the question, the first token.
+  auto begin_answer = [&](const std::string& label, Session& session, const LongctxSample& sample,
+                          const PrefilledPrompt* shared) {
+    Answer a;
+    LongctxRecord& rec = a.rec;
     rec.run = label;
     rec.id = sample.id;
     rec.meta = sample.meta;
@@ -321,28 +329,58 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
         if (!sample.question.empty()) logits = session.append(sample.question);
       }
       rec.kv_bytes = session.cache().kv_bytes();
-      std::vector<int32_t> generated;
-      for (int i = 0; i < sample.max_new_tokens; ++i) {
-        const int32_t next = argmax(logits);
-        generated.push_back(next);
-        if (tokenizer.is_end_of_generation(next)) break;
-        if (i + 1 < sample.max_new_tokens) logits = session.decode(next);
+      a.done = sample.max_new_tokens <= 0;
+      if (!a.done) {
+        a.generated.push_back(argmax(logits));
+        a.done = tokenizer.is_end_of_generation(a.generated.back()) ||
+                 static_cast<int64_t>(a.generated.size()) >= sample.max_new_tokens;
       }
       rec.decode_ms = decode_timer.ms();
-      if (generated.size() > 1)
-        rec.attended_kv_bytes = session.prefill_stats().decode_attended_kv_bytes;
-      rec.generated_tokens = static_cast<int64_t>(generated.size());
-      rec.prediction = decode_prediction(tokenizer, generated);
-      rec.score = scorer(sample, rec.prediction);
     } catch (const Error& e) {
       rec.error = e.what();
+      a.done = true;
+    }
+    return a;
+  };
+  // The next token from the logits of the last one.
+  auto continue_answer = [&](Answer& a, std::span<const float> logits, int max_new_tokens) {
+    a.generated.push_back(argmax(logits));
+    a.done = tokenizer.is_end_of_generation(a.generated.back()) ||
+             static_cast<int64_t>(a.generated.size()) >= max_new_tokens;
+  };
+  auto fail_answer = [](Answer& a, const Error& e) {
+    a.rec.error = e.what();
+    a.done = true;
+  };
+  // Greedy decoding of one answer on its own session.
+  auto answer_alone = [&](Answer& a, Session& session, int max_new_tokens) {
+    while (!a.done) {
+      const Timer step_timer;
+      try {
+        continue_answer(a, session.decode(a.generated.back()), max_new_tokens);
+      } catch (const Error& e) {
+        fail_answer(a, e);
+      }
+      a.rec.decode_ms += step_timer.ms();
+    }
+  };
+  // Scores, records and reports a finished answer.
+  auto finish_answer = [&](Answer& a, const Session& session, const LongctxSample& sample) {
+    LongctxRecord& rec = a.rec;
+    if (rec.error.empty()) {
+      if (a.generated.size() > 1)
+        rec.attended_kv_bytes = session.prefill_stats().decode_attended_kv_bytes;
+      rec.generated_tokens = static_cast<int64_t>(a.generated.size());
+      rec.prediction = decode_prediction(tokenizer, a.generated);
+      rec.score = scorer(sample, rec.prediction);
+    } else {
       rec.score = 0.0;
     }
     if (jsonl) jsonl->append(rec.to_json());
     ++computed;
-    progress.advance(
-        1, fmt::format("{}  ETA {}", label, format_eta(computed, to_compute, compute_timer.ms())));
-    return rec;
+    progress.advance(1, fmt::format("{}  ETA {}", rec.run,
+                                    format_eta(computed, to_compute, compute_timer.ms())));
+    return std::move(rec);
   };
 
   std::vector<std::unique_ptr<Session>> sessions;
@@ -362,30 +400,69 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
     progress.advance(1, label + " (resumed)");
     return true;
   };
-  if (options.share_prefill) {
-    // Each sample's prompt runs through the model once; every run compresses a copy of it
-    // (PrefilledPrompt: bit-identical to prefilling per run).
+  if (options.share_prefill || options.batch_decode) {
+    // Sample by sample: with share_prefill its prompt runs through the model once and every run
+    // compresses a copy of it (PrefilledPrompt: bit-identical to prefilling per run); with
+    // batch_decode the runs' answers advance together, one decode_batch per step (each session's
+    // logits bit-identical to its own decode, the weights read once per step for all).
     for (const auto& sample : samples) {
       std::shared_ptr<const PrefilledPrompt> shared;
+      std::vector<size_t> run_of;  // answers[k] belongs to run run_of[k]
+      std::vector<Answer> answers;
       for (size_t run_index = 0; run_index < options.runs.size(); ++run_index) {
         if (resumed(run_index, sample)) continue;
-        if (shared == nullptr && sample.error.empty() && !sample.context.empty()) {
+        if (options.share_prefill && shared == nullptr && sample.error.empty() &&
+            !sample.context.empty()) {
           std::vector<int32_t> prompt = sample.context;
           if (!options.query_agnostic)
             prompt.insert(prompt.end(), sample.question.begin(), sample.question.end());
           if (static_cast<int64_t>(prompt.size()) + sample.max_new_tokens <= context_length)
             shared = PrefilledPrompt::make(weights, prompt);
         }
-        by_run[run_index].push_back(
-            compute(options.runs[run_index].label(), *sessions[run_index], sample, shared.get()));
+        Session& session = *sessions[run_index];
+        Answer a = begin_answer(options.runs[run_index].label(), session, sample, shared.get());
+        if (!options.batch_decode) {
+          answer_alone(a, session, sample.max_new_tokens);
+          by_run[run_index].push_back(finish_answer(a, session, sample));
+          continue;
+        }
+        run_of.push_back(run_index);
+        answers.push_back(std::move(a));
       }
+      for (;;) {  // batch_decode: one step of every unfinished answer
+        std::vector<size_t> active;
+        std::vector<Session*> batch;
+        std::vector<int32_t> tokens;
+        for (size_t k = 0; k < answers.size(); ++k) {
+          if (answers[k].done) continue;
+          active.push_back(k);
+          batch.push_back(sessions[run_of[k]].get());
+          tokens.push_back(answers[k].generated.back());
+        }
+        if (active.empty()) break;
+        const Timer step_timer;
+        try {
+          const std::vector<std::span<const float>> logits = decode_batch(batch, tokens);
+          for (size_t i = 0; i < active.size(); ++i)
+            continue_answer(answers[active[i]], logits[i], sample.max_new_tokens);
+        } catch (const Error& e) {  // the batch's sessions are reset: each answer fails
+          for (size_t k : active) fail_answer(answers[k], e);
+        }
+        const double step_ms = step_timer.ms();
+        for (size_t k : active) answers[k].rec.decode_ms += step_ms;
+      }
+      for (size_t k = 0; k < answers.size(); ++k)
+        by_run[run_of[k]].push_back(finish_answer(answers[k], *sessions[run_of[k]], sample));
     }
   } else {
     for (size_t run_index = 0; run_index < options.runs.size(); ++run_index)
-      for (const auto& sample : samples)
-        if (!resumed(run_index, sample))
-          by_run[run_index].push_back(
-              compute(options.runs[run_index].label(), *sessions[run_index], sample, nullptr));
+      for (const auto& sample : samples) {
+        if (resumed(run_index, sample)) continue;
+        Session& session = *sessions[run_index];
+        Answer a = begin_answer(options.runs[run_index].label(), session, sample, nullptr);
+        answer_alone(a, session, sample.max_new_tokens);
+        by_run[run_index].push_back(finish_answer(a, session, sample));
+      }
   }
   for (auto& records : by_run)
     for (auto& rec : records) result.records.push_back(std::move(rec));

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shared harness of the long-context benchmarks (`eval niah`, `eval ruler`, `eval longbench`):
 // every (press, budget) answers the same samples by greedy decoding; each sample's context is
@@ -77,6 +78,11 @@ struct LongctxOptions {
   // (PrefilledPrompt; the same records bit for bit, prefill_ms then counts the copy and the
   // compression only).
   bool share_prefill = false;
+  // Each sample's runs answer together: one decode_batch per generated token over every run
+  // still answering (each run's tokens bit-identical to decoding alone; the weights are read once
+  // per step for all runs). decode_ms is then the wall time of the batched steps a run took part
+  // in, not its own decode speed.
+  bool batch_decode = false;
   bool progress = true;
   std::string progress_label = "eval";
   ProgressSink progress_sink;  // set: gets the steps instead of the stderr bar

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Small English word lists for the synthetic long-context tasks (NIAH keys, RULER's needle keys
 // and common-words task). RULER draws from the `wonderwords` package's noun/adjective/verb lists

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Fidelity metrics (definitions: docs/DESIGN.md §6): every metric compares
 // a compressed run ("press") against the full-cache run on the same tokens.

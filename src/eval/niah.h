@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Needle in a haystack (Kamradt, LLMTest_NeedleInAHaystack): a fact ("needle") is hidden at a
 // given depth of filler text ("haystack") of a given length; the model is asked for it and is

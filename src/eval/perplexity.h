@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Perplexity with llama.cpp's `llama-perplexity` protocol (tools/perplexity/perplexity.cpp,
 // perplexity()), so a protokv number can be put next to a llama.cpp number on the same file:

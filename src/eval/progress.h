@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A one-line progress bar on stderr for long runs. Silent when stderr is not a terminal or when
 // the caller asks for quiet, so logs and pipes stay clean. A caller with its own display (the

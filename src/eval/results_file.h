@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A results file of JSON lines that a stopped evaluation resumes from: a header line
 // {"header": ...} describing the configuration, then one record per line, appended and flushed

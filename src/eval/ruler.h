@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // RULER (Hsieh et al. 2024, NVIDIA/RULER): synthetic long-context tasks with their templates,
 // generators and scoring. Task definitions follow scripts/synthetic.yaml; templates and answer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Paired statistics shared by every evaluation.
 #include "eval/statistics.h"
 

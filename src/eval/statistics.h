@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Paired statistics shared by every evaluation (fidelity, niah, ruler, longbench): methods are
 // compared on the same samples, so the quantity of interest is the per-sample difference.
 #pragma once

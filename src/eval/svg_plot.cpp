@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "eval/svg_plot.h"
 
 #include <fmt/format.h>

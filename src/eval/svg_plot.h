@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Minimal SVG line charts for reports: one polyline per series, axes with ticks, a legend.
 #include <string>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // SYNTHETIC model, workload and post-RoPE tensors, generated in memory from a seed, so that the
 // demo, tests and the compression benchmark need no download. Nothing here is a trained model:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GGUF reader: maps the file and validates every count, length and offset against the file size
 // before allocating anything, so a corrupt or hostile file ends in one Error line.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers shared by the GGUF reader and writer: value-type names and sizes.
 #include <cstddef>

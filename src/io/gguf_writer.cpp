@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GGUF v3 writer. The header is assembled in memory; tensor data is streamed to a temporary file
 // that replaces the destination only once complete, so a failure never leaves half a model.
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Read-only memory mapping of a whole model file: weights are used in place, never read whole.
 #include <cstddef>

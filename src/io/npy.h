@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // NumPy's .npy format (version 1.0), float32 row-major matrices only: what `numpy.load` reads
 // without pickle. For dumping engine outputs (logits) that Python compares against.

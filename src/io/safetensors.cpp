@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "io/safetensors.h"
 #include "protokv/limits.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Reader of Hugging Face safetensors files over a memory mapping: an 8-byte little-endian header
 // length, a JSON header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Text inputs read whole (prompts, haystacks, evaluation and calibration text): bounded by
 // limits::kMaxTextFileBytes, so a wrong file (a model passed as -f, say) is one line, not a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The inner loops of ProtoKV's clustering (ProtoKV §4.1-4.3; press/protokv_clustering.h has the
 // algorithm around them): the chunk pass, the dots of rows with one vector and the exact prototype

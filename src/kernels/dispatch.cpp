@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Run-time choice of the kernel variant (kernels/isa.h, kernels/variant.h) and the public kernels
 // that forward to it. Compiled for the baseline CPU (no -march): this file must run anywhere.
 #include <cstdlib>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Instruction-set variants of the kernels (kernels/variant.h). The functions in kernels.h run the
 // variant active_isa() picks at run time from the CPU's features; tests and benchmarks call each

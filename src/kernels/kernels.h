@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CPU kernels. Each has a naive reference in tests/. Shapes are in the comments; all math is F32.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The GGML quantised block formats (Q4_0 ... Q6_K, protokv/dtype.h) brought to one common form,
 // UnpackedBlock, shared by the scalar dequantisation (core/dtype.cpp) and the integer mat-vec

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Integer mat-vec for the quantised weight types: as in ggml, the activation vector is quantised
 // once per call to int8 blocks, and each weight block is multiplied with them in int32.

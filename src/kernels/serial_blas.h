@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Keeps the BLAS calls made during its lifetime on the calling thread. OpenBLAS's OpenMP build
 // already runs single-threaded inside an active parallel region; outside one it forks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Vector primitives behind every kernel, one struct per instruction set with the same static
 // functions: ScalarOps (portable, always compiled), Avx2Ops (AVX2 + FMA + F16C), Avx512Ops

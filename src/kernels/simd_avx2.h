@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The AVX2 + FMA + F16C vector primitives (see kernels/simd.h); empty unless compiled for them.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Which vector instruction sets this translation unit is compiled for (PROTOKV_HAVE_AVX2,
 // PROTOKV_HAVE_AVX512), and their intrinsics where any is.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The portable vector primitives (see kernels/simd.h): always compiled, the reference the
 // vector paths are tested against.

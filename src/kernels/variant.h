@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The kernels compiled once per instruction set. Every source in kernels/variant/ is built once
 // per variant (CMakeLists.txt: scalar; avx2 = AVX2 + FMA + F16C; avx512 = AVX-512 F/BW/VL/DQ/VNNI

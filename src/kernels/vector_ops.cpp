@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kernels written once for every CPU: RoPE, RMSNorm over rows (kernels/variant/ has the
 // per-instruction-set ones), the F16 table.
 #include <algorithm>

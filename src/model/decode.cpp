@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode (docs/DESIGN.md §3.2): one token at position n_past through the shared block steps
 // (forward.cpp) with N = 1. Its K/V are appended to every KV head of each layer, each query head
 // attends over all entries of its KV head (heads may hold different numbers of entries after

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transformer block, written once as steps over N token rows: prefill runs them over a chunk
 // of the prompt, decode over one row. The steps differ only in how attention reads the cache
 // (prefill.cpp, decode.cpp); everything else is here. The kernels dispatch on N: one row uses

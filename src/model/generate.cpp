@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The generate loop (include/protokv/generate.h).
 #include "protokv/generate.h"
 

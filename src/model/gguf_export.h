@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Writing Llama-family models as GGUF files that protokv and llama.cpp both load: storage types,
 // the llama.* / general.* metadata, and ModelWeights + Tokenizer -> file. The tensors come from

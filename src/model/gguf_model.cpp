@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Llama-family weights from a GGUF file. Matrices point into the mapping; only norm vectors not
 // stored as F32 (and tensors the file leaves misaligned for their type) are copied.
 #include <fmt/ranges.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The one table of GGUF model metadata keys and tensor names protokv reads and writes, so that
 // the model loader and the exporters hold no raw strings (the container's own keys, such as the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face checkpoint -> GGUF. Facts from llama.cpp's converter (convert_hf_to_gguf.py with
 // conversion/llama.py, conversion/qwen.py, conversion/base.py and gguf-py's vocab.py and
 // constants.py); the code is protokv's own. The tensors written are the architecture's table

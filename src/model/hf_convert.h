@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Hugging Face checkpoint folder (config.json, model.safetensors or a sharded
 // model.safetensors.index.json, tokenizer.json, tokenizer_config.json) -> GGUF, written the way

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama2.c "legacy" checkpoint loader: a header of 7 little-endian int32
 // (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len) followed by F32 tensors in
 // the order of llama2.c's run.c (memory_map_weights). The file is memory-mapped and every

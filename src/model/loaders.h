@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Format-specific loaders behind protokv::load_model (model/loader.cpp dispatches on magic).
 #include <string>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prefill (docs/DESIGN.md §3.3): the prompt, layer by layer, in chunks of `ubatch` rows appended at
 // n_past; append() feeds a follow-up turn the same way without resetting the cache.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "model/random_model.h"
 #include "core/parallel.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Random-weight llama / qwen2 / qwen3 models of any shape, for tests, demos and benchmarks: written
 // as standard GGUF files (loadable by llama.cpp too) or built in memory. The same (config, seed)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Token sampling: greedy, or temperature + top-k + top-p (nucleus) from a seeded mt19937_64.
 #include "protokv/sampler.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Session lifecycle: validation of the weights it runs on, scratch allocation, accessors.
 // The forward pass itself is in forward.cpp (the block), prefill.cpp and decode.cpp.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Internal state of protokv::Session, shared by session.cpp (lifecycle), forward.cpp (the
 // transformer block), prefill.cpp and decode.cpp. Not part of the public API.

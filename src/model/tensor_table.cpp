@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "model/tensor_table.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The one declarative table of an architecture's tensors (docs/DESIGN.md §3.1): name, shape from
 // the config, required or optional, and where it lives in ModelWeights. Loading (GGUF, llama2.c),

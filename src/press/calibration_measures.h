@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The measures `protokv calibrate` writes into a profile and that chelsea and pod compute on the
 // prompt itself when no profile is given (DESIGN §5 chelsea, pod). One definition each, shared

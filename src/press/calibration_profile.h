@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A calibration profile (`protokv calibrate`, DESIGN §5 chelsea and pod): what a model's
 // calibration run measured, per model, for the presses to read with `profile=FILE` instead of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Chelsea (§5 and Appendix C, DESIGN §5 chelsea): training-free KV-cache clustering by
 // Chunked Soft Matching. Per KV head, the first `sinks` and the last `recent` entries stay as they

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ClusterKV (DESIGN §5 clusterkv): recallable compression. Every entry stays in the
 // cache; the keys of each KV head (layers >= full_layers, after `sinks` sink tokens) are grouped by

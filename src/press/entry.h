@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A press is one entry: its name, its help paragraph (options with defaults, where it is
 // approximate), how it uses a budget allocator, and the factory that reads its options. Each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // H2O (Zhang et al., "heavy hitters"): score = column sums of the full causal attention of every
 // prompt query, reduced over the GQA group (mean by default); keep the top B - w prefix entries

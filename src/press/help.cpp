@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // press_help(): the methods, what they keep, their options with defaults, and where they are
 // approximate or differ from the reference code, generated from the press table (each entry's
 // paragraph lives beside its press). docs/methods.md says the same at length.

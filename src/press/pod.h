@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // PoD (DESIGN §5 pod), training-free: per KV head, the proximal entries (the first
 // `sinks` = n_s and the last n_r = B - n_s) keep their own keys at every layer; the distant ones

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PressSpec: the immutable options of a press and the factory of its per-session states. parse()
 // lives beside the press table in registry.cpp.
 #include "protokv/press_spec.h"

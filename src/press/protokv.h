@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ProtoKV (Algorithm 1; variants from its ICLR version). Per KV head, over
 // the prefix keys (positions < n - w): hybrid semantic prototypes (chunk means for regular tokens,

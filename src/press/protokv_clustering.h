@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ProtoKV's prototype construction and token clustering (ProtoKV §4.1-4.3, Algorithm 1
 // lines 1-17; variants from its ICLR version), for the prefix keys of one KV head.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // SnapKV (ProtoKV paper Eqs. 4-5): score = observation-window attention, pooled, reduced over the
 // GQA group. Also the scorer of pyramidkv and adakv, which differ only in their allocator.

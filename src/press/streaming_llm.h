@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // StreamingLLM (Xiao et al.): keep the first `sinks` tokens (attention sinks) and the most recent
 // B - sinks tokens of the prompt. Position-only: no scores, no allocator.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/http_server.h"
 
 #include <fmt/format.h>

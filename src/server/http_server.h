@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `protokv serve`: the OpenAI-compatible HTTP front end (cpp-httplib) over the Scheduler.
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true as

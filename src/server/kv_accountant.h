@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The server's KV memory accountant (`protokv serve --kv-memory`): a hard cap on the KV bytes that
 // all sessions together may hold. A request reserves an upper bound of what it can ever hold

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/openai_api.h"
 
 #include <fmt/format.h>

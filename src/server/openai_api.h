@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The OpenAI wire format of `protokv serve`: request bodies parsed and validated into plain
 // structs, errors as {"error": {"message", "type", "param", "code"}} with their HTTP status, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The server's engine side: one thread owns the model and steps every active session. Requests
 // wait in a bounded FIFO queue until a session slot (--parallel) and their KV reservation

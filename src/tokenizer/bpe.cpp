@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Byte-level BPE as llama.cpp's llm_tokenizer_bpe and Hugging Face's BPE model do it: split the
 // text with the pre-tokenizer regexes, map each word's bytes to GPT-2's printable alphabet, then
 // merge adjacent symbols in merge-rank order (lowest rank first, leftmost on ties).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Byte-level BPE (GPT-2 family): byte <-> unicode map, regex pre-tokenizer (ICU), merge ranks.
 #include <memory>

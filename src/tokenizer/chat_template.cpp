@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Chat templates of the common model families, detected from the Jinja source as llama.cpp's
 // llm_chat_detect_template does (src/llama-chat.cpp) and rendered as the families' official
 // templates do: llama.cpp's llm_chat_apply_template where the two agree, the template where not

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tokenizer as GGUF metadata (`tokenizer.ggml.*`): llama.cpp's "llama" (SentencePiece) and
 // "gpt2" (byte-level BPE) models. Kept apart from the encoders so that code using only the
 // tokenizer does not link the GGUF I/O.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face tokenizer.json (+ tokenizer_config.json beside it) for byte-level BPE models
 // (Llama 3, Qwen2/2.5/3, GPT-2 style). Anything this reader does not implement exactly is
 // rejected with one clear error rather than tokenized approximately.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Internal state of protokv::Tokenizer, shared by its loaders and the two encoders.
 #include <array>

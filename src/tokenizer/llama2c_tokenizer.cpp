@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama2.c tokenizer.bin reader: int32 max_token_length, then per token: f32 score, int32 length,
 // `length` bytes. Pieces there hold real spaces; we store them with "▁" like SentencePiece/GGUF.
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Greedy pair merging, the core both encoders share: SentencePiece's scored pieces
 // (tokenizer.cpp, the best score merges first) and byte-level BPE's ranked merges (bpe.cpp, the

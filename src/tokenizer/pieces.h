@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Piece-string conventions shared by the tokenizer's loaders, encoder and decoder.
 #include <cstddef>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tokenizer facade (special-token splitting, BOS, decoding) and the SentencePiece encoder.
 #include "protokv/tokenizer.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The official OpenAI Node.js client (npm package `openai`, unmodified) against `protokv serve`:
 // models, chat and completions, plain and streamed, the kv_compression extension and the error
 // statuses. Run by openai_client.sh, which starts the server; exits non-zero on the first failure.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Starts `protokv serve` on an ephemeral 127.0.0.1 port with the shipped recall model and runs
 # openai_client.mjs (the official `openai` npm client) against it. The client comes from
 # ${PROTOKV_CACHE:-~/.cache/protokv}/npm (tools/setup.sh installs it there, never in the repo).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # docs/deploy.md, tested: two `protokv serve` replicas (the shipped recall model, ephemeral
 # 127.0.0.1 ports) behind nginx with consistent hashing on the X-Conversation-Id header. Checks
 # that both replicas serve, that every turn of a conversation lands on the same replica, and that

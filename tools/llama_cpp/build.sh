@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds llama.cpp (CPU, Release) from the source that the npm package node-llama-cpp ships as a
 # git bundle (package/llama/gitRelease.bundle; llama.cpp upstream de3ff81, MIT), plus
 # protokv-dump-logits (tools/llama_cpp/dump_logits.cpp) and protokv-llama-oracle

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # protokv perplexity next to llama-perplexity on the same GGUF file and text (issue 9 targets:
 # within 0.1% for F32/F16, 1% for quantised types). llama.cpp from tools/llama_cpp/build.sh.
 #

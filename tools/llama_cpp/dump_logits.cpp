@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // protokv-dump-logits: llama.cpp's logits for given token ids, teacher-forced in one batch, for the
 // fixtures of tests/test_llama_cpp_oracle.cpp. Built by tools/llama_cpp/build.sh against the
 // llama.cpp it builds (not part of protokv's build).

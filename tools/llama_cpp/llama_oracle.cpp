@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // protokv-llama-oracle: llama.cpp's greedy continuations and chat-template renderings for the
 // real-model fixtures of tests/test_real_models.cpp (tools/llama_cpp/make_real_model_fixtures.sh).
 // Built by tools/llama_cpp/build.sh against the llama.cpp it builds (not part of protokv's build).

@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+// SPDX-License-Identifier: Apache-2.0
 // Generates the golden token ids of tests/data/tokenizer/hf_golden.json with @lenml/tokenizers
 // (a port of transformers.js' tokenizers), from the real tokenizer.json files in
 // ../shared/tokenizers/hf/. CI does not run this; the output is committed.

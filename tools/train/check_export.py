@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checks that protokv runs the exported model exactly as torch does: greedy continuations of a
 few prompts must be the same token ids.
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Converts a training checkpoint (llama2.c recall.bin) to GGUF and measures single-needle NIAH
 # with the full cache: tools/train/eval_checkpoint.sh RUN_DIR [LENGTHS] [DEPTHS]
 set -eu

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Converts a kept training checkpoint (llama2.c recall_stepN.bin) to GGUF and measures RULER at
 # 2048 tokens with the full cache on the tasks issue 12 asks for:
 #   tools/train/eval_ruler_checkpoint.sh RUN/recall_step900.bin OUT_DIR [SEED] [SAMPLES]

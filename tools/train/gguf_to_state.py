@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reads a recall-model GGUF (as tools/train/ship.sh writes it) back into a training state.pt, so
 that training can continue from shipped weights when the run's own state.pt is gone:
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Filler corpus for the recall model: 400 short stories sampled from stories260K (temperature
 # 0.9, seeds 1..400, four opening phrases), ~350 KB. stories260K (llama2.c, MIT) was trained on
 # TinyStories (CDLA-Sharing-1.0); its samples are used only as filler text.

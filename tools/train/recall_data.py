@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Seeded training data for the recall model: planted facts and questions in the formats of
 protokv's `eval niah` (src/eval/niah.cpp) and `eval ruler` (src/eval/ruler.cpp), hidden in
 language filler (stories written by stories260K) or RULER's repeated noise sentences, plus a

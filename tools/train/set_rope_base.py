@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Writes llama.rope.freq_base (a float32 already present) in a GGUF file, in place:
   python3 tools/train/set_rope_base.py model.gguf 500000
 `protokv convert` of a llama2.c checkpoint writes 10000 (the format has no theta field)."""

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Turns a training run's llama2.c checkpoint into the shipped GGUF:
 #   tools/train/ship.sh RUN_DIR models/protokv-recall.gguf
 # F16 matrices (norms stay F32), RoPE base written as trained.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SentencePiece-style BPE encoder for a llama2.c tokenizer.bin (stories260K's tok512).
 
 Reproduces protokv's encoder (src/tokenizer/tokenizer.cpp, encode_spm with llama2.c

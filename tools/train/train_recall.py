@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Train protokv's recall model: a small Llama (RMSNorm, RoPE in Meta adjacent-pair order, GQA,
 SwiGLU) on planted-fact retrieval in the formats of `protokv eval niah` / `eval ruler`.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Budget allocators (DESIGN §5): turn one budget B (entries per KV head per layer, window
 // included) into per-(layer, head) budgets. Any scorer composes with any allocator.

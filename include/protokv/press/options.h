@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Press options from the CLI: `NAME:key=value,key=value`. Each press reads its options through an
 // OptionReader with typed getters (default, range); finish() then rejects every option that no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Per-layer scores that a scorer hands to the allocator and the selector, and the selector itself
 // (DESIGN §5: scorer -> allocator -> selector).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A press that is "score, then keep": a Scorer rates every prefix entry of every KV head, an
 // allocator turns the budget into per-head counts, and the selector keeps the best entries plus

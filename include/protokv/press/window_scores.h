@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Observation-window scores (SnapKV Eq. 4, DESIGN §5 "Shared utility"): how much attention the last
 // `window` prompt queries pay to each prefix key, pooled along the sequence (SnapKV Eq. 5) and

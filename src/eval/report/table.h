@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Plain-text tables with aligned columns for terminal reports.
 #include <string>
@@ -15,6 +16,7 @@ class Table {
   // Header, a dashed rule, then the rows; columns separated by two spaces; each line ends in '\n'.
   std::string render() const;
   size_t rows() const { return rows_.size(); }
+  size_t columns() const { return headers_.size(); }
 
  private:
   std::vector<std::string> headers_;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode attention: one new query per head over that head's cached entries.
 #include <algorithm>
 #include <cmath>

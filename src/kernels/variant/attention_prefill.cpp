@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Causal prefill attention, tiled with an online softmax (FlashAttention's recurrence on CPU):
 // for each query tile walk the key tiles left to right,
 //   S = Q_tile K_tile^T (sgemm), running row max m and row sum l,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The inner loops of ProtoKV's clustering for one instruction set (kernels/clustering.h).
 #include <algorithm>
 #include <cmath>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Mat-mul for prefill: Y[n, rows] = X[n, cols] · W^T through BLAS sgemm.
 #include <cblas.h>
 

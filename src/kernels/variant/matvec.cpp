@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Mat-vec for decode: y = W x, W in any supported dtype. Memory-bound: each weight byte is
 // read once, rows are split across threads in contiguous static chunks so that each thread
 // streams its own region. Q8_0 and the K-quants multiply int8-quantised activations in integer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The table of one kernel variant (kernels/variant.h).
 #include "kernels/variant.h"
 

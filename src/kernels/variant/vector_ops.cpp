@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element-wise and reduction kernels of one instruction set: dot, RMSNorm, softmax, exp.
 #include <cmath>
 
