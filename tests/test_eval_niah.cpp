@@ -283,6 +283,40 @@ TEST(Niah, BatchedDecodeGivesTheSameRecords) {
   }
 }
 
+TEST(LongctxRunner, AScorerErrorSkipsItsRecordNotTheRun) {
+  PROTOKV_REQUIRE_STORIES();
+  const LoadedModel model = load_stories();
+  std::vector<eval::LongctxSample> samples(3);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    samples[i].id = fmt::format("s{}", i);
+    samples[i].context = model.tokenizer->encode("Once upon a time there was a cat", true);
+    samples[i].max_new_tokens = 4;
+  }
+  const eval::LongctxScorer scorer = [](const eval::LongctxSample& s, const std::string&) {
+    if (s.id == "s1") fail("cannot score {}", s.id);
+    return 1.0;
+  };
+  eval::LongctxOptions options;
+  options.runs = eval::make_run_specs({"full", "snapkv"}, {16}, {});
+  options.progress = false;
+  for (const bool batch : {false, true}) {
+    options.batch_decode = batch;
+    const eval::LongctxResult result =
+        eval::run_longctx(model.weights, *model.tokenizer, samples, scorer, options);
+    ASSERT_EQ(result.records.size(), 6u);
+    for (const auto& r : result.records) {
+      EXPECT_FALSE(r.prediction.empty()) << r.id;
+      if (r.id == "s1") {
+        EXPECT_EQ(r.error, "cannot score s1");
+        EXPECT_EQ(r.score, 0.0);
+      } else {
+        EXPECT_TRUE(r.error.empty()) << r.error;
+        EXPECT_EQ(r.score, 1.0);
+      }
+    }
+  }
+}
+
 TEST(Niah, SamplesHaveExactLengthAndTheNeedleAtItsDepth) {
   PROTOKV_REQUIRE_STORIES();
   const auto tok = Tokenizer::load_llama2c((testing::stories_dir() / "tok512.bin").string(), 512);

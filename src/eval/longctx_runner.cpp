@@ -371,11 +371,14 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
       if (a.generated.size() > 1)
         rec.attended_kv_bytes = session.prefill_stats().decode_attended_kv_bytes;
       rec.generated_tokens = static_cast<int64_t>(a.generated.size());
-      rec.prediction = decode_prediction(tokenizer, a.generated);
-      rec.score = scorer(sample, rec.prediction);
-    } else {
-      rec.score = 0.0;
+      try {  // a prediction the scorer cannot score skips this record, not the run
+        rec.prediction = decode_prediction(tokenizer, a.generated);
+        rec.score = scorer(sample, rec.prediction);
+      } catch (const Error& e) {
+        rec.error = e.what();
+      }
     }
+    if (!rec.error.empty()) rec.score = 0.0;
     if (jsonl) jsonl->append(rec.to_json());
     ++computed;
     progress.advance(1, fmt::format("{}  ETA {}", rec.run,
