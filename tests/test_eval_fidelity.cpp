@@ -14,6 +14,7 @@
 #include "eval/compress_bench.h"
 #include "eval/demo.h"
 #include "eval/fidelity.h"
+#include "eval/metrics.h"
 #include "eval/synthetic.h"
 #include "protokv/error.h"
 #include "test_util.h"
@@ -497,6 +498,29 @@ TEST(EvalFidelityStories, TextSamplesFromTheRealModel) {
   ASSERT_EQ(sampled.exit_code, 0) << sampled.err;
   EXPECT_EQ(nlohmann::json::parse(sampled.out)["config"]["sample_origins"][0]["source"],
             "model-sampled");
+}
+
+TEST(FidelityOutDir, OpensTheRunsFolderOrSaysWhyNot) {
+  const TempDir tmp;
+  FidelityOptions options;
+  const std::string dir =
+      open_fidelity_out_dir(tmp.path().string(), "/m/smol.gguf", 64, 8, 3, true, options);
+  EXPECT_EQ(dir, (tmp / "fidelity_smol_p64_c8_s3").string());
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+  EXPECT_EQ(options.jsonl_path, dir + "/samples.jsonl");
+  EXPECT_TRUE(options.resume);
+
+  // A file where the folder should be: one Error line, not a std::filesystem exception.
+  std::ofstream(tmp / "file") << "x";
+  FidelityOptions other;
+  try {
+    open_fidelity_out_dir((tmp / "file").string(), "/m/smol.gguf", 64, 8, 3, false, other);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create output directory"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(other.jsonl_path.empty());
 }
 
 TEST(BenchCompress, TinyTensorsGiveSaneResults) {

@@ -147,13 +147,6 @@ TEST(LongctxRunner, GroupSummaryPairsWithinTheGroup) {
   EXPECT_DOUBLE_EQ(b[1].diff_mean, 0.5);
 }
 
-TEST(LongctxRunner, PredictionsAreMadeValidUtf8) {
-  EXPECT_EQ(eval::sanitize_utf8("ok \xC3\xA9"), "ok \xC3\xA9");
-  EXPECT_EQ(eval::sanitize_utf8("a\xFF b"), "a\xEF\xBF\xBD b");
-  EXPECT_EQ(eval::sanitize_utf8("cut \xE4\xB8"), "cut \xEF\xBF\xBD\xEF\xBF\xBD");
-  EXPECT_TRUE(eval::is_valid_utf8(eval::sanitize_utf8("\xC0\xAF\xED\xA0\x80")));
-}
-
 TEST(LongctxRunner, EtaFormat) {
   EXPECT_EQ(eval::format_eta(0, 10, 0.0), "?");
   EXPECT_EQ(eval::format_eta(1, 11, 1000.0), "10s");
@@ -182,14 +175,6 @@ TEST(Niah, DefaultGrid) {
   EXPECT_GE(big.size(), 4u);
   EXPECT_LE(big.size(), 8u);
   EXPECT_EQ(eval::default_niah_depths().size(), 11u);
-}
-
-TEST(Niah, Utf8Validation) {
-  EXPECT_TRUE(eval::is_valid_utf8("plain ascii"));
-  EXPECT_TRUE(eval::is_valid_utf8("caf\xC3\xA9 \xE4\xB8\xAD"));
-  EXPECT_FALSE(eval::is_valid_utf8("bad \xFF byte"));
-  EXPECT_FALSE(eval::is_valid_utf8("cut \xE4\xB8"));
-  EXPECT_FALSE(eval::is_valid_utf8("overlong \xC0\xAF"));
 }
 
 // The library call the CLI and the Python package share: a press given as an object (as a Python

@@ -272,30 +272,6 @@ TEST(ClusterKv, ContiguousIndexStoresEachClusterAsOneBlock) {
   EXPECT_EQ(index.members.back(), 21);
 }
 
-TEST(HeadCacheReorder, PermutesRowsPositionsAndWeightsInPlace) {
-  HeadCache head(2);
-  for (int t = 0; t < 6; ++t) {
-    const std::vector<float> k = {float(t), float(t) + 0.5f}, v = {-float(t), 10.0f * t};
-    head.append(k.data(), v.data(), 100 + t, t == 4 ? 0.25f : 0.0f);
-  }
-  const float* keys_before = head.keys();
-  head.reorder(2, std::vector<int32_t>{2, 0, 3, 1});  // entries 2..5 become 4, 2, 5, 3
-  EXPECT_EQ(head.keys(), keys_before);                // in place
-  const std::vector<int32_t> expected = {100, 101, 104, 102, 105, 103};
-  EXPECT_EQ(std::vector<int32_t>(head.positions().begin(), head.positions().end()), expected);
-  for (int64_t e = 0; e < 6; ++e) {
-    const float t = static_cast<float>(expected[static_cast<size_t>(e)] - 100);
-    EXPECT_EQ(head.key(e)[0], t);
-    EXPECT_EQ(head.key(e)[1], t + 0.5f);
-    EXPECT_EQ(head.value(e)[0], -t);
-    EXPECT_EQ(head.value(e)[1], 10.0f * t);
-    EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], t == 4 ? 0.25f : 0.0f);
-  }
-  EXPECT_THROW(head.reorder(3, std::vector<int32_t>{0, 1, 2, 3}), Error);  // past the end
-  EXPECT_THROW(head.reorder(0, std::vector<int32_t>{0, 0}), Error);        // not a permutation
-  EXPECT_THROW(head.reorder(0, std::vector<int32_t>{0, 2}), Error);
-}
-
 // Token positions of `entries` of `head`, sorted.
 std::vector<int32_t> sorted_positions(const HeadCache& head, std::span<const int32_t> entries) {
   std::vector<int32_t> out;

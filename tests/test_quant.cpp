@@ -510,10 +510,10 @@ double ggml_legacy_reference(DType type, const void* row, int64_t cols,
                              const kernels::QuantizedActivation& x, double* abs_sum) {
   double total = 0.0;
   *abs_sum = 0.0;
-  kernels::with_unpacker(type, [&](auto unpack) {
+  quant::with_unpacker(type, [&](auto unpack) {
     using Unpack = decltype(unpack);
     const auto* blocks = static_cast<const typename Unpack::Block*>(row);
-    kernels::UnpackedBlock u;
+    quant::UnpackedBlock u;
     for (int64_t b = 0; b < cols / 32; ++b) {
       Unpack::unpack(blocks[b], u);
       int64_t dot = 0, abs_dot = 0;
@@ -542,10 +542,10 @@ float ggml_x86_emulation(DType type, const void* row, int64_t cols,
                          const kernels::QuantizedActivation& x) {
   float lanes[8] = {};
   float mins = 0.0f;
-  kernels::with_unpacker(type, [&](auto unpack) {
+  quant::with_unpacker(type, [&](auto unpack) {
     using Unpack = decltype(unpack);
     const auto* blocks = static_cast<const typename Unpack::Block*>(row);
-    kernels::UnpackedBlock u;
+    quant::UnpackedBlock u;
     for (int64_t b = 0; b < cols / 32; ++b) {
       Unpack::unpack(blocks[b], u);
       const float d = u.d * x.scale[static_cast<size_t>(b)];

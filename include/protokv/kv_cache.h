@@ -11,16 +11,9 @@
 #include <span>
 #include <vector>
 
-namespace protokv {
+#include "protokv/key_segment.h"
 
-// Keys of `count` consecutive entries, rows [count, head_dim] from `keys`. `query`, when set,
-// replaces the attending query for these entries' logits (PoD Eq. 3 with scores=lower: the
-// block's lowest layer's query with its keys); for a group of query heads it is [group, d].
-struct KeySegment {
-  const float* keys = nullptr;
-  int64_t count = 0;
-  const float* query = nullptr;
-};
+namespace protokv {
 
 class HeadCache {
  public:

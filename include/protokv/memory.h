@@ -9,8 +9,6 @@
 
 namespace protokv {
 
-struct ModelConfig;
-
 // What this process can still take, as the system reports it: the least of MemAvailable
 // (/proc/meminfo: free memory plus the page cache the kernel can reclaim), the cgroup v2 limit
 // (memory.max less memory.current) and RLIMIT_AS less the address space already mapped.
@@ -24,9 +22,5 @@ AvailableMemory available_memory();
 // Error "<what> needs ~X GiB of memory but only Y GiB is available (<source>)" when `needed` is
 // more than `available.bytes`.
 void check_memory_fits(std::string_view what, uint64_t needed, const AvailableMemory& available);
-
-// Bytes of KV cache for `tokens` tokens in every layer (a sliding-window layer holds at most its
-// window): F32 keys and values plus each entry's position and log-weight, per KV head.
-uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens);
 
 }  // namespace protokv

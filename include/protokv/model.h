@@ -74,6 +74,10 @@ struct ModelConfig {
   void validate() const;
 };
 
+// Bytes of KV cache for `tokens` tokens in every layer (a sliding-window layer holds at most its
+// window): F32 keys and values plus each entry's position and log-weight, per KV head.
+uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens);
+
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim]
   WeightMatrix wq;                   // [n_heads * head_dim, dim]

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -462,10 +461,8 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
   options.progress_sink = python_progress(std::move(progress_callback));
   std::string dir;
   if (!out.empty()) {  // as the CLI's --out: samples.jsonl as each sample finishes, then the rest
-    dir = eval::fidelity_out_dir(out, model.loaded().path, prompt_len, continuation, samples);
-    std::filesystem::create_directories(dir);
-    options.jsonl_path = (std::filesystem::path(dir) / "samples.jsonl").string();
-    options.resume = resume;
+    dir = eval::open_fidelity_out_dir(out, model.loaded().path, prompt_len, continuation, samples,
+                                      resume, options);
   }
   nlohmann::json report;
   {

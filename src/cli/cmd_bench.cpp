@@ -27,6 +27,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "eval/engine_bench.h"
+#include "eval/metrics.h"
 #include "kernels/isa.h"
 #include "model/tensor_table.h"
 #include "protokv/engine.h"
@@ -41,6 +42,7 @@ namespace {
 using eval::MachineReference;
 using eval::measure_bandwidth;
 using eval::measure_sgemm_gflops;
+using eval::median;
 using eval::prefill_flops;
 using eval::process_cpu_ms;
 using eval::streamed_weight_bytes;
@@ -57,12 +59,6 @@ struct E2eOptions {
   int64_t copy_mib = 256;
   int64_t ubatch = 0;
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 struct ContextResult {
   int64_t context = 0;

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -119,11 +118,8 @@ void run_fidelity_command(const FidelityArgs& args) {
 
   std::string dir;
   if (!args.out_dir.empty()) {
-    dir = eval::fidelity_out_dir(args.out_dir, model_path, args.prompt_len, args.continuation,
-                                 args.samples);
-    std::filesystem::create_directories(dir);
-    options.jsonl_path = (std::filesystem::path(dir) / "samples.jsonl").string();
-    options.resume = args.resume;
+    dir = eval::open_fidelity_out_dir(args.out_dir, model_path, args.prompt_len, args.continuation,
+                                      args.samples, args.resume, options);
   }
   eval::FidelityReport report = eval::run_fidelity(loaded.weights, samples, options);
   for (auto& [key, value] : source.items()) report.config[key] = value;

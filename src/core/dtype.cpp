@@ -5,8 +5,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
-#include "kernels/quant_blocks.h"
+#include "core/quant_blocks.h"
 #include "protokv/error.h"
 
 namespace protokv {
@@ -167,6 +168,19 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+namespace quant {
+
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(size_t{1} << 16);
+    for (uint32_t h = 0; h < t.size(); ++h) t[h] = f16_to_f32(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
+}
+
+}  // namespace quant
+
 uint16_t f32_to_f16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
@@ -226,9 +240,9 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       return;
     }
     default:
-      kernels::with_unpacker(type, [&](auto unpack) {
+      quant::with_unpacker(type, [&](auto unpack) {
         using Unpack = decltype(unpack);
-        kernels::dequantize_blocks<Unpack>(src, dst, n / Unpack::kValues);
+        quant::dequantize_blocks<Unpack>(src, dst, n / Unpack::kValues);
       });
       return;
   }
@@ -286,7 +300,7 @@ void quantize_row_q4_k(const float* x, BlockQ4_K* blocks, int64_t n) {
       const float range = hi + dmin * static_cast<float>(mn[sub]);
       sc[sub] = d > 0.0f ? std::clamp(static_cast<int>(std::ceil(range / (15.0f * d))), 0, 63) : 0;
     }
-    // The 12-byte packing read by kernels::k4_scale_min.
+    // The 12-byte packing read by quant::k4_scale_min.
     std::memset(out.scales, 0, sizeof(out.scales));
     for (int sub = 0; sub < 8; ++sub) {
       if (sub < 4) {

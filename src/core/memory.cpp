@@ -11,7 +11,6 @@
 
 #include "core/units.h"
 #include "protokv/error.h"
-#include "protokv/model.h"
 
 namespace protokv {
 namespace {
@@ -73,20 +72,6 @@ void check_memory_fits(std::string_view what, uint64_t needed, const AvailableMe
   fail("{} needs ~{} of memory but only {} is available ({})", what,
        format_bytes(static_cast<double>(needed)),
        format_bytes(static_cast<double>(available.bytes)), available.source);
-}
-
-uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens) {
-  // Per entry and KV head: key and value rows, a position (int32) and a log-weight (float).
-  const uint64_t entry_bytes =
-      (2 * static_cast<uint64_t>(config.head_dim()) + 2) * sizeof(float) * config.n_kv_heads;
-  uint64_t total = 0;
-  for (int l = 0; l < config.n_layers; ++l) {
-    const int64_t held = config.is_local_layer(l) && config.sliding_window > 0
-                             ? std::min<int64_t>(tokens, config.sliding_window)
-                             : tokens;
-    total += static_cast<uint64_t>(std::max<int64_t>(0, held)) * entry_bytes;
-  }
-  return total;
 }
 
 }  // namespace protokv

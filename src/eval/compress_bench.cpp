@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "eval/engine_bench.h"
+#include "eval/metrics.h"
 #include "eval/progress.h"
 #include "eval/report/table.h"
 #include "eval/synthetic.h"
@@ -21,13 +22,6 @@ namespace {
 constexpr const char* kReference = "snapkv";
 
 }  // namespace
-
-double median(std::vector<double> values) {
-  PROTOKV_CHECK(!values.empty(), "median of an empty sample");
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
 
 CompressBenchReport run_compress_bench(const CompressBenchOptions& options) {
   PROTOKV_CHECK(options.n_layers >= 1 && options.n_layers <= 256,

@@ -56,7 +56,4 @@ CompressBenchReport run_compress_bench(const CompressBenchOptions& options);
 nlohmann::json to_json(const CompressBenchReport& report);
 std::string render_table(const CompressBenchReport& report);
 
-// Median of a non-empty sample (mean of the two middle values for an even count).
-double median(std::vector<double> values);
-
 }  // namespace protokv::eval

@@ -130,6 +130,12 @@ std::string render_table(const FidelityReport& report);
 // out/fidelity_<model stem>_p<prompt_len>_c<continuation>_s<samples>.
 std::string fidelity_out_dir(const std::string& out, const std::string& model_path,
                              int64_t prompt_len, int64_t continuation, int samples);
+// eval fidelity --out, eval.fidelity(out=): creates that folder and points `options` at its
+// samples.jsonl (each sample's records as it finishes; `resume` skips those already there).
+// Returns the folder; Error when it cannot be created.
+std::string open_fidelity_out_dir(const std::string& out, const std::string& model_path,
+                                  int64_t prompt_len, int64_t continuation, int samples,
+                                  bool resume, FidelityOptions& options);
 
 // Writes results.json, config.json and one SVG per metric (metric vs budget, one line per
 // press) into `dir` (created). Returns the files written.

@@ -221,6 +221,18 @@ std::string fidelity_out_dir(const std::string& out, const std::string& model_pa
   return (std::filesystem::path(out) / name).string();
 }
 
+std::string open_fidelity_out_dir(const std::string& out, const std::string& model_path,
+                                  int64_t prompt_len, int64_t continuation, int samples,
+                                  bool resume, FidelityOptions& options) {
+  const std::string dir = fidelity_out_dir(out, model_path, prompt_len, continuation, samples);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  PROTOKV_CHECK(!ec, "cannot create output directory {}: {}", dir, ec.message());
+  options.jsonl_path = (std::filesystem::path(dir) / "samples.jsonl").string();
+  options.resume = resume;
+  return dir;
+}
+
 std::vector<std::string> write_report_dir(const FidelityReport& report, const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -10,6 +10,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "core/text.h"
 #include "protokv/error.h"
 #include "protokv/tokenizer.h"
 
@@ -280,57 +281,6 @@ LongctxSample make_longbench_sample(const Tokenizer& tokenizer, const LongbenchD
 
 namespace {
 
-// UTF-8 to code points (Python str semantics); an invalid byte becomes U+FFFD.
-std::u32string to_u32(const std::string& s) {
-  std::u32string out;
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const int extra = c < 0x80             ? 0
-                      : (c & 0xE0) == 0xC0 ? 1
-                      : (c & 0xF0) == 0xE0 ? 2
-                      : (c & 0xF8) == 0xF0 ? 3
-                                           : -1;
-    bool ok = extra >= 0 && i + static_cast<size_t>(extra) < s.size();
-    char32_t cp = extra <= 0 ? c : c & (0x3F >> extra);
-    for (int k = 1; ok && k <= extra; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
-      ok = (cc & 0xC0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (!ok) {
-      out.push_back(0xFFFD);
-      ++i;
-      continue;
-    }
-    out.push_back(cp);
-    i += static_cast<size_t>(extra) + 1;
-  }
-  return out;
-}
-
-std::string to_utf8(const std::u32string& s) {
-  std::string out;
-  for (char32_t c : s) {
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xC0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xE0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    }
-  }
-  return out;
-}
-
 bool is_space(char32_t c) {
   // Python str.split() whitespace (ASCII part, plus the common Unicode spaces).
   return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F) || c == 0x85 ||
@@ -345,7 +295,7 @@ bool is_ascii_punct(char32_t c) {  // Python string.punctuation
 
 bool is_zh_punct(char32_t c) {
   // metrics.py normalize_zh_answer's cn_punctuation.
-  static const std::u32string kCn = to_u32(
+  static const std::u32string kCn = text::to_code_points(
       "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔"
       "〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏.");
   return is_ascii_punct(c) || kCn.find(c) != std::u32string::npos;
@@ -382,7 +332,7 @@ bool is_word_char(char32_t c) {
 // metrics.py normalize_answer: lower, remove punctuation, remove articles, fix whitespace.
 std::vector<std::u32string> normalize_answer_tokens(const std::string& s) {
   std::u32string t;
-  for (char32_t c : to_u32(s)) {
+  for (char32_t c : text::to_code_points(s)) {
     c = lower(c);
     if (!is_ascii_punct(c)) t += c;
   }
@@ -427,7 +377,7 @@ double f1_of(const std::vector<std::u32string>& pred, const std::vector<std::u32
 // other ASCII character.
 std::vector<std::u32string> segment_zh(const std::string& s) {
   std::vector<std::u32string> out;
-  const std::u32string t = to_u32(s);
+  const std::u32string t = text::to_code_points(s);
   for (size_t i = 0; i < t.size();) {
     const char32_t c = t[i];
     const bool alnum =
@@ -494,7 +444,7 @@ std::vector<std::vector<std::u32string>> rouge_sentences(const std::string& text
     const std::string piece =
         text.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (!piece.empty()) {
-      auto words = split_ws(to_u32(piece));
+      auto words = split_ws(text::to_code_points(piece));
       if (words.empty()) words.push_back(U"");  // "".split(" ") == [""]
       sentences.push_back(std::move(words));
     }
@@ -582,7 +532,7 @@ double rouge_zh_score(const std::string& prediction, const std::string& truth) {
       if (!out.empty()) out += U' ';
       out += tok;
     }
-    return to_utf8(out);
+    return text::from_code_points(out);
   };
   return rouge_score(joined(prediction), joined(truth));
 }
@@ -633,7 +583,7 @@ double code_sim_score(const std::string& prediction, const std::string& truth) {
       start = nl + 1;
     }
   }
-  const std::u32string a = to_u32(chosen), b = to_u32(truth);
+  const std::u32string a = text::to_code_points(chosen), b = text::to_code_points(truth);
   if (a.empty() || b.empty()) return 0.0;  // fuzz.ratio of an empty string
   const double ratio =
       2.0 * static_cast<double>(lcs_length(a, b)) / static_cast<double>(a.size() + b.size());

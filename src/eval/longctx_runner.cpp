@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "eval/longctx_runner.h"
 
+#include "core/text.h"
 #include "eval/statistics.h"
 
 #include <fmt/format.h>
@@ -178,37 +179,6 @@ std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
   return out;
 }
 
-std::string sanitize_utf8(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = s[i];
-    const int extra = c < 0x80             ? 0
-                      : (c & 0xE0) == 0xC0 ? 1
-                      : (c & 0xF0) == 0xE0 ? 2
-                      : (c & 0xF8) == 0xF0 ? 3
-                                           : -1;
-    bool ok = extra >= 0 && i + static_cast<size_t>(extra) < n;
-    uint32_t cp = extra <= 0 ? c : c & (0x3Fu >> extra);
-    for (int k = 1; ok && k <= extra; ++k) {
-      ok = (s[i + static_cast<size_t>(k)] & 0xC0) == 0x80;
-      cp = (cp << 6) | (s[i + static_cast<size_t>(k)] & 0x3Fu);
-    }
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    ok = ok && cp >= kMin[extra] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    if (!ok) {
-      out += "\xEF\xBF\xBD";  // U+FFFD, as Python's errors="replace"
-      ++i;
-      continue;
-    }
-    out.append(text, i, static_cast<size_t>(extra) + 1);
-    i += static_cast<size_t>(extra) + 1;
-  }
-  return out;
-}
-
 std::string decode_prediction(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens) {
   std::string text;
   int32_t prev = -1;
@@ -217,7 +187,7 @@ std::string decode_prediction(const Tokenizer& tokenizer, const std::vector<int3
     if (t >= 0 && t < tokenizer.vocab_size()) text += tokenizer.decode(prev, t);
     prev = t;
   }
-  return sanitize_utf8(text);
+  return text::sanitize_utf8(text);
 }
 
 std::string format_eta(int64_t done, int64_t total, double elapsed_ms) {
@@ -293,6 +263,12 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
     std::vector<int32_t> generated;
     bool done = false;
   };
+  // The next token from the logits of the last one.
+  auto continue_answer = [&](Answer& a, std::span<const float> logits, int max_new_tokens) {
+    a.generated.push_back(argmax(logits));
+    a.done = tokenizer.is_end_of_generation(a.generated.back()) ||
+             static_cast<int64_t>(a.generated.size()) >= max_new_tokens;
+  };
   // Prefill (its own, or from the sample's shared prompt), the question, the first token.
   auto begin_answer = [&](const std::string& label, Session& session, const LongctxSample& sample,
                           const PrefilledPrompt* shared) {
@@ -330,23 +306,13 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
       }
       rec.kv_bytes = session.cache().kv_bytes();
       a.done = sample.max_new_tokens <= 0;
-      if (!a.done) {
-        a.generated.push_back(argmax(logits));
-        a.done = tokenizer.is_end_of_generation(a.generated.back()) ||
-                 static_cast<int64_t>(a.generated.size()) >= sample.max_new_tokens;
-      }
+      if (!a.done) continue_answer(a, logits, sample.max_new_tokens);
       rec.decode_ms = decode_timer.ms();
     } catch (const Error& e) {
       rec.error = e.what();
       a.done = true;
     }
     return a;
-  };
-  // The next token from the logits of the last one.
-  auto continue_answer = [&](Answer& a, std::span<const float> logits, int max_new_tokens) {
-    a.generated.push_back(argmax(logits));
-    a.done = tokenizer.is_end_of_generation(a.generated.back()) ||
-             static_cast<int64_t>(a.generated.size()) >= max_new_tokens;
   };
   auto fail_answer = [](Answer& a, const Error& e) {
     a.rec.error = e.what();

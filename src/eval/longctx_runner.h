@@ -147,8 +147,6 @@ std::vector<LongctxSummary> summarize(
     const std::string& reference,
     const std::function<bool(const LongctxRecord&)>& filter = nullptr);
 
-// Invalid UTF-8 sequences replaced by U+FFFD (a byte-fallback model can emit broken text).
-std::string sanitize_utf8(const std::string& text);
 // Greedy text of a finished generation, cut at the first EOS, with invalid UTF-8 replaced.
 std::string decode_prediction(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens);
 

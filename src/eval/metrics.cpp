@@ -22,6 +22,13 @@ double log_sum_exp(std::span<const float> logits) {
 
 }  // namespace
 
+double median(std::vector<double> values) {
+  PROTOKV_CHECK(!values.empty(), "median of an empty sample");
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
 double kl_divergence(std::span<const float> p_logits, std::span<const float> q_logits) {
   PROTOKV_CHECK(p_logits.size() == q_logits.size() && !p_logits.empty(),
                 "kl_divergence: logit vectors of sizes {} and {}", p_logits.size(),

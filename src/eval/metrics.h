@@ -8,6 +8,10 @@
 
 namespace protokv::eval {
 
+// Median of a non-empty sample (mean of the two middle values for an even count); Error when
+// empty.
+double median(std::vector<double> values);
+
 // KL(p ‖ q) in nats between softmax(p_logits) and softmax(q_logits), computed in double.
 // Exactly 0 when the two logit vectors are equal. Both spans must have the same length.
 double kl_divergence(std::span<const float> p_logits, std::span<const float> q_logits);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "core/text.h"
 #include "eval/longctx_words.h"
 #include "eval/svg_plot.h"
 #include "protokv/error.h"
@@ -15,16 +16,6 @@
 
 namespace protokv::eval {
 namespace {
-
-std::string replace_all(std::string text, const std::string& from, const std::string& to) {
-  if (from.empty()) return text;
-  size_t pos = 0;
-  while ((pos = text.find(from, pos)) != std::string::npos) {
-    text.replace(pos, from.size(), to);
-    pos += to.size();
-  }
-  return text;
-}
 
 // Repeats `unit` (joined by `separator` tokens) until at least `min_tokens` tokens.
 std::vector<int32_t> repeat_tokens(const std::vector<int32_t>& unit,
@@ -41,7 +32,7 @@ std::vector<int32_t> repeat_tokens(const std::vector<int32_t>& unit,
 
 std::string fill_niah_template(const std::string& templ, const std::string& key,
                                const std::string& value) {
-  return replace_all(replace_all(templ, "{key}", key), "{value}", value);
+  return text::replace_all(text::replace_all(templ, "{key}", key), "{value}", value);
 }
 
 std::vector<int64_t> default_niah_lengths(int64_t context_length, int max_new_tokens) {
@@ -67,46 +58,11 @@ std::vector<double> default_niah_depths() {
   return d;
 }
 
-bool is_valid_utf8(const std::string& text) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    int extra = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      extra = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + extra >= n) return false;  // truncated sequence
-    for (int k = 1; k <= extra; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += extra + 1;
-  }
-  return true;
-}
-
 std::vector<int32_t> haystack_from_text(const Tokenizer& tokenizer, const std::string& text,
                                         int64_t min_tokens, const std::string& what) {
   PROTOKV_CHECK(text.find_first_not_of(" \t\r\n") != std::string::npos,
                 "haystack {} is empty: give a text file with some content", what);
-  PROTOKV_CHECK(is_valid_utf8(text), "haystack {} is not valid UTF-8 text", what);
+  PROTOKV_CHECK(text::is_valid_utf8(text), "haystack {} is not valid UTF-8 text", what);
   // Tokenizing a huge file is wasted work: a prefix of ~8 bytes per token needed is plenty.
   const size_t max_bytes = static_cast<size_t>(std::max<int64_t>(min_tokens, 64)) * 8;
   std::string prefix = text.substr(0, std::min(text.size(), max_bytes));

@@ -58,9 +58,6 @@ std::vector<int32_t> haystack_from_text(const Tokenizer& tokenizer, const std::s
 // RULER's repeated noise sentences joined by '\n'.
 std::vector<int32_t> haystack_noise(const Tokenizer& tokenizer, int64_t min_tokens);
 
-// True when `text` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
-bool is_valid_utf8(const std::string& text);
-
 // One sample per (length, depth, sample). A cell too short for needle + question gets a sample
 // with `error` set (recorded as skipped).
 std::vector<LongctxSample> make_niah_samples(const Tokenizer& tokenizer,

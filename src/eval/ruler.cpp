@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "core/text.h"
 #include "eval/longctx_words.h"
 #include "eval/niah.h"
 #include "protokv/error.h"
@@ -62,15 +63,6 @@ constexpr const char* kRulerNeedle =
 constexpr const char* kVtNoise =
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n";
 
-std::string replace_all(std::string text, const std::string& from, const std::string& to) {
-  size_t pos = 0;
-  while ((pos = text.find(from, pos)) != std::string::npos) {
-    text.replace(pos, from.size(), to);
-    pos += to.size();
-  }
-  return text;
-}
-
 std::string join(const std::vector<std::string>& parts, const std::string& sep) {
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -94,8 +86,8 @@ Built split_template(const std::string& full_template, const std::string& contex
   std::string before = full_template.substr(0, at);
   std::string after = full_template.substr(at + 9);
   for (const auto& [key, value] : fields) {
-    before = replace_all(before, "{" + key + "}", value);
-    after = replace_all(after, "{" + key + "}", value);
+    before = text::replace_all(before, "{" + key + "}", value);
+    after = text::replace_all(after, "{" + key + "}", value);
   }
   return {before + context, after, {}};
 }
@@ -169,8 +161,9 @@ Built niah_generate(const NiahTask& t, int64_t n, const std::vector<std::string>
     values.emplace_back();
     for (int v = 0; v < t.num_v; ++v) {
       values.back().push_back(random_of_type(t.type_v, rng));
-      needles.push_back(replace_all(
-          replace_all(replace_all(kRulerNeedle, "{type_needle_v}", t.type_v), "{key}", keys.back()),
+      needles.push_back(text::replace_all(
+          text::replace_all(text::replace_all(kRulerNeedle, "{type_needle_v}", t.type_v), "{key}",
+                            keys.back()),
           "{value}", values.back().back()));
     }
   }
@@ -204,8 +197,9 @@ Built niah_generate(const NiahTask& t, int64_t n, const std::vector<std::string>
         sentences.push_back(kRulerNoise);
       } else {  // "needle": distractor needles with random keys and values
         const std::string k = random_of_type(t.type_k, rng), v = random_of_type(t.type_v, rng);
-        sentences.push_back(replace_all(
-            replace_all(replace_all(kRulerNeedle, "{type_needle_v}", t.type_v), "{key}", k),
+        sentences.push_back(text::replace_all(
+            text::replace_all(text::replace_all(kRulerNeedle, "{type_needle_v}", t.type_v), "{key}",
+                              k),
             "{value}", v));
       }
     }
@@ -228,10 +222,10 @@ Built niah_generate(const NiahTask& t, int64_t n, const std::vector<std::string>
   std::string templ = std::string(kNiahTemplate) + kNiahAnswerPrefix;
   std::string type_v = t.type_v;
   if (t.num_q * t.num_v == 1) {  // niah.py's singular wording
-    templ = replace_all(templ, "Some", "A");
-    templ = replace_all(templ, "are all", "is");
-    templ = replace_all(templ, "are", "is");
-    templ = replace_all(templ, "answers", "answer");
+    templ = text::replace_all(templ, "Some", "A");
+    templ = text::replace_all(templ, "are all", "is");
+    templ = text::replace_all(templ, "are", "is");
+    templ = text::replace_all(templ, "answers", "answer");
     type_v.pop_back();
   }
   Built b = split_template(templ, context, {{"type_needle_v", type_v}, {"query", query}});
@@ -258,7 +252,7 @@ Built vt_generate(int64_t n, int num_hops, std::mt19937_64& rng) {
   std::sort(positions.begin(), positions.end());
   for (size_t j = 0; j < positions.size(); ++j)
     sentences.insert(sentences.begin() + positions[j] + static_cast<int64_t>(j), chain[j]);
-  const std::string context = replace_all(join(sentences, " "), ". \n", ".\n");
+  const std::string context = text::replace_all(join(sentences, " "), ". \n", ".\n");
   Built b = split_template(std::string(kVtTemplate) + kVtAnswerPrefix, context,
                            {{"query", value}, {"num_v", std::to_string(num_hops + 1)}});
   b.answers = vars;

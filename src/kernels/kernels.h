@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-#include "protokv/kv_cache.h"  // KeySegment
+#include "protokv/key_segment.h"
 #include "protokv/tensor.h"
 
 namespace protokv::kernels {

@@ -15,10 +15,14 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/quant_blocks.h"
+#include "core/quant_blocks.h"
 #include "protokv/dtype.h"
 
 namespace protokv::kernels {
+
+// The block formats are core facts (core/quant_blocks.h); these kernels multiply them.
+using quant::UnpackedBlock;
+using quant::with_unpacker;
 
 struct QuantizedActivation {
   int block = 0;              // 32 or 256

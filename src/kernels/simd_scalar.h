@@ -8,13 +8,12 @@
 #include <cstring>
 #include <limits>
 
+#include "core/quant_blocks.h"
 #include "protokv/dtype.h"
 
 namespace protokv::kernels {
 
-// F16 -> F32 for every half bit pattern (256 KB, built on first use): the portable path's
-// conversion, one load instead of f16_to_f32's branches.
-const float* f16_table();
+using quant::f16_table;
 
 struct ScalarOps {
   static constexpr const char* kName = "scalar";

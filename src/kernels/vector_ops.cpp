@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The kernels written once for every CPU: RoPE, RMSNorm over rows (kernels/variant/ has the
-// per-instruction-set ones), the F16 table.
+// per-instruction-set ones).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -12,15 +12,6 @@
 #include "protokv/error.h"
 
 namespace protokv::kernels {
-
-const float* f16_table() {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(size_t{1} << 16);
-    for (uint32_t h = 0; h < t.size(); ++h) t[h] = f16_to_f32(static_cast<uint16_t>(h));
-    return t;
-  }();
-  return table.data();
-}
 
 namespace {
 

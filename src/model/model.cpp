@@ -2,6 +2,7 @@
 #include "protokv/model.h"
 #include "protokv/limits.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/tensor_table.h"
@@ -70,6 +71,20 @@ int64_t ModelWeights::parameter_count() const {
   for_each_tensor(config, *this, [&](const TensorSlot<const ModelWeights>& t) {
     if (t.present()) total += t.spec.rows * t.spec.cols;
   });
+  return total;
+}
+
+uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens) {
+  // Per entry and KV head: key and value rows, a position (int32) and a log-weight (float).
+  const uint64_t entry_bytes =
+      (2 * static_cast<uint64_t>(config.head_dim()) + 2) * sizeof(float) * config.n_kv_heads;
+  uint64_t total = 0;
+  for (int l = 0; l < config.n_layers; ++l) {
+    const int64_t held = config.is_local_layer(l) && config.sliding_window > 0
+                             ? std::min<int64_t>(tokens, config.sliding_window)
+                             : tokens;
+    total += static_cast<uint64_t>(std::max<int64_t>(0, held)) * entry_bytes;
+  }
   return total;
 }
 

@@ -16,6 +16,7 @@
 #include <array>
 #include <map>
 
+#include "core/text.h"
 #include "protokv/error.h"
 #include "tokenizer/pair_merge.h"
 #include "tokenizer/pieces.h"
@@ -35,14 +36,7 @@ struct ByteAlphabet {
     uint32_t next_extra = 256;
     for (int b = 0; b < 256; ++b) {
       const uint32_t cp = printable(b) ? static_cast<uint32_t>(b) : next_extra++;
-      std::string utf8;
-      if (cp < 0x80) {
-        utf8.push_back(static_cast<char>(cp));
-      } else {
-        utf8.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        utf8.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-      }
-      encoded[b] = utf8;
+      text::append_utf8(cp, encoded[b]);
       decoded[cp] = static_cast<uint8_t>(b);
     }
   }

@@ -1,24 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tokenizer/pieces.h"
 
+#include "core/text.h"
 #include "protokv/tokenizer.h"
 
 namespace protokv::tokenizer {
 
 namespace {
-
-std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
-  std::string out;
-  out.reserve(text.size());
-  size_t pos = 0;
-  for (size_t hit; (hit = text.find(from, pos)) != std::string_view::npos;
-       pos = hit + from.size()) {
-    out.append(text, pos, hit - pos);
-    out.append(to);
-  }
-  out.append(text, pos);
-  return out;
-}
 
 int hex_digit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -30,11 +18,11 @@ int hex_digit(char c) {
 }  // namespace
 
 std::string spaces_to_markers(std::string_view text) {
-  return replace_all(text, " ", kSpaceMarker);
+  return text::replace_all(text, " ", kSpaceMarker);
 }
 
 std::string markers_to_spaces(std::string_view piece) {
-  return replace_all(piece, kSpaceMarker, " ");
+  return text::replace_all(piece, kSpaceMarker, " ");
 }
 
 std::string normalize_for_encoding(std::string_view text) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/text.h"
 #include "protokv/error.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/impl.h"
@@ -440,8 +441,8 @@ std::string Utf8StreamBuffer::push(std::string_view bytes) {
   for (size_t back = 1; back <= std::min<size_t>(4, n); ++back) {
     const auto c = static_cast<uint8_t>(pending_[n - back]);
     if ((c & 0xC0u) == 0x80u) continue;  // continuation byte: look further back
-    const size_t need = c >= 0xF0u ? 4 : c >= 0xE0u ? 3 : c >= 0xC0u ? 2 : 1;
-    if (need > back && c < 0xF8u) keep = back;
+    // A lead byte (0 for one no sequence starts with) whose sequence is longer than what is here.
+    if (static_cast<size_t>(text::utf8_sequence_length(c)) > back) keep = back;
     break;
   }
   std::string ready = pending_.substr(0, n - keep);

@@ -33,6 +33,7 @@ fail() {
 }
 
 start_replica() { # name; sets $port
+  : >"$dir/$1.log"  # before the replica opens it: the first read below must find it
   "$PROTOKV" serve -m "$ROOT/models/protokv-recall.gguf" --port 0 -t 1 --chat-template chatml \
     --alias "$1" >/dev/null 2>"$dir/$1.log" &
   pids+=($!)

@@ -9,7 +9,7 @@
 
 #include "protokv/dtype.h"
 
-namespace protokv::kernels {
+namespace protokv::quant {
 
 // Values of one block (32 for legacy formats, 256 for K-quants) in groups of 16. Value i of
 // group g = i / 16 is
@@ -33,7 +33,8 @@ inline uint32_t load_u32_le(const uint8_t* p) {
   return v;
 }
 
-// f16 bits to f32 through the 64K-entry table (kernels/simd_scalar.h).
+// F16 -> F32 for every half bit pattern (256 KB, built on first use; core/dtype.cpp): one load
+// instead of f16_to_f32's branches, for the block scales here and the kernels' portable path.
 const float* f16_table();
 
 struct UnpackQ4_0 {
@@ -301,4 +302,4 @@ void dequantize_blocks(const void* src, float* dst, int64_t n_blocks) {
   }
 }
 
-}  // namespace protokv::kernels
+}  // namespace protokv::quant
