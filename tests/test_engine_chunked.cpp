@@ -2,9 +2,11 @@
 // Chunked prefill (SessionOptions::ubatch) and Session::append: the prompt fed in chunks, or a
 // follow-up turn fed after a (compressed) prefill, gives the logits and caches of a single chunk
 // or of token-by-token decode to float rounding; a press still runs once over the whole prompt.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -187,6 +189,68 @@ TEST(SessionAppend, FollowUpTurnEqualsOneShotPrefillOfBoth) {
     EXPECT_EQ(turns.n_past(), 30);
     EXPECT_LE(worst_error(actual, expected), kTol) << ubatch;
     expect_same_cache(turns.cache(), whole.cache(), kTol);
+  }
+}
+
+// ‖a − b‖ / ‖b‖.
+double relative_l2(std::span<const float> a, std::span<const float> b) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// append with every row's logits (perplexity's pass): the logits after each token are those of
+// decoding it, in order, whatever the chunking; the returned logits are the last row's. With
+// quantised weights each row is multiplied as decode multiplies it (int8 activations): rows agree
+// to float rounding too, except where a rounding difference in the attention flips an
+// activation's int8 rounding (a rare row); F32 activations (a GEMM) would miss every row.
+TEST(SessionAppend, EveryRowsLogitsAreThoseOfDecodingTokenByToken) {
+  for (DType type : {DType::F32, DType::Q4_0, DType::Q4_K}) {
+    RandomModelSpec spec;
+    spec.shared_classifier = true;
+    spec.type = type;
+    spec.dim = 256;  // K-quant blocks of 256
+    spec.hidden_dim = 512;
+    const auto model = make_random_model(spec);
+    const auto tokens = random_tokens(45, spec.vocab_size, 9);
+    const std::span<const int32_t> all(tokens);
+    Session stepwise(model.weights);
+    stepwise.prefill(all.first(10));
+    std::vector<std::vector<float>> expected;
+    for (size_t i = 10; i < tokens.size(); ++i)
+      expected.push_back(to_vector(stepwise.decode(all[i])));
+    for (int ubatch : {0, 4}) {
+      SessionOptions options;
+      options.ubatch = ubatch;
+      Session batched(model.weights, options);
+      batched.prefill(all.first(10));
+      std::vector<int64_t> indices;
+      std::vector<float> last_row;
+      size_t rows_within_tol = 0;
+      const auto returned =
+          to_vector(batched.append(all.subspan(10), [&](int64_t i, std::span<const float> logits) {
+            ASSERT_LT(static_cast<size_t>(i), expected.size());
+            const auto& want = expected[static_cast<size_t>(i)];
+            if (worst_error(logits, want) <= kTol) ++rows_within_tol;
+            EXPECT_LE(relative_l2(logits, want), 0.05) << "row " << i << ", " << dtype_name(type);
+            indices.push_back(i);
+            last_row = to_vector(logits);
+          }));
+      const std::string what = fmt::format("{}, ubatch {}", dtype_name(type), ubatch);
+      if (type == DType::F32)
+        EXPECT_EQ(rows_within_tol, expected.size()) << what;
+      else
+        EXPECT_GE(rows_within_tol, expected.size() * 9 / 10) << what;
+      std::vector<int64_t> in_order(expected.size());
+      std::iota(in_order.begin(), in_order.end(), 0);
+      EXPECT_EQ(indices, in_order) << what;
+      EXPECT_EQ(returned, last_row) << what;
+      EXPECT_EQ(batched.n_past(), 45);
+      if (type == DType::F32) expect_same_cache(batched.cache(), stepwise.cache(), kTol);
+    }
   }
 }
 

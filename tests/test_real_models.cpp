@@ -446,9 +446,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RealModelGreedy, ::testing::ValuesIn(greedy_c
 // the 14 chunks scored, 255 tokens each). The whole text, not its first chunks: one chunk of 255
 // tokens is noise against llama.cpp's own spread (Gemma 3's first chunk is 1.04% above
 // llama.cpp's, which with an F32 K/V cache is itself 1.55% above its default F16 one), while
-// the final estimates agree to 0.07% (SmolLM2) and 0.01% (Gemma 3). protokv scores a chunk by
-// decoding its second half token by token: about 6 s (SmolLM2) and 11 s (Gemma 3) of one core
-// per chunk. Under the sanitizers the perplexity path runs on one chunk of 64 (31 steps) and its
+// the final estimates agree to 0.03% (SmolLM2) and 0.02% (Gemma 3). protokv scores the second
+// half of a chunk in one pass (Session::append with every row's logits, each row multiplied as a
+// decode step is): about 5 s (SmolLM2) and 9 s (Gemma 3) of one core per chunk. Under the sanitizers the perplexity path runs on one chunk of 64 (31 steps) and its
 // numbers are only printed: the 0.5% check is the Release build's.
 TEST_P(RealModelTest, PerplexityWithinHalfPercentOfLlamaPerplexity) {
   const RealModel& m = real_model(GetParam());

@@ -4,6 +4,7 @@
 // Prefill runs layer by layer and compresses each layer's KV right after its attention, so peak
 // KV memory = one layer's full KV + the compressed cache of the layers before it.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -128,6 +129,13 @@ class Session {
   // row after its chunk's attention. Returns the logits of the last token. Throws Error, leaving
   // the session unchanged, when the tokens are empty, out of range or do not fit the context.
   std::span<const float> append(std::span<const int32_t> tokens);
+  // append(tokens), handing `on_logits` the logits of every appended token in order: (i, the
+  // logits after tokens[i]), those of decode(tokens[i]) to float rounding: each row is
+  // multiplied as a decode step multiplies it, but every weight matrix is read once per chunk
+  // (options.ubatch rows) for all of its rows. For scoring a text in one pass (perplexity). The
+  // span is valid during the call only.
+  using RowLogits = std::function<void(int64_t, std::span<const float>)>;
+  std::span<const float> append(std::span<const int32_t> tokens, const RowLogits& on_logits);
   // Appends one token at position n_past() and returns its logits.
   std::span<const float> decode(int32_t token);
 

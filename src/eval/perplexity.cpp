@@ -70,8 +70,12 @@ PerplexityResult perplexity(Session& session, std::span<const int32_t> tokens, i
     };
     score(session.prefill(std::span<const int32_t>(chunk.data(), static_cast<size_t>(first + 1))),
           first);
-    for (int64_t j = first + 1; j <= n_ctx - 2; ++j)
-      score(session.decode(chunk[static_cast<size_t>(j)]), j);
+    // The rest of the chunk in one pass, every row's logits (as llama-perplexity's batch does).
+    if (n_ctx - 2 > first)
+      session.append(
+          std::span<const int32_t>(chunk.data() + first + 1,
+                                   static_cast<size_t>(n_ctx - 2 - first)),
+          [&](int64_t i, std::span<const float> logits) { score(logits, first + 1 + i); });
     result.running_ppl.push_back(std::exp(nll / static_cast<double>(count)));
     result.n_chunks = c + 1;
     result.n_scored = count;

@@ -193,6 +193,27 @@ void Session::Impl::output_logits(const float* x_row, float* scratch) {
   softcap_logits();
 }
 
+void Session::Impl::output_logits_rows(int64_t n, RowBuffers& b, int64_t first_index,
+                                       const Session::RowLogits& on_logits) {
+  // Blocks of rows bound the [rows, vocab] scratch (a 262K-token vocabulary is 1 MiB a row);
+  // each block is one pass over the output weights (project: as the chunk's other rows).
+  constexpr int64_t kBlockRows = 32;
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  kernels::rmsnorm_rows(b.xb.data(), b.x.data(), weights.output_norm, n, config.dim,
+                        config.norm_eps);
+  std::vector<float> block(static_cast<size_t>(std::min(n, kBlockRows) * vocab));
+  for (int64_t r0 = 0; r0 < n; r0 += kBlockRows) {
+    const int64_t rows = std::min(kBlockRows, n - r0);
+    project(weights.output, b.xb.data() + r0 * config.dim, rows, block.data(), b);
+    for (int64_t i = 0; i < rows; ++i) {
+      const std::span<float> row(block.data() + i * vocab, static_cast<size_t>(vocab));
+      std::copy(row.begin(), row.end(), logits.begin());
+      softcap_logits();
+      on_logits(first_index + r0 + i, logits);
+    }
+  }
+}
+
 void Session::Impl::softcap_logits() {
   if (const float cap = config.final_logit_softcap; cap > 0.0f)  // Gemma 2/3 soft-capping
     for (float& logit : logits) logit = cap * std::tanh(logit / cap);

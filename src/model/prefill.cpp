@@ -45,7 +45,8 @@ void rows_to_heads(const float* src, int64_t n, int n_heads, int head_dim, float
 }  // namespace
 
 void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kind, RowBuffers& b,
-                                  std::vector<std::vector<float>>* queries, int64_t n_total) {
+                                  std::vector<std::vector<float>>* queries, int64_t n_total,
+                                  const Session::RowLogits* on_logits, int64_t first_index) {
   const auto n = static_cast<int64_t>(tokens.size());
   const int hd = config.head_dim();
   const int n_heads = config.n_heads;
@@ -185,9 +186,12 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
     attention_output_and_ffn(lw, n, b);
   }
 
-  // Logits of the last token only.
-  float* last = b.x.data() + (n - 1) * config.dim;
-  output_logits(last, last);
+  if (on_logits != nullptr && *on_logits) {
+    output_logits_rows(n, b, first_index, *on_logits);
+  } else {  // the last token's logits only
+    float* last = b.x.data() + (n - 1) * config.dim;
+    output_logits(last, last);
+  }
   n_past += n;
 }
 
@@ -425,15 +429,20 @@ void Session::Impl::check_append(std::span<const int32_t> tokens) const {
   for (int32_t t : tokens) check_token(t);
 }
 
-std::span<const float> Session::Impl::append(std::span<const int32_t> tokens) {
+std::span<const float> Session::Impl::append(std::span<const int32_t> tokens,
+                                             const Session::RowLogits& on_logits) {
   check_append(tokens);
   const auto n = static_cast<int64_t>(tokens.size());
   const int64_t chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
   RowBuffers rows(chunk, config);
+  // Every row's logits: each row multiplied as a decode step multiplies it (matvec_rows: int8
+  // activations for the quantised types, as llama.cpp's batches have them too), the weights
+  // streamed once for all rows of the chunk.
+  rows.independent_rows = static_cast<bool>(on_logits);
   for (int64_t r0 = 0; r0 < n; r0 += chunk)
     forward_chunk(
         tokens.subspan(static_cast<size_t>(r0), static_cast<size_t>(std::min(chunk, n - r0))),
-        ChunkKind::kAppend, rows, nullptr, n_past + n);
+        ChunkKind::kAppend, rows, nullptr, n_past + n, &on_logits, r0);
   return logits;
 }
 

@@ -109,9 +109,14 @@ std::span<const float> Session::prefill(const PrefilledPrompt& prompt) {
 }
 
 std::span<const float> Session::append(std::span<const int32_t> tokens) {
+  return append(tokens, nullptr);
+}
+
+std::span<const float> Session::append(std::span<const int32_t> tokens,
+                                       const RowLogits& on_logits) {
   impl_->check_append(tokens);  // bad input leaves the session as it was
   try {
-    return impl_->append(tokens);
+    return impl_->append(tokens, on_logits);
   } catch (...) {
     impl_->reset();  // a failure part-way through the layers leaves the cache inconsistent
     throw;

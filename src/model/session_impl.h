@@ -68,7 +68,8 @@ struct Session::Impl {
   // Makes and begins this sequence's press for a prompt of n tokens (none without a press or
   // without layers for it); returns the entries the budget keeps per head.
   int64_t begin_press(int64_t n);
-  std::span<const float> append(std::span<const int32_t> tokens);
+  std::span<const float> append(std::span<const int32_t> tokens,
+                                const Session::RowLogits& on_logits = nullptr);
   // Throws Error, leaving the session as it is, when `tokens` cannot be appended.
   void check_append(std::span<const int32_t> tokens) const;
   std::span<const float> decode(int32_t token);
@@ -106,14 +107,21 @@ struct Session::Impl {
   void attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b) const;
   // logits = output · rmsnorm(x_row); `scratch` [dim] may alias x_row.
   void output_logits(const float* x_row, float* scratch);
+  // The logits of all n rows of b.x, handed to `on_logits` as (first_index + i, logits of row i),
+  // the output head run as GEMMs over blocks of rows; this->logits ends as the last row's.
+  void output_logits_rows(int64_t n, RowBuffers& b, int64_t first_index,
+                          const Session::RowLogits& on_logits);
   // Final-logit soft-capping (Gemma 2/3), in place on this->logits.
   void softcap_logits();
 
   // Runs `tokens` at positions n_past.. through every layer (prefill.cpp). `queries`, when not
   // null, collects each layer's post-RoPE queries [n_layers][n_heads, n_total, head_dim] for a
   // deferred compression.
+  // `on_logits`, when set, receives every row's logits (output_logits_rows; row indices from
+  // `first_index`) instead of the last row's alone.
   void forward_chunk(std::span<const int32_t> tokens, ChunkKind kind, RowBuffers& b,
-                     std::vector<std::vector<float>>* queries, int64_t n_total);
+                     std::vector<std::vector<float>>* queries, int64_t n_total,
+                     const Session::RowLogits* on_logits = nullptr, int64_t first_index = 0);
   // Drops the entries of sliding-window layer `layer` that no query from next_position on sees.
   void forget_out_of_window(int layer, int64_t next_position);
   // Throws Error when a head of `layer` borrows keys across a sliding-window layer (PoD with
