@@ -448,8 +448,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RealModelGreedy, ::testing::ValuesIn(greedy_c
 // llama.cpp's, which with an F32 K/V cache is itself 1.55% above its default F16 one), while
 // the final estimates agree to 0.03% (SmolLM2) and 0.02% (Gemma 3). protokv scores the second
 // half of a chunk in one pass (Session::append with every row's logits, each row multiplied as a
-// decode step is): about 5 s (SmolLM2) and 9 s (Gemma 3) of one core per chunk. Under the sanitizers the perplexity path runs on one chunk of 64 (31 steps) and its
-// numbers are only printed: the 0.5% check is the Release build's.
+// decode step is): about 5 s (SmolLM2) and 9 s (Gemma 3) of one core per chunk. Under the
+// sanitizers the perplexity path runs on one chunk of 64 (31 steps) and its numbers are only
+// printed: the 0.5% check is the Release build's.
 TEST_P(RealModelTest, PerplexityWithinHalfPercentOfLlamaPerplexity) {
   const RealModel& m = real_model(GetParam());
   PROTOKV_REQUIRE_FIXTURE_MODEL(m);
