@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "eval/metrics.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/press.h"
@@ -192,16 +193,6 @@ TEST(SessionAppend, FollowUpTurnEqualsOneShotPrefillOfBoth) {
   }
 }
 
-// ‖a − b‖ / ‖b‖.
-double relative_l2(std::span<const float> a, std::span<const float> b) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
 // append with every row's logits (perplexity's pass): the logits after each token are those of
 // decoding it, in order, whatever the chunking; the returned logits are the last row's. With
 // quantised weights each row is multiplied as decode multiplies it (int8 activations): rows agree
@@ -235,7 +226,10 @@ TEST(SessionAppend, EveryRowsLogitsAreThoseOfDecodingTokenByToken) {
             ASSERT_LT(static_cast<size_t>(i), expected.size());
             const auto& want = expected[static_cast<size_t>(i)];
             if (worst_error(logits, want) <= kTol) ++rows_within_tol;
-            EXPECT_LE(relative_l2(logits, want), 0.05) << "row " << i << ", " << dtype_name(type);
+            EXPECT_LE(
+                eval::relative_error(want.data(), logits.data(), static_cast<int64_t>(want.size())),
+                0.05)
+                << "row " << i << ", " << dtype_name(type);
             indices.push_back(i);
             last_row = to_vector(logits);
           }));
