@@ -195,9 +195,12 @@ TEST(SessionAppend, FollowUpTurnEqualsOneShotPrefillOfBoth) {
 
 // append with every row's logits (perplexity's pass): the logits after each token are those of
 // decoding it, in order, whatever the chunking; the returned logits are the last row's. With
-// quantised weights each row is multiplied as decode multiplies it (int8 activations): rows agree
-// to float rounding too, except where a rounding difference in the attention flips an
-// activation's int8 rounding (a rare row); F32 activations (a GEMM) would miss every row.
+// quantised weights each row is multiplied as decode multiplies it (int8 activations), so rows
+// agree to float rounding except where a rounding difference in the attention (the prompt's GEMM
+// against decode's kernel) flips an activation's int8 rounding; from such a row on, the caches
+// differ too and every later row differs a little (a cascade whose start depends on the BLAS
+// kernels: 1 row of 35 on OpenBLAS's Prescott kernels, 19 on its SkylakeX ones). The rows'
+// arithmetic itself is checked without the cascade by OneRowAppendsAreDecodeSteps below.
 TEST(SessionAppend, EveryRowsLogitsAreThoseOfDecodingTokenByToken) {
   for (DType type : {DType::F32, DType::Q4_0, DType::Q4_K}) {
     RandomModelSpec spec;
@@ -220,24 +223,23 @@ TEST(SessionAppend, EveryRowsLogitsAreThoseOfDecodingTokenByToken) {
       batched.prefill(all.first(10));
       std::vector<int64_t> indices;
       std::vector<float> last_row;
-      size_t rows_within_tol = 0;
+      size_t rows_within_rounding = 0;
       const auto returned =
           to_vector(batched.append(all.subspan(10), [&](int64_t i, std::span<const float> logits) {
             ASSERT_LT(static_cast<size_t>(i), expected.size());
             const auto& want = expected[static_cast<size_t>(i)];
-            if (worst_error(logits, want) <= kTol) ++rows_within_tol;
-            EXPECT_LE(
-                eval::relative_error(want.data(), logits.data(), static_cast<int64_t>(want.size())),
-                0.05)
-                << "row " << i << ", " << dtype_name(type);
+            const double relative =
+                eval::relative_error(want.data(), logits.data(), static_cast<int64_t>(want.size()));
+            if (relative <= 1e-5) ++rows_within_rounding;
+            EXPECT_LE(relative, 0.05) << "row " << i << ", " << dtype_name(type);
             indices.push_back(i);
             last_row = to_vector(logits);
           }));
       const std::string what = fmt::format("{}, ubatch {}", dtype_name(type), ubatch);
-      if (type == DType::F32)
-        EXPECT_EQ(rows_within_tol, expected.size()) << what;
-      else
-        EXPECT_GE(rows_within_tol, expected.size() * 9 / 10) << what;
+      // F32: no int8 rounding to flip; the attention's order of sums differs (2.5e-7 measured).
+      if (type == DType::F32) {
+        EXPECT_EQ(rows_within_rounding, expected.size()) << what;
+      }
       std::vector<int64_t> in_order(expected.size());
       std::iota(in_order.begin(), in_order.end(), 0);
       EXPECT_EQ(indices, in_order) << what;
@@ -245,6 +247,35 @@ TEST(SessionAppend, EveryRowsLogitsAreThoseOfDecodingTokenByToken) {
       EXPECT_EQ(batched.n_past(), 45);
       if (type == DType::F32) expect_same_cache(batched.cache(), stepwise.cache(), kTol);
     }
+  }
+}
+
+// The row arithmetic of append's logits without the cascade above: each row appended alone onto
+// the same prefilled cache as a decode step, so a flipped int8 rounding (rare) costs one row, not
+// every later one. A GEMM with F32 activations would miss every quantised row (by ~1e-3).
+TEST(SessionAppend, OneRowAppendsAreDecodeSteps) {
+  for (DType type : {DType::Q4_0, DType::Q4_K}) {
+    RandomModelSpec spec;
+    spec.shared_classifier = true;
+    spec.type = type;
+    spec.dim = 256;  // K-quant blocks of 256
+    spec.hidden_dim = 512;
+    const auto model = make_random_model(spec);
+    const auto tokens = random_tokens(30, spec.vocab_size, 9);
+    const std::span<const int32_t> all(tokens);
+    size_t rows = 0, rows_within_tol = 0;
+    for (size_t i = 10; i < tokens.size(); ++i, ++rows) {
+      Session decoded(model.weights), appended(model.weights);
+      decoded.prefill(all.first(i));
+      appended.prefill(all.first(i));
+      const auto want = to_vector(decoded.decode(all[i]));
+      std::vector<float> got;
+      appended.append(all.subspan(i, 1),
+                      [&](int64_t, std::span<const float> logits) { got = to_vector(logits); });
+      ASSERT_EQ(got.size(), want.size());
+      if (worst_error(got, want) <= kTol) ++rows_within_tol;
+    }
+    EXPECT_GE(rows_within_tol, rows * 9 / 10) << dtype_name(type);
   }
 }
 

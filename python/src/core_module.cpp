@@ -21,6 +21,7 @@
 
 #include "eval/fidelity.h"
 #include "eval/longctx_bench.h"
+#include "kernels/blas_core.h"
 #include "kernels/isa.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
@@ -626,6 +627,14 @@ NB_MODULE(_core, m) {
       },
       "The kernel variants this CPU runs (scalar first) and the active one (the widest, or "
       "PROTOKV_ISA's); raises protokv.Error when PROTOKV_ISA names one it cannot run.");
+  m.def(
+      "blas_core",
+      [] {
+        const kernels::BlasCore core = kernels::blas_core();
+        return std::make_pair(core.name, core.better);
+      },
+      "OpenBLAS's core type (the GEMM kernels it runs) and the better one for this CPU, or an "
+      "empty string when its choice is as good (kernels/blas_core.h).");
 
   m.def("eval_fidelity", &eval_fidelity, "model"_a, "text"_a, "presses"_a, "budgets"_a, "alloc"_a,
         "samples"_a, "prompt_len"_a, "continuation"_a, "reference"_a, "attention_metrics"_a,

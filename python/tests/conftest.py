@@ -2,11 +2,23 @@
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RECALL_MODEL = REPO / "models" / "protokv-recall.gguf"
+
+# The OpenBLAS kernels the CLI relaunches itself with (src/kernels/blas_core.h), for this process
+# too, before it loads OpenBLAS (which reads OPENBLAS_CORETYPE only then): the package's logits
+# are compared bit for bit with the CLI's, which inherits the variable.
+if not os.environ.get("OPENBLAS_CORETYPE"):
+    _better = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", "import protokv; print(protokv._core.blas_core()[1])"],
+        capture_output=True, text=True, check=False).stdout.strip()
+    if _better:
+        os.environ["OPENBLAS_CORETYPE"] = _better
 
 
 @pytest.fixture(scope="session")

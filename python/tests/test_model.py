@@ -327,6 +327,29 @@ def test_kernel_variants_name_the_active_one():
     assert variants["active"] == (requested or variants["available"][-1])
 
 
+def test_kernel_variants_name_the_openblas_core():
+    assert protokv.kernel_variants()["openblas_core"] == protokv._core.blas_core()[0] != ""
+
+
+def test_narrower_openblas_kernels_than_the_cpu_runs_are_a_warning(monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(protokv._core, "blas_core", lambda: ("Prescott", "SkylakeX"))
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    with pytest.warns(RuntimeWarning, match="OPENBLAS_CORETYPE=SkylakeX"):
+        protokv._warn_about_openblas_core()
+    # Named by the user, or already the best: nothing to say.
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Prescott")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        protokv._warn_about_openblas_core()
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    monkeypatch.setattr(protokv._core, "blas_core", lambda: ("SkylakeX", ""))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        protokv._warn_about_openblas_core()
+
+
 def test_an_unknown_protokv_isa_is_one_clear_error(recall_path, protokv_cli):
     import os
     import sys

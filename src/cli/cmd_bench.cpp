@@ -28,6 +28,7 @@
 #include "cli/commands.h"
 #include "eval/engine_bench.h"
 #include "eval/metrics.h"
+#include "kernels/blas_core.h"
 #include "kernels/isa.h"
 #include "model/tensor_table.h"
 #include "protokv/engine.h"
@@ -175,6 +176,7 @@ void run_e2e(const E2eOptions& o) {
     for (const auto& [key, value] : press_json.items()) out["config"][key] = value;
     out["config"]["threads"] = num_threads();
     out["config"]["kernels"] = kernels::isa_name(kernels::active_isa());
+    out["config"]["blas_core"] = kernels::blas_core().name;
     out["config"]["decode_steps"] = o.decode_steps;
     out["config"]["reps"] = o.reps;
     out["config"]["seed"] = o.seed;
@@ -215,9 +217,11 @@ void run_e2e(const E2eOptions& o) {
              model.path, model.format, config.dim, config.n_layers, config.n_heads,
              config.n_kv_heads, static_cast<double>(model.weights.parameter_count()) / 1e6,
              format_bytes(static_cast<double>(model.weights.weight_bytes()), 2));
-  fmt::print("press: {} | threads {} | kernels {} | decode steps {} | reps {} (median)\n",
-             setup.to_json()["press"].dump(), num_threads(),
-             kernels::isa_name(kernels::active_isa()), o.decode_steps, o.reps);
+  fmt::print(
+      "press: {} | threads {} | kernels {} | OpenBLAS core {} | decode steps {} | reps {} "
+      "(median)\n",
+      setup.to_json()["press"].dump(), num_threads(), kernels::isa_name(kernels::active_isa()),
+      kernels::blas_core().name, o.decode_steps, o.reps);
   fmt::print(
       "machine: sgemm {}^3 {:.1f} GFLOP/s | copy {} {:.1f} GB/s (read+write), read {:.1f} GB/s\n",
       ref.sgemm_size, ref.sgemm_gflops, format_bytes(static_cast<double>(ref.copy_bytes), 2),

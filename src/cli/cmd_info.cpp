@@ -14,6 +14,8 @@
 #include "cli/commands.h"
 #include "cli/human_units.h"
 #include "core/units.h"
+#include "kernels/blas_core.h"
+#include "kernels/isa.h"
 #include "model/tensor_table.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
@@ -109,6 +111,9 @@ nlohmann::json describe(const InfoOptions& options) {
                  {"metadata_count", gguf->metadata().size()}};
     if (options.metadata) j["gguf"]["metadata"] = gguf->metadata_json();
   }
+  // What this machine runs the model with, as llama.cpp's system_info line.
+  j["kernels"] = kernels::isa_name(kernels::active_isa());
+  j["openblas_core"] = kernels::blas_core().name;
   return j;
 }
 
@@ -164,6 +169,7 @@ void print_text(const nlohmann::json& j) {
                        : fmt::format("{} tokens (bos {}, eos {}, unk {})",
                                      tok["vocab_size"].get<int>(), tok["bos_id"].get<int>(),
                                      tok["eos_id"].get<int>(), tok["unk_id"].get<int>()));
+  row("kernels", fmt::format("{} | OpenBLAS core {}", str(j["kernels"]), str(j["openblas_core"])));
   if (j.contains("gguf") && j["gguf"].contains("metadata")) {
     fmt::print("metadata:\n");
     for (const auto& [key, value] : j["gguf"]["metadata"].items()) {

@@ -7,9 +7,11 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "kernels/blas_core.h"
 #include "protokv/error.h"
 
 int main(int argc, char** argv) {
+  protokv::kernels::relaunch_with_better_blas_core(argv);  // OpenBLAS's kernels for this CPU
   CLI::App app{"protokv: long-context LLM inference with KV-cache compression"};
   app.require_subcommand(1);
   app.set_version_flag("--version", PROTOKV_VERSION);
