@@ -282,5 +282,3 @@ BENCHMARK(BM_AttentionDecodePerHead)->Arg(4096)->Arg(32768)->ArgName("n")->UseRe
 
 }  // namespace
 }  // namespace protokv::kernels
-
-BENCHMARK_MAIN();

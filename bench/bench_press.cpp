@@ -96,13 +96,3 @@ void register_all() {
 const bool registered = (register_all(), true);
 
 }  // namespace
-
-// bench/ files share one binary; its main() normally comes from the kernels benchmarks
-// (BENCHMARK_MAIN there). This weak fallback keeps the binary linkable without them.
-__attribute__((weak)) int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
