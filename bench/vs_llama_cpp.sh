@@ -73,14 +73,9 @@ if [[ $from_cache == 1 ]]; then
 fi
 [[ ${#files[@]} -gt 0 ]] || random=1
 
-# Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) does not recognise CPUs reported without a model (e.g.
-# "Intel(R) Xeon(R) Processor" on this VM) and falls back to its SSE3 Prescott kernels: sgemm at
-# ~20 GFLOP/s per core instead of ~110. Name the core from the CPU flags unless the caller did.
-if [[ -z ${OPENBLAS_CORETYPE:-} ]]; then
-  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
-fi
-
+# protokv picks OpenBLAS's kernels for this CPU itself (src/kernels/blas_core.h: it starts again
+# with OPENBLAS_CORETYPE set when OpenBLAS fell back to narrower ones); the core it ran is printed
+# below. llama.cpp is built without BLAS.
 BIN=$("$ROOT/tools/llama_cpp/build.sh")/bin
 mkdir -p "$MODELS"
 err=$(mktemp)
@@ -113,7 +108,7 @@ fmt_ts() { if [[ -n $1 ]]; then printf '%.1f' "$1"; else printf 'n/a'; fi; }
 ratio() { if [[ -n $1 && -n $2 ]]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; fi; }
 row() { printf '%-34s %-12s %12s %12s %10s\n' "$@"; }
 
-echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset} | threads $THREADS | reps $REPS | llama.cpp $(git -C "$CACHE/llama.cpp-src" log -1 --format=%h) | $(nproc) cores | load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset (protokv picks)} | threads $THREADS | reps $REPS | llama.cpp $(git -C "$CACHE/llama.cpp-src" log -1 --format=%h) | $(nproc) cores | load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "tokens/s; ppN: prefill of N tokens; tgN@dD: N decode tokens after D tokens in the cache; ratio: protokv / llama.cpp (above 1: protokv faster)"
 row model test llama.cpp protokv ratio
 for file in "${files[@]}"; do
@@ -155,6 +150,7 @@ for file in "${files[@]}"; do
       '.results[] | select(.context == $c and .decode_ms_per_token > 0) | 1000 / .decode_ms_per_token' <<<"$pk")
     row "$name" "tg$TG@d$d" "$(fmt_ts "$a")" "$(fmt_ts "$b")" "$(ratio "$b" "$a")"
   done
+  echo "$name: protokv ran OpenBLAS's $(jq -r '.config.blas_core // "?"' <<<"$pk") kernels" >&2
   for d in "${depth_list_all[@]}"; do
     [[ " ${depths[*]} " == *" $d "* ]] ||
       echo "$name: depth $d left out: $d + $TG tokens exceed its context of $ctx" >&2

@@ -26,6 +26,7 @@ _CLASS_NAMES = {
     "snapkv": "SnapKV",
     "pyramidkv": "PyramidKV",
     "adakv": "AdaKV",
+    "knorm": "Knorm",
     "protokv": "ProtoKV",
     "clusterkv": "ClusterKV",
     "chelsea": "Chelsea",

@@ -11,6 +11,7 @@
 #include "press/entry.h"
 #include "press/full.h"
 #include "press/h2o.h"
+#include "press/knorm.h"
 #include "press/pod.h"
 #include "press/protokv.h"
 #include "press/snapkv.h"
@@ -26,8 +27,9 @@ namespace press {
 std::span<const PressEntry* const> press_table() {
   // Display order. A new press adds its entry here (and nowhere else).
   static constexpr std::array kTable = {
-      &kFullEntry,  &kStreamingLlmEntry, &kH2oEntry,       &kSnapKvEntry,  &kPyramidKvEntry,
-      &kAdaKvEntry, &kProtoKvEntry,      &kClusterKvEntry, &kChelseaEntry, &kPodEntry,
+      &kFullEntry,      &kStreamingLlmEntry, &kH2oEntry,   &kSnapKvEntry,
+      &kPyramidKvEntry, &kAdaKvEntry,        &kKnormEntry, &kProtoKvEntry,
+      &kClusterKvEntry, &kChelseaEntry,      &kPodEntry,
   };
   return kTable;
 }

@@ -36,13 +36,21 @@ if [[ ! -f $SRC/CMakeLists.txt ]]; then
   log "llama.cpp source at $SRC ($(git -C "$SRC" log -1 --format=%h))"
 fi
 
+# -march=native without AMX: ggml's AMX kernels died with SIGILL at their first `tilezero` on a
+# KVM guest whose CPU reports amx_tile and amx_int8 (Xeon, family 6 model 207, 2026-11-27), in
+# llama-bench and llama-perplexity alike. A change of these flags rebuilds (the stamp file).
+CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF
+  "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 have_all=1
 for t in "${TARGETS[@]}"; do [[ -x $BUILD/bin/$t ]] || have_all=0; done
+[[ "$(cat "$BUILD/protokv-cmake-flags" 2>/dev/null)" == "${CMAKE_FLAGS[*]}" ]] || have_all=0
 if [[ $have_all == 0 ]]; then
   log "building ${TARGETS[*]} into $BUILD (-j$JOBS)"
-  cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DBUILD_SHARED_LIBS=OFF >/dev/null
+  cmake -S "$SRC" -B "$BUILD" "${CMAKE_FLAGS[@]}" >/dev/null
   cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >/dev/null
+  echo "${CMAKE_FLAGS[*]}" >"$BUILD/protokv-cmake-flags"
+  rm -f "$BUILD"/bin/protokv-dump-logits "$BUILD"/bin/protokv-llama-oracle  # relinked below
 fi
 
 # Our own small programs against the llama.cpp libraries: protokv-dump-logits (teacher-forced
