@@ -52,7 +52,7 @@ def kernel_variants() -> Dict[str, Any]:
 
 def _warn_about_openblas_core() -> None:
     # OpenBLAS picks its kernels when it loads, from a table of CPU models; on a CPU newer than
-    # that table it runs SSE3 kernels (prefill measured 4.6x slower). The protokv CLI starts
+    # that table it runs SSE3 kernels (prefill measured 2.9-3.7x slower). The protokv CLI starts
     # itself again with OPENBLAS_CORETYPE set; a Python process cannot, so it says what to set.
     chosen, better = _core.blas_core()
     if better and not os.environ.get("OPENBLAS_CORETYPE"):

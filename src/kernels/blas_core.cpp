@@ -7,7 +7,6 @@
 
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 namespace protokv::kernels {
 namespace {

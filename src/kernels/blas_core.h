@@ -3,10 +3,10 @@
 // Which GEMM kernels OpenBLAS runs. A DYNAMIC_ARCH OpenBLAS (Debian's) picks them once, when the
 // library loads, from a table of CPU model numbers; a CPU newer than its table gets the SSE3
 // "Prescott" kernels. Debian 12's OpenBLAS 0.3.21 on an Emerald Rapids Xeon (family 6, model 207)
-// does so: sgemm 55 GFLOP/s instead of 229 with OPENBLAS_CORETYPE=SkylakeX, and SmolLM2's prefill
-// 4.6x slower (`protokv bench e2e`, docs/results/openblas_core.md). OpenBLAS reads
-// OPENBLAS_CORETYPE only when it loads, so a program fixes the choice by starting again with it
-// set: relaunch_with_better_blas_core().
+// does so: sgemm 1024^3 at 35 GFLOP/s instead of 145-195 with OPENBLAS_CORETYPE=SkylakeX, and the
+// real models' prefill 2.9-3.7x slower (`protokv bench e2e`, docs/results/openblas_core.md).
+// OpenBLAS reads OPENBLAS_CORETYPE only when it loads, so a program fixes the choice by starting
+// again with it set: relaunch_with_better_blas_core().
 #include <string>
 #include <string_view>
 
