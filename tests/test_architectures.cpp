@@ -4,6 +4,7 @@
 // RMSNorm, explicit head width). Each feature is checked against the naive double-precision
 // forward below, which shares no code with the engine (no kernels, no RoPE table), and prefill
 // against token-by-token decode; GGUF round trips keep every tensor; bad files give one line.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +22,7 @@
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/gguf.h"
+#include "protokv/press_spec.h"
 #include "test_engine_model.h"
 #include "test_util.h"
 
@@ -397,6 +399,51 @@ TEST(Architectures, Gemma3SoftcapAndQueryScale) {
       w, tokens, [](ModelWeights& m) { m.config.final_logit_softcap = 0.0f; }, 10 * kGemmaTol);
   expect_feature_matters(
       w, tokens, [](ModelWeights& m) { m.config.attention_scale = 0.0f; }, 10 * kGemmaTol);
+}
+
+// Issue 21: "sliding-window layers keep only their window in the cache (real memory, not a
+// mask)". The entries were dropped but their memory stayed: the whole prompt's rows, in every
+// local layer of every session (a 32K-token Gemma 3 NIAH ran out of 23 GB with 19 sessions).
+// Whatever path fills a session — one chunk, several, a shared PrefilledPrompt, a press on the
+// global layers, decode and append after — a local head's allocation stays within twice its
+// window.
+TEST(Architectures, Gemma3LocalLayersHoldOnlyTheirWindowInMemory) {
+  ModelConfig c = tiny_gemma3();
+  c.context_length = 512;
+  const ModelWeights w = random_model_weights(c, 23);
+  const auto tokens = test_tokens(300);
+  const std::span<const int32_t> prompt(tokens.data(), 200);
+  const auto prefilled = PrefilledPrompt::make(w, prompt);
+  auto expect_local_heads_small = [&](const Session& s, const std::string& what) {
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (!c.is_local_layer(l)) continue;
+      const HeadCache& head = s.cache().layer(l).heads[0];
+      const size_t row_bytes = (2 * static_cast<size_t>(head.head_dim()) + 2) * sizeof(float);
+      EXPECT_LE(head.capacity_bytes(), 2 * static_cast<size_t>(c.sliding_window + 1) * row_bytes)
+          << what << ", layer " << l << ": " << head.size() << " entries";
+    }
+  };
+  for (const bool with_press : {false, true}) {
+    for (const int ubatch : {0, 7, 64}) {
+      SessionOptions options;
+      options.ubatch = ubatch;
+      if (with_press) {
+        options.press = PressSpec::parse("snapkv:window=4");
+        options.budget.entries = 16;
+      }
+      const std::string what = fmt::format("press {} ubatch {}", with_press, ubatch);
+      Session s(w, options);
+      s.prefill(prompt);
+      expect_local_heads_small(s, what + ", prefill");
+      for (int t = 200; t < 240; ++t) s.decode(tokens[static_cast<size_t>(t)]);
+      expect_local_heads_small(s, what + ", decode");
+      s.append({tokens.data() + 240, 60});
+      expect_local_heads_small(s, what + ", append");
+      Session shared(w, options);
+      shared.prefill(*prefilled);
+      expect_local_heads_small(shared, what + ", shared prefill");
+    }
+  }
 }
 
 TEST(Architectures, Gemma3LocalLayersKeepOnlyTheirWindow) {

@@ -59,6 +59,10 @@ class HeadCache {
   int64_t drop_positions_before(int32_t min_position);
   void set_log_weight(int64_t i, float log_weight);
   void release_unused();
+  // Shrinks the capacity to `rows` entries (at least size()) when it holds more than twice that:
+  // a sliding-window layer's head, filled with a whole prompt chunk, then cut to its window.
+  // Throws Error for a head that shares keys.
+  void trim_capacity(int64_t rows);
 
   // Shared keys (PoD, DESIGN §5 pod): the keys of entries [shared_begin, shared_end) are not held
   // here but read from the same entries of this KV head at layer key_lender(), which holds all of

@@ -220,6 +220,23 @@ void HeadCache::release_unused() {
   log_weights_.shrink_to_fit();
 }
 
+void HeadCache::trim_capacity(int64_t rows) {
+  if (shares_keys()) fail("kv cache: cannot trim a head that shares keys");
+  rows = std::max(rows, size());
+  if (static_cast<int64_t>(positions_.capacity()) <= 2 * rows) return;
+  auto refit = [](auto& v, size_t n) {
+    std::remove_reference_t<decltype(v)> fitted;
+    fitted.reserve(n);
+    fitted.assign(v.begin(), v.end());
+    v.swap(fitted);
+  };
+  const auto d = static_cast<size_t>(head_dim_);
+  refit(keys_, static_cast<size_t>(rows) * d);
+  refit(values_, static_cast<size_t>(rows) * d);
+  refit(positions_, static_cast<size_t>(rows));
+  refit(log_weights_, static_cast<size_t>(rows));
+}
+
 size_t HeadCache::kv_bytes() const {
   return (keys_.size() + values_.size()) * sizeof(float);
 }

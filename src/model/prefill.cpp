@@ -105,15 +105,21 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       press->compress_prefill(view, layer_cache);
       stats.compress_ms += compress_timer.ms();
       check_key_lenders(l);
-      if (window > 0) forget_out_of_window(l, n);  // compress_local_layers: window on top
-      const int64_t headroom = decode_headroom(n);
-      for (HeadCache& head : layer_cache.heads) head.reserve(head.size() + headroom);
+      if (window > 0) {
+        forget_out_of_window(l, n);  // compress_local_layers: window on top
+      } else {
+        const int64_t headroom = decode_headroom(n);
+        for (HeadCache& head : layer_cache.heads) head.reserve(head.size() + headroom);
+      }
       kv_bytes_now += layer_cache.kv_bytes();
     } else {
       // The chunk's K/V join the cache first; then each query row attends to its head's cached
       // entries (possibly compressed, with log-weights) and the chunk rows up to its own.
-      // Room for the rest of this prompt (or appended turn) and the first decode steps.
-      const int64_t reserve_rows = (n_total - row0) + decode_headroom(n_total);
+      // Room for the rest of this prompt (or appended turn) and the first decode steps; a
+      // sliding-window layer that forgets after this chunk needs room for the chunk only.
+      const bool compression_pending = queries != nullptr && (press_layer >= 0 || capturing_prompt);
+      const bool forgets = window > 0 && !compression_pending;
+      const int64_t reserve_rows = forgets ? n : (n_total - row0) + decode_headroom(n_total);
       ParallelErrors errors;
 #pragma omp parallel for schedule(static) if (n * kv_dim >= kParallelMinElements)
       for (int h = 0; h < n_kv; ++h) {
@@ -169,8 +175,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       }
       // A sliding-window layer forgets the rows no later query sees, unless the press is yet to
       // compress it from the whole prompt (chunked prefill with compress_local_layers).
-      const bool compression_pending = queries != nullptr && (press_layer >= 0 || capturing_prompt);
-      if (window > 0 && !compression_pending) forget_out_of_window(l, row0 + n);
+      if (forgets) forget_out_of_window(l, row0 + n);
       // After compression, appended rows reach the press like decoded tokens do.
       if (kind == ChunkKind::kAppend && press != nullptr && press_layer >= 0) {
         DecodeStep step{
@@ -204,6 +209,9 @@ void Session::Impl::forget_out_of_window(int layer, int64_t next_position) {
     if (head.shares_keys())
       fail("layer {} is a sliding-window layer and cannot share its keys with other layers", layer);
     head.drop_positions_before(min_position);
+    // The memory too, not only the entries (a whole prompt chunk passed through the head): the
+    // next step appends one entry and drops one; a next chunk reserves its own rows.
+    head.trim_capacity(head.size() + 1);
   }
 }
 
@@ -254,7 +262,10 @@ void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>
     press->compress_prefill(view, layer_cache);
     stats.compress_ms += compress_timer.ms();
     check_key_lenders(l);
-    if (config.is_local_layer(l)) forget_out_of_window(l, n);  // compress_local_layers
+    if (config.is_local_layer(l)) {
+      forget_out_of_window(l, n);  // compress_local_layers
+      continue;
+    }
     for (HeadCache& head : layer_cache.heads) {
       head.release_unused();
       head.reserve(head.size() + headroom);
@@ -385,8 +396,10 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
   const int64_t headroom = decode_headroom(n);
   for (int l = 0; l < config.n_layers; ++l) {
     const bool compressed = compress && press_index[static_cast<size_t>(l)] >= 0;
-    if (config.is_local_layer(l) && !compressed) forget_out_of_window(l, n);
-    if (!compressed)
+    if (compressed) continue;
+    if (config.is_local_layer(l))
+      forget_out_of_window(l, n);  // the copy holds every row: drops them and their memory
+    else
       for (HeadCache& head : cache.layer(l).heads) head.reserve(head.size() + headroom);
   }
   stats.n_tokens = n;
