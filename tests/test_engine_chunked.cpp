@@ -193,6 +193,16 @@ TEST(SessionAppend, FollowUpTurnEqualsOneShotPrefillOfBoth) {
   }
 }
 
+// The model of the row-logits tests: weights of `type`, dim 256 (one K-quant block per row).
+RandomModelSpec row_logits_model_spec(DType type) {
+  RandomModelSpec spec;
+  spec.shared_classifier = true;
+  spec.type = type;
+  spec.dim = 256;
+  spec.hidden_dim = 512;
+  return spec;
+}
+
 // append with every row's logits (perplexity's pass): the logits after each token are those of
 // decoding it, in order, whatever the chunking; the returned logits are the last row's. With
 // quantised weights each row is multiplied as decode multiplies it (int8 activations), so rows
@@ -203,11 +213,7 @@ TEST(SessionAppend, FollowUpTurnEqualsOneShotPrefillOfBoth) {
 // arithmetic itself is checked without the cascade by OneRowAppendsAreDecodeSteps below.
 TEST(SessionAppend, EveryRowsLogitsAreThoseOfDecodingTokenByToken) {
   for (DType type : {DType::F32, DType::Q4_0, DType::Q4_K}) {
-    RandomModelSpec spec;
-    spec.shared_classifier = true;
-    spec.type = type;
-    spec.dim = 256;  // K-quant blocks of 256
-    spec.hidden_dim = 512;
+    const RandomModelSpec spec = row_logits_model_spec(type);
     const auto model = make_random_model(spec);
     const auto tokens = random_tokens(45, spec.vocab_size, 9);
     const std::span<const int32_t> all(tokens);
@@ -255,11 +261,7 @@ TEST(SessionAppend, EveryRowsLogitsAreThoseOfDecodingTokenByToken) {
 // every later one. A GEMM with F32 activations would miss every quantised row (by ~1e-3).
 TEST(SessionAppend, OneRowAppendsAreDecodeSteps) {
   for (DType type : {DType::Q4_0, DType::Q4_K}) {
-    RandomModelSpec spec;
-    spec.shared_classifier = true;
-    spec.type = type;
-    spec.dim = 256;  // K-quant blocks of 256
-    spec.hidden_dim = 512;
+    const RandomModelSpec spec = row_logits_model_spec(type);
     const auto model = make_random_model(spec);
     const auto tokens = random_tokens(30, spec.vocab_size, 9);
     const std::span<const int32_t> all(tokens);
