@@ -127,10 +127,17 @@ TEST(Longbench, ReadsTheFixtureAndReportsBadLines) {
     std::ofstream out(dir / "bad.jsonl");
     out << "{\"input\": \"q\", \"context\": \"c\", \"answers\": [\"a\"]}\n"
         << "{not json\n"
-        << "{\"input\": \"q\", \"answers\": [\"a\"]}\n";
+        << "{\"input\": \"q\", \"answers\": [\"a\"]}\n"
+        // A length beyond int64_t (a fuzzing finding: undefined behaviour in the conversion).
+        << "{\"input\": \"q\", \"context\": \"c\", \"answers\": [\"a\"], \"length\": 2e67}\n"
+        << "{\"input\": \"q\", \"context\": \"c\", \"answers\": [\"a\"], \"length\": 12}\n";
   }
   const auto bad = eval::read_longbench_jsonl((dir / "bad.jsonl").string());
-  ASSERT_EQ(bad.size(), 3u);
+  ASSERT_EQ(bad.size(), 5u);
+  EXPECT_NE(bad[3].error.find("line 4: field 'length' must be a whole number"), std::string::npos)
+      << bad[3].error;
+  EXPECT_TRUE(bad[4].error.empty()) << bad[4].error;
+  EXPECT_EQ(bad[4].length, 12);
   EXPECT_TRUE(bad[0].error.empty());
   EXPECT_NE(bad[1].error.find("line 2: not a JSON object"), std::string::npos) << bad[1].error;
   EXPECT_NE(bad[2].error.find("missing field 'context'"), std::string::npos) << bad[2].error;

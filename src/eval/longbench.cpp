@@ -178,7 +178,13 @@ std::vector<LongbenchExample> read_longbench_jsonl(const std::string& path) {
       ex.answers = string_list(j, "answers");
       PROTOKV_CHECK(!ex.answers.empty(), "field 'answers' is empty");
       ex.all_classes = string_list(j, "all_classes");
-      if (j.contains("length") && j["length"].is_number()) ex.length = j["length"].get<int64_t>();
+      if (j.contains("length") && j["length"].is_number()) {
+        // A word count; converted through double, as a number like 2e67 does not fit int64_t.
+        const double length = j["length"].get<double>();
+        PROTOKV_CHECK(length >= 0 && length <= 1e15 && length == std::floor(length),
+                      "field 'length' must be a whole number of words, got {}", length);
+        ex.length = static_cast<int64_t>(length);
+      }
     } catch (const Error& e) {
       ex.error = fmt::format("{} line {}: {}", path, line_no, e.what());
     }
