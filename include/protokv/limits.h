@@ -45,6 +45,8 @@ inline constexpr int kMaxThreads = 1024;
 // More (press, budget) runs than this in one evaluation is a mistake in a list, not a study: each
 // run holds a session and answers every sample.
 inline constexpr size_t kMaxEvalRuns = 256;
+// `--shard I/N`: a job array of more shards than this is a typo (a sample id passed as N, say).
+inline constexpr int64_t kMaxEvalShards = 100000;
 inline constexpr int64_t kMaxCalibrationSamples = 4096;
 // `make-model` refuses to write models larger than this.
 inline constexpr uint64_t kMaxRandomModelBytes = uint64_t{64} << 30;

@@ -28,6 +28,7 @@ struct LongctxArgs {
   bool json = false;
   std::string out_dir;
   bool resume = false;
+  std::string shard;
   bool share_prefill = false;
   bool batch_decode = false;
   bool quiet = false;
@@ -66,6 +67,10 @@ void add_longctx_options(CLI::App& cmd, LongctxArgs& args) {
                "the batch's time, not one press's decode speed)");
   cmd.add_flag("--resume", args.resume,
                "continue an interrupted run: reuse DIR/samples.jsonl records (needs --out)");
+  cmd.add_option("--shard", args.shard,
+                 "I/N: run every N-th sample only, starting with the I-th (1 <= I <= N), for a "
+                 "job array; `protokv eval merge` joins the N output folders into one run's "
+                 "tables (docs/scale-out.md)");
   cmd.add_flag("--quiet", args.quiet, "no progress bar");
 }
 
@@ -95,6 +100,7 @@ eval::LongctxBenchmarkRun make_run(const LongctxArgs& args) {
   run.options.batch_decode = args.batch_decode;
   run.out_dir = args.out_dir;
   run.limit = args.limit;
+  if (!args.shard.empty()) run.shard = eval::EvalShard::parse(args.shard);
   run.config["tokenizer"] =
       args.model.tokenizer_path.empty() ? "embedded" : args.model.tokenizer_path;
   return run;
@@ -183,6 +189,22 @@ void run_longbench(LongbenchArgs& args) {
   print_report(args.common, eval::run_longbench_benchmark(model, b, std::move(run)));
 }
 
+// ---- merge --------------------------------------------------------------------------------
+
+struct MergeArgs {
+  std::vector<std::string> dirs;
+  std::string out_dir;
+  bool json = false;
+};
+
+void run_merge(const MergeArgs& args) {
+  const eval::LongctxReport report = eval::merge_longctx_runs(args.dirs, args.out_dir);
+  LongctxArgs print_args;
+  print_args.json = args.json;
+  print_args.out_dir = args.out_dir;
+  print_report(print_args, report);
+}
+
 }  // namespace
 
 void register_eval_longctx(CLI::App& eval) {
@@ -262,6 +284,20 @@ void register_eval_longctx(CLI::App& eval) {
                     "prompt beyond the model's context is an error")
         ->capture_default_str();
     cmd->callback([args] { run_longbench(*args); });
+  }
+  {
+    auto args = std::make_shared<MergeArgs>();
+    auto* cmd = eval.add_subcommand(
+        "merge",
+        "Join the --out folders of a sharded eval niah|ruler|longbench (--shard 1/N .. N/N, "
+        "each finished) into the tables, paired intervals and files one run over every sample "
+        "makes (the same records in the same order; times are the shards').");
+    cmd->add_option("dirs", args->dirs, "the shards' output folders")->required();
+    cmd->add_option(
+        "--out", args->out_dir,
+        "write DIR/results.json, config.json, samples.jsonl and SVGs of the merged run");
+    cmd->add_flag("--json", args->json, "JSON on stdout (the content of results.json)");
+    cmd->callback([args] { run_merge(*args); });
   }
 }
 

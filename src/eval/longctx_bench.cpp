@@ -9,12 +9,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "core/units.h"
 #include "eval/fidelity.h"
 #include "eval/longbench.h"
 #include "eval/report/table.h"
+#include "eval/results_file.h"
+#include "io/text_file.h"
 #include "protokv/error.h"
+#include "protokv/limits.h"
 #include "protokv/threads.h"
 #include "protokv/tokenizer.h"
 
@@ -100,13 +104,11 @@ nlohmann::json summaries_json(const std::vector<LongctxSummary>& summaries) {
 // interval ("+x.x ± y.y"; no interval with one pair, "-" with none). `out[run][group]` gets
 // {"diff", "ci95", "paired"} in points (ci95: the half-width; null without an interval).
 std::string paired_group_table(const std::vector<LongctxRecord>& records,
-                               const std::vector<LongctxRunSpec>& runs,
+                               const std::vector<std::string>& runs,
                                const std::vector<std::string>& groups, const std::string& group_key,
                                const std::string& reference, nlohmann::json& out) {
   out = nlohmann::json::object();
-  const bool has_reference =
-      std::any_of(runs.begin(), runs.end(), [&](const auto& r) { return r.label() == reference; });
-  if (!has_reference) return "";
+  if (std::find(runs.begin(), runs.end(), reference) == runs.end()) return "";
   Table table;
   table.add_column("Δ vs " + reference + " (95%)", Table::Align::kLeft);
   for (const auto& g : groups) table.add_column(g);
@@ -116,7 +118,7 @@ std::string paired_group_table(const std::vector<LongctxRecord>& records,
       return r.meta.value(group_key, std::string()) == g;
     }));
   for (size_t i = 0; i < runs.size(); ++i) {
-    const std::string label = runs[i].label();
+    const std::string& label = runs[i];
     if (label == reference) continue;
     std::vector<std::string> row = {label};
     for (size_t k = 0; k < groups.size(); ++k) {
@@ -140,7 +142,7 @@ std::string paired_group_table(const std::vector<LongctxRecord>& records,
 
 // Rows: runs; columns: one score per group (task, dataset...) and their average.
 std::string group_table(const std::vector<LongctxRecord>& records,
-                        const std::vector<LongctxRunSpec>& runs,
+                        const std::vector<std::string>& runs,
                         const std::vector<std::string>& groups, const std::string& group_key,
                         nlohmann::json& out) {
   Table table;
@@ -149,25 +151,25 @@ std::string group_table(const std::vector<LongctxRecord>& records,
   table.add_column("average");
   out = nlohmann::json::object();
   for (const auto& run : runs) {
-    std::vector<std::string> row = {run.label()};
+    std::vector<std::string> row = {run};
     double sum = 0.0;
     int n = 0;
     for (const auto& g : groups) {
-      const auto s = summarize(records, {run}, "", [&](const LongctxRecord& r) {
-        return r.meta.value(group_key, std::string()) == g;
-      });
+      const auto s = summarize(
+          records, std::vector<std::string>{run}, "",
+          [&](const LongctxRecord& r) { return r.meta.value(group_key, std::string()) == g; });
       if (s[0].scored > 0) {
         row.push_back(fmt::format("{:.2f}", 100.0 * s[0].mean_score));
-        out[run.label()][g] = 100.0 * s[0].mean_score;
+        out[run][g] = 100.0 * s[0].mean_score;
         sum += 100.0 * s[0].mean_score;
         ++n;
       } else {
         row.push_back("-");
-        out[run.label()][g] = nullptr;
+        out[run][g] = nullptr;
       }
     }
     row.push_back(n > 0 ? fmt::format("{:.2f}", sum / n) : "-");
-    out[run.label()]["average"] = n > 0 ? nlohmann::json(sum / n) : nlohmann::json();
+    out[run]["average"] = n > 0 ? nlohmann::json(sum / n) : nlohmann::json();
     table.add_row(row);
   }
   return table.render();
@@ -185,10 +187,11 @@ std::vector<std::string> name_lengths(const std::vector<int64_t>& lengths,
 
 // Per-length paired differences, on records grouped by name_lengths().
 void add_per_length_paired(const std::vector<std::string>& length_names,
-                           const LongctxOptions& options, LongctxReport& report) {
+                           const std::vector<std::string>& runs, const std::string& reference,
+                           LongctxReport& report) {
   nlohmann::json per_length_paired;
-  report.text += paired_group_table(report.records, options.runs, length_names, "length_name",
-                                    options.reference, per_length_paired);
+  report.text += paired_group_table(report.records, runs, length_names, "length_name", reference,
+                                    per_length_paired);
   report.results["per_length_paired"] = per_length_paired;
 }
 
@@ -199,19 +202,163 @@ void write_file(const fs::path& path, const std::string& text) {
   PROTOKV_CHECK(out.good(), "cannot write {}", path.string());
 }
 
-// Adds the configuration, the wall time and the skipped samples; writes the files.
-void finish(const LongctxBenchmarkRun& run, const LongctxResult& result, LongctxReport& report) {
-  report.results["config"] = run.config;
-  report.results["wall_ms"] = result.wall_ms;
-  nlohmann::json errors = nlohmann::json::array();
-  for (const auto& r : report.records)
-    if (!r.error.empty()) errors.push_back({{"run", r.run}, {"id", r.id}, {"error", r.error}});
-  report.results["skipped"] = errors;
-  if (run.out_dir.empty()) return;
-  const fs::path dir(run.out_dir);
+// Writes results.json, config.json and the figures into `out_dir` (none when empty).
+void write_report(const std::string& out_dir, const nlohmann::json& config,
+                  const LongctxReport& report) {
+  if (out_dir.empty()) return;
+  const fs::path dir(out_dir);
   write_file(dir / "results.json", report.results.dump(2) + "\n");
-  write_file(dir / "config.json", run.config.dump(2) + "\n");
+  write_file(dir / "config.json", config.dump(2) + "\n");
   for (const auto& [name, svg] : report.figures) write_file(dir / name, svg);
+}
+
+// The runs' labels, in the configuration's order: the tables' rows.
+std::vector<std::string> run_labels(const nlohmann::json& config) {
+  std::vector<std::string> labels;
+  for (const auto& r : config.at("runs")) labels.push_back(r.at("label").get<std::string>());
+  return labels;
+}
+
+// ", shard 2/8" in a shard's title line; nothing for a whole (or merged) run.
+std::string shard_note(const nlohmann::json& config) {
+  if (!config.contains("shard")) return "";
+  const auto& s = config["shard"];
+  return fmt::format(", shard {}/{} of {} samples", s.at("index").get<int64_t>(),
+                     s.at("count").get<int64_t>(), s.at("samples").get<int64_t>());
+}
+
+// Numbers the samples in benchmark order and keeps the shard's (eval/shard.h); a sharded run
+// states its shard in the configuration and in the results file's header.
+void take_shard(std::vector<LongctxSample>& samples, LongctxBenchmarkRun& run) {
+  for (size_t k = 0; k < samples.size(); ++k) samples[k].index = static_cast<int64_t>(k);
+  if (!run.shard.active()) return;
+  const auto total = static_cast<int64_t>(samples.size());
+  std::vector<LongctxSample> kept;
+  for (auto& sample : samples)
+    if (run.shard.holds(sample.index)) kept.push_back(std::move(sample));
+  samples = std::move(kept);
+  run.config["shard"] = {
+      {"index", run.shard.index}, {"count", run.shard.count}, {"samples", total}};
+  run.options.shard = run.shard.to_string();
+}
+
+}  // namespace
+
+namespace {
+
+void assemble_niah(const nlohmann::json& config, LongctxReport& report) {
+  const nlohmann::json& c = config.at("niah");
+  NiahOptions o;
+  o.lengths = c.at("lengths").get<std::vector<int64_t>>();
+  o.depths = c.at("depths").get<std::vector<double>>();
+  o.samples_per_cell = c.at("samples_per_cell").get<int>();
+  const std::vector<std::string> runs = run_labels(config);
+  const std::string reference = config.at("reference").get<std::string>();
+  const std::string mode = config.at("mode").get<std::string>();
+  const std::string model_path = config.at("model").at("path").get<std::string>();
+  const auto summaries = summarize(report.records, runs, reference);
+  report.results["summary"] = summaries_json(summaries);
+  report.text =
+      fmt::format("eval niah: {}, {} lengths x {} depths x {} sample(s), mode {}, haystack {}{}\n",
+                  model_path, o.lengths.size(), o.depths.size(), o.samples_per_cell, mode,
+                  c.at("haystack").get<std::string>(), shard_note(config));
+  report.text += summary_table(summaries, "accuracy %");
+  nlohmann::json grids = nlohmann::json::object();
+  for (const auto& label : runs) {
+    const auto grid = niah_grid(report.records, label, o);
+    nlohmann::json cells = nlohmann::json::array();
+    std::string by_length;
+    for (size_t l = 0; l < o.lengths.size(); ++l) {
+      double sum = 0.0;
+      int n = 0;
+      for (size_t d = 0; d < o.depths.size(); ++d) {
+        const double a = grid[l][d];
+        cells.push_back({{"length", o.lengths[l]},
+                         {"depth", o.depths[d]},
+                         {"accuracy", std::isfinite(a) ? nlohmann::json(a) : nlohmann::json()}});
+        if (std::isfinite(a)) {
+          sum += a;
+          ++n;
+        }
+      }
+      by_length += n > 0 ? fmt::format(" {}:{:.0f}", o.lengths[l], 100.0 * sum / n)
+                         : fmt::format(" {}:-", o.lengths[l]);
+    }
+    grids[label] = cells;
+    report.text += fmt::format("  {} accuracy by length:{}\n", label, by_length);
+    const std::string title =
+        fmt::format("NIAH {} — {} ({})", label, fs::path(model_path).filename().string(), mode);
+    std::string file = "heatmap_" + label + ".svg";
+    for (char& ch : file)
+      if (ch == '/' || ch == ':' || ch == ',' || ch == '=') ch = '_';
+    report.figures.emplace_back(file, render_niah_heatmap(grid, o, title));
+  }
+  report.results["cells"] = grids;
+  add_per_length_paired(name_lengths(o.lengths, report.records), runs, reference, report);
+}
+
+void assemble_ruler(const nlohmann::json& config, LongctxReport& report) {
+  const nlohmann::json& c = config.at("ruler");
+  const auto tasks = c.at("tasks").get<std::vector<std::string>>();
+  const auto lengths = c.at("lengths").get<std::vector<int64_t>>();
+  const std::vector<std::string> runs = run_labels(config);
+  const std::string reference = config.at("reference").get<std::string>();
+  const auto summaries = summarize(report.records, runs, reference);
+  report.results["summary"] = summaries_json(summaries);
+  report.text =
+      fmt::format("eval ruler: {}, lengths {}, {} sample(s) per task, mode {}{}\n",
+                  config.at("model").at("path").get<std::string>(), fmt::join(lengths, ","),
+                  c.at("samples_per_task_and_length").get<int64_t>(),
+                  config.at("mode").get<std::string>(), shard_note(config));
+  nlohmann::json per_task;
+  report.text += group_table(report.records, runs, tasks, "task", per_task);
+  nlohmann::json per_task_paired;
+  const std::string task_diffs =
+      paired_group_table(report.records, runs, tasks, "task", reference, per_task_paired);
+  if (!task_diffs.empty()) report.text += fmt::format("\n{}", task_diffs);
+  report.text += '\n';
+  report.text += summary_table(summaries, "score (all)");
+  report.results["per_task"] = per_task;
+  report.results["per_task_paired"] = per_task_paired;
+  if (lengths.size() > 1) {
+    const std::vector<std::string> names = name_lengths(lengths, report.records);
+    nlohmann::json per_length;
+    report.text +=
+        "\nby length:\n" + group_table(report.records, runs, names, "length_name", per_length);
+    report.results["per_length"] = per_length;
+    add_per_length_paired(names, runs, reference, report);
+  }
+}
+
+void assemble_longbench(const nlohmann::json& config, LongctxReport& report) {
+  const nlohmann::json& c = config.at("longbench");
+  std::vector<std::string> names;
+  for (const auto& d : c.at("datasets")) names.push_back(d.at("name").get<std::string>());
+  const bool longbench_e = c.at("e").get<bool>();
+  const auto max_length = c.at("max_length").get<int64_t>();
+  const std::vector<std::string> runs = run_labels(config);
+  const std::string reference = config.at("reference").get<std::string>();
+  const auto summaries = summarize(report.records, runs, reference);
+  report.results["summary"] = summaries_json(summaries);
+  nlohmann::json per_dataset;
+  report.text =
+      fmt::format("eval longbench{}: {}, {} dataset(s), max length {}, mode {}{}\n",
+                  longbench_e ? " -E" : "", config.at("model").at("path").get<std::string>(),
+                  names.size(), max_length > 0 ? std::to_string(max_length) : "none",
+                  config.at("mode").get<std::string>(), shard_note(config));
+  report.text += group_table(report.records, runs, names, "dataset", per_dataset);
+  report.results["per_dataset"] = per_dataset;
+  if (longbench_e) {
+    std::vector<std::string> groups;
+    for (const auto& n : names)
+      for (const char* bucket : {"0-4k", "4-8k", "8k+"}) groups.push_back(n + ":" + bucket);
+    nlohmann::json per_bucket;
+    report.text += "\nby length (LongBench-E):\n" +
+                   group_table(report.records, runs, groups, "dataset_bucket", per_bucket);
+    report.results["per_dataset_length"] = per_bucket;
+  }
+  report.text += '\n';
+  report.text += summary_table(summaries, "score (all)");
 }
 
 }  // namespace
@@ -285,6 +432,7 @@ LongctxReport run_niah_benchmark(const LoadedModel& model, NiahBenchmark benchma
   }
   std::vector<LongctxSample> samples = make_niah_samples(tok, haystack, o);
   apply_limit(samples, run.limit);
+  take_shard(samples, run);
   run.config["seed"] = o.seed;
   run.config["niah"] = {{"lengths", o.lengths},
                         {"depths", o.depths},
@@ -296,49 +444,9 @@ LongctxReport run_niah_benchmark(const LoadedModel& model, NiahBenchmark benchma
                         {"scoring", "exact containment of the needle's value"}};
 
   LongctxResult result = run_longctx(model.weights, tok, samples, niah_score, run.options);
-  LongctxReport report;
-  report.records = std::move(result.records);
-  const auto summaries = summarize(report.records, run.options.runs, run.options.reference);
-  report.results["summary"] = summaries_json(summaries);
-  report.text =
-      fmt::format("eval niah: {}, {} lengths x {} depths x {} sample(s), mode {}, haystack {}\n",
-                  model.path, o.lengths.size(), o.depths.size(), o.samples_per_cell,
-                  run.config["mode"].get<std::string>(), haystack_desc);
-  report.text += summary_table(summaries, "accuracy %");
-  nlohmann::json grids = nlohmann::json::object();
-  for (const auto& spec : run.options.runs) {
-    const auto grid = niah_grid(report.records, spec.label(), o);
-    nlohmann::json cells = nlohmann::json::array();
-    std::string by_length;
-    for (size_t l = 0; l < o.lengths.size(); ++l) {
-      double sum = 0.0;
-      int n = 0;
-      for (size_t d = 0; d < o.depths.size(); ++d) {
-        const double a = grid[l][d];
-        cells.push_back({{"length", o.lengths[l]},
-                         {"depth", o.depths[d]},
-                         {"accuracy", std::isfinite(a) ? nlohmann::json(a) : nlohmann::json()}});
-        if (std::isfinite(a)) {
-          sum += a;
-          ++n;
-        }
-      }
-      by_length += n > 0 ? fmt::format(" {}:{:.0f}", o.lengths[l], 100.0 * sum / n)
-                         : fmt::format(" {}:-", o.lengths[l]);
-    }
-    grids[spec.label()] = cells;
-    report.text += fmt::format("  {} accuracy by length:{}\n", spec.label(), by_length);
-    const std::string title =
-        fmt::format("NIAH {} — {} ({})", spec.label(), fs::path(model.path).filename().string(),
-                    run.config["mode"].get<std::string>());
-    std::string file = "heatmap_" + spec.label() + ".svg";
-    for (char& c : file)
-      if (c == '/' || c == ':' || c == ',' || c == '=') c = '_';
-    report.figures.emplace_back(file, render_niah_heatmap(grid, o, title));
-  }
-  report.results["cells"] = grids;
-  add_per_length_paired(name_lengths(o.lengths, report.records), run.options, report);
-  finish(run, result, report);
+  LongctxReport report =
+      assemble_longctx_report(run.config, std::move(result.records), result.wall_ms);
+  write_report(run.out_dir, run.config, report);
   return report;
 }
 
@@ -375,6 +483,7 @@ LongctxReport run_ruler_benchmark(const LoadedModel& model, RulerBenchmark bench
   }
   std::vector<LongctxSample> samples = make_ruler_samples(tok, o);
   apply_limit(samples, run.limit);
+  take_shard(samples, run);
   run.config["seed"] = o.seed;
   run.config["ruler"] = {
       {"tasks", o.tasks},
@@ -387,33 +496,9 @@ LongctxReport run_ruler_benchmark(const LoadedModel& model, RulerBenchmark bench
       {"scoring",
        "string_match_all (niah, vt, cwe, fwe), string_match_part (qa_1, qa_2), x100, as RULER"}};
   LongctxResult result = run_longctx(model.weights, tok, samples, ruler_score, run.options);
-  LongctxReport report;
-  report.records = std::move(result.records);
-  const std::vector<LongctxRunSpec>& runs = run.options.runs;
-  const auto summaries = summarize(report.records, runs, run.options.reference);
-  report.results["summary"] = summaries_json(summaries);
-  report.text =
-      fmt::format("eval ruler: {}, lengths {}, {} sample(s) per task, mode {}\n", model.path,
-                  fmt::join(o.lengths, ","), o.samples, run.config["mode"].get<std::string>());
-  nlohmann::json per_task;
-  report.text += group_table(report.records, runs, o.tasks, "task", per_task);
-  nlohmann::json per_task_paired;
-  const std::string task_diffs = paired_group_table(report.records, runs, o.tasks, "task",
-                                                    run.options.reference, per_task_paired);
-  if (!task_diffs.empty()) report.text += fmt::format("\n{}", task_diffs);
-  report.text += '\n';
-  report.text += summary_table(summaries, "score (all)");
-  report.results["per_task"] = per_task;
-  report.results["per_task_paired"] = per_task_paired;
-  if (o.lengths.size() > 1) {
-    const std::vector<std::string> lengths = name_lengths(o.lengths, report.records);
-    nlohmann::json per_length;
-    report.text +=
-        "\nby length:\n" + group_table(report.records, runs, lengths, "length_name", per_length);
-    report.results["per_length"] = per_length;
-    add_per_length_paired(lengths, run.options, report);
-  }
-  finish(run, result, report);
+  LongctxReport report =
+      assemble_longctx_report(run.config, std::move(result.records), result.wall_ms);
+  write_report(run.out_dir, run.config, report);
   return report;
 }
 
@@ -461,10 +546,8 @@ LongctxReport run_longbench_benchmark(const LoadedModel& model, const LongbenchB
   const Tokenizer& tok = *model.tokenizer;
   const int64_t ctx = model.weights.config.context_length;
   std::vector<LongctxSample> samples;
-  std::vector<std::string> names;
   std::map<std::string, int64_t> kept;  // limit: the first N samples of each dataset
   for (const auto& [d, file] : files) {
-    names.push_back(d->name);
     for (const auto& ex : read_longbench_jsonl(file)) {
       if (run.limit > 0 && kept[d->name] >= run.limit) break;
       ++kept[d->name];
@@ -475,6 +558,7 @@ LongctxReport run_longbench_benchmark(const LoadedModel& model, const LongbenchB
       }
     }
   }
+  take_shard(samples, run);
   for (auto& s : samples)
     s.meta["dataset_bucket"] =
         s.meta["dataset"].get<std::string>() + ":" + s.meta["bucket"].get<std::string>();
@@ -497,30 +581,196 @@ LongctxReport run_longbench_benchmark(const LoadedModel& model, const LongbenchB
       {"limit_per_dataset", run.limit}};
   run.config["limit"] = nullptr;  // applied per dataset, recorded above
   LongctxResult result = run_longctx(model.weights, tok, samples, longbench_score, run.options);
+  LongctxReport report =
+      assemble_longctx_report(run.config, std::move(result.records), result.wall_ms);
+  write_report(run.out_dir, run.config, report);
+  return report;
+}
+
+// ---- the report, and the merge of shards --------------------------------------------------
+
+LongctxReport assemble_longctx_report(const nlohmann::json& config,
+                                      std::vector<LongctxRecord> records, double wall_ms) {
   LongctxReport report;
-  report.records = std::move(result.records);
-  const std::vector<LongctxRunSpec>& runs = run.options.runs;
-  const auto summaries = summarize(report.records, runs, run.options.reference);
-  report.results["summary"] = summaries_json(summaries);
-  nlohmann::json per_dataset;
-  report.text = fmt::format("eval longbench{}: {}, {} dataset(s), max length {}, mode {}\n",
-                            b.longbench_e ? " -E" : "", model.path, names.size(),
-                            b.max_length > 0 ? std::to_string(b.max_length) : "none",
-                            run.config["mode"].get<std::string>());
-  report.text += group_table(report.records, runs, names, "dataset", per_dataset);
-  report.results["per_dataset"] = per_dataset;
-  if (b.longbench_e) {
-    std::vector<std::string> groups;
-    for (const auto& n : names)
-      for (const char* bucket : {"0-4k", "4-8k", "8k+"}) groups.push_back(n + ":" + bucket);
-    nlohmann::json per_bucket;
-    report.text += "\nby length (LongBench-E):\n" +
-                   group_table(report.records, runs, groups, "dataset_bucket", per_bucket);
-    report.results["per_dataset_length"] = per_bucket;
+  report.records = std::move(records);
+  const std::string benchmark = config.at("benchmark").get<std::string>();
+  if (benchmark == "niah") {
+    assemble_niah(config, report);
+  } else if (benchmark == "ruler") {
+    assemble_ruler(config, report);
+  } else if (benchmark == "longbench" || benchmark == "longbench-e") {
+    assemble_longbench(config, report);
+  } else {
+    fail("unknown benchmark '{}' in the configuration", benchmark);
   }
-  report.text += '\n';
-  report.text += summary_table(summaries, "score (all)");
-  finish(run, result, report);
+  report.results["config"] = config;
+  report.results["wall_ms"] = wall_ms;
+  nlohmann::json errors = nlohmann::json::array();
+  for (const auto& r : report.records)
+    if (!r.error.empty()) errors.push_back({{"run", r.run}, {"id", r.id}, {"error", r.error}});
+  report.results["skipped"] = errors;
+  return report;
+}
+
+namespace {
+
+nlohmann::json read_json_file(const fs::path& path) {
+  std::error_code ec;
+  PROTOKV_CHECK(fs::is_regular_file(path, ec), "{}: missing (not a finished protokv eval folder)",
+                path.string());
+  const nlohmann::json j =
+      nlohmann::json::parse(read_text_file(path.string()), nullptr, /*allow_exceptions=*/false);
+  PROTOKV_CHECK(!j.is_discarded() && j.is_object(), "{}: not a JSON object", path.string());
+  return j;
+}
+
+// One shard's folder as the merge reads it.
+struct ShardFolder {
+  std::string dir;
+  nlohmann::json config;  // without "shard"
+  EvalShard shard;
+  int64_t samples = -1;  // of the whole run (sharded folders state it)
+  double wall_ms = 0.0;
+};
+
+ShardFolder read_shard_folder(const std::string& dir) {
+  ShardFolder f;
+  f.dir = dir;
+  f.config = read_json_file(fs::path(dir) / "config.json");
+  try {
+    PROTOKV_CHECK(f.config.contains("benchmark") && f.config.contains("runs"),
+                  "{}/config.json: not the configuration of eval niah, ruler or longbench", dir);
+    if (f.config.contains("shard")) {
+      const nlohmann::json& s = f.config["shard"];
+      f.shard.index = s.at("index").get<int64_t>();
+      f.shard.count = s.at("count").get<int64_t>();
+      f.samples = s.at("samples").get<int64_t>();
+      PROTOKV_CHECK(f.shard.count >= 1 && f.shard.count <= limits::kMaxEvalShards &&
+                        f.shard.index >= 1 && f.shard.index <= f.shard.count && f.samples >= 0,
+                    "{}/config.json: shard {}/{} of {} samples is not a shard", dir, f.shard.index,
+                    f.shard.count, f.samples);
+      f.config.erase("shard");
+    }
+    const fs::path results = fs::path(dir) / "results.json";
+    std::error_code ec;
+    if (fs::is_regular_file(results, ec)) f.wall_ms = read_json_file(results).value("wall_ms", 0.0);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}/config.json: {}", dir, e.what());
+  }
+  return f;
+}
+
+// The first top-level key whose value differs between two configurations ("threads" aside).
+std::string first_difference(const nlohmann::json& a, const nlohmann::json& b) {
+  for (const auto& [key, value] : a.items())
+    if (key != "threads" && (!b.contains(key) || b[key] != value)) return key;
+  for (const auto& [key, value] : b.items())
+    if (key != "threads" && !a.contains(key)) return key;
+  return "";
+}
+
+}  // namespace
+
+LongctxReport merge_longctx_runs(const std::vector<std::string>& dirs, const std::string& out_dir) {
+  PROTOKV_CHECK(!dirs.empty(), "eval merge: no folder given");
+  std::vector<ShardFolder> folders;
+  for (const auto& dir : dirs) folders.push_back(read_shard_folder(dir));
+  const ShardFolder& first = folders.front();
+  // Every shard of one run, each once.
+  const int64_t count = first.shard.count;
+  std::vector<const ShardFolder*> by_index(static_cast<size_t>(count), nullptr);
+  nlohmann::json threads = first.config.value("threads", nlohmann::json());
+  for (const auto& f : folders) {
+    const std::string key = first_difference(first.config, f.config);
+    PROTOKV_CHECK(key.empty(),
+                  "{} and {} are not shards of one run: their configurations differ in \"{}\"",
+                  first.dir, f.dir, key);
+    PROTOKV_CHECK(f.shard.count == count && f.samples == first.samples,
+                  "{} is shard {} of {} samples, {} shard {} of {}: not one run's shards", f.dir,
+                  f.shard.to_string(), f.samples, first.dir, first.shard.to_string(),
+                  first.samples);
+    const ShardFolder*& slot = by_index[static_cast<size_t>(f.shard.index - 1)];
+    PROTOKV_CHECK(slot == nullptr, "shard {} is given twice: {} and {}", f.shard.to_string(),
+                  slot == nullptr ? "" : slot->dir, f.dir);
+    slot = &f;
+    if (f.config.value("threads", nlohmann::json()) != threads) threads = "differ per shard";
+  }
+  for (int64_t i = 0; i < count; ++i)
+    PROTOKV_CHECK(by_index[static_cast<size_t>(i)] != nullptr,
+                  "shard {}/{} is missing: give every shard's folder", i + 1, count);
+
+  // Records, each shard complete: every run answered every sample of it once.
+  const std::vector<std::string> labels = run_labels(first.config);
+  std::map<std::string, size_t> run_order;
+  for (size_t i = 0; i < labels.size(); ++i) run_order[labels[i]] = i;
+  const nlohmann::json& config = first.config;
+  std::vector<LongctxRecord> records;
+  double wall_ms = 0.0;
+  for (const auto& f : folders) {
+    nlohmann::json header = {{"mode", config.at("mode")}, {"alloc", config.at("alloc")}};
+    if (f.shard.active()) header["shard"] = f.shard.to_string();
+    const std::string path = (fs::path(f.dir) / "samples.jsonl").string();
+    std::error_code ec;
+    PROTOKV_CHECK(fs::is_regular_file(path, ec), "{}: missing", path);
+    std::set<std::pair<size_t, int64_t>> seen;
+    int64_t record_no = 0;
+    for (const auto& j : read_results_file(path, header)) {
+      ++record_no;
+      LongctxRecord r;
+      try {
+        r = LongctxRecord::from_json(j);
+      } catch (const nlohmann::json::exception& e) {
+        fail("{} record {}: {}", path, record_no, e.what());
+      }
+      r.resumed = false;
+      const auto run = run_order.find(r.run);
+      PROTOKV_CHECK(run != run_order.end(), "{} record {}: run '{}' is not in its config.json",
+                    path, record_no, r.run);
+      PROTOKV_CHECK(r.sample >= 0,
+                    "{} record {}: no sample index (written before protokv kept one); cannot "
+                    "merge it",
+                    path, record_no);
+      PROTOKV_CHECK(f.samples < 0 || (r.sample < f.samples && f.shard.holds(r.sample)),
+                    "{} record {}: sample {} is not one of shard {}", path, record_no, r.sample,
+                    f.shard.to_string());
+      PROTOKV_CHECK(seen.insert({run->second, r.sample}).second,
+                    "{} record {}: run {} answered sample {} twice", path, record_no, r.run,
+                    r.sample);
+      records.push_back(std::move(r));
+    }
+    // A whole run (no shard) states no sample count: its records say how many samples it has.
+    int64_t shard_samples = 0;
+    if (f.samples >= 0) {
+      shard_samples = static_cast<int64_t>(shard_sample_indices(f.shard, f.samples).size());
+    } else {
+      for (const auto& [run, sample] : seen) shard_samples = std::max(shard_samples, sample + 1);
+    }
+    const auto expected = static_cast<int64_t>(labels.size()) * shard_samples;
+    PROTOKV_CHECK(static_cast<int64_t>(seen.size()) == expected,
+                  "{}: {} of {} records ({} runs x {} samples): the shard did not finish "
+                  "(resume it with --resume)",
+                  path, seen.size(), expected, labels.size(), shard_samples);
+    wall_ms += f.wall_ms;
+  }
+  // The order of one run: run-major, samples in benchmark order.
+  std::stable_sort(records.begin(), records.end(), [&](const auto& a, const auto& b) {
+    const size_t ra = run_order.at(a.run), rb = run_order.at(b.run);
+    return ra != rb ? ra < rb : a.sample < b.sample;
+  });
+  nlohmann::json merged_config = config;
+  if (!threads.is_null()) merged_config["threads"] = threads;
+  LongctxReport report = assemble_longctx_report(merged_config, std::move(records), wall_ms);
+  report.results["merged_from"] = dirs;
+  if (!out_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    PROTOKV_CHECK(!ec, "cannot create {}: {}", out_dir, ec.message());
+    ResultsFileWriter jsonl((fs::path(out_dir) / "samples.jsonl").string(),
+                            {{"mode", config.at("mode")}, {"alloc", config.at("alloc")}},
+                            /*resume=*/false);
+    for (const auto& r : report.records) jsonl.append(r.to_json());
+    write_report(out_dir, merged_config, report);
+  }
   return report;
 }
 

@@ -15,6 +15,7 @@
 #include "eval/longctx_runner.h"
 #include "eval/niah.h"
 #include "eval/ruler.h"
+#include "eval/shard.h"
 #include "protokv/model.h"
 
 namespace protokv::eval {
@@ -32,6 +33,9 @@ struct LongctxBenchmarkRun {
   // resume file), then results.json, config.json and the figures.
   std::string out_dir;
   int64_t limit = 0;  // only the first N samples (LongBench: of each dataset); 0: all
+  // One shard of the samples (after `limit`): the report covers its samples only, and
+  // merge_longctx_runs() joins the shards' folders.
+  EvalShard shard;
 };
 
 struct LongctxReport {
@@ -71,5 +75,20 @@ struct LongbenchBenchmark {
 void check_longbench_benchmark(const LongbenchBenchmark& benchmark);
 LongctxReport run_longbench_benchmark(const LoadedModel& model, const LongbenchBenchmark& benchmark,
                                       LongctxBenchmarkRun run);
+
+// The report of finished records from a run's configuration alone (what prepare and the
+// benchmark wrote into LongctxBenchmarkRun::config): the tables, results and figures. Records in
+// run-major order, samples in benchmark order (as run_longctx returns them).
+LongctxReport assemble_longctx_report(const nlohmann::json& config,
+                                      std::vector<LongctxRecord> records, double wall_ms);
+
+// `protokv eval merge`: joins the output folders of a sharded run (every shard 1/N..N/N, each
+// finished) into the report one run over all samples writes: the same records in the same
+// order, so the same tables and paired intervals (the measured times are the shards'; wall_ms
+// their sum). One unsharded folder is accepted too (its tables recomputed). Writes
+// results.json, config.json, samples.jsonl and the figures into `out_dir` when given. Throws
+// Error naming the folder for a missing, repeated or unfinished shard, a folder of another
+// configuration, a record out of place.
+LongctxReport merge_longctx_runs(const std::vector<std::string>& dirs, const std::string& out_dir);
 
 }  // namespace protokv::eval

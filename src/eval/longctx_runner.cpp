@@ -77,6 +77,7 @@ nlohmann::json LongctxRecord::to_json() const {
   nlohmann::json j;
   j["run"] = run;
   j["id"] = id;
+  if (sample >= 0) j["sample"] = sample;
   j["prediction"] = prediction;
   j["score"] = score;
   if (!error.empty()) j["error"] = error;
@@ -96,6 +97,7 @@ LongctxRecord LongctxRecord::from_json(const nlohmann::json& j) {
   LongctxRecord r;
   r.run = j.at("run").get<std::string>();
   r.id = j.at("id").get<std::string>();
+  r.sample = j.value("sample", int64_t{-1});
   r.prediction = j.value("prediction", "");
   r.score = j.value("score", 0.0);
   r.error = j.value("error", "");
@@ -133,11 +135,20 @@ std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
                                       const std::vector<LongctxRunSpec>& runs,
                                       const std::string& reference,
                                       const std::function<bool(const LongctxRecord&)>& filter) {
+  std::vector<std::string> labels;
+  for (const auto& spec : runs) labels.push_back(spec.label());
+  return summarize(records, labels, reference, filter);
+}
+
+std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
+                                      const std::vector<std::string>& labels,
+                                      const std::string& reference,
+                                      const std::function<bool(const LongctxRecord&)>& filter) {
   std::map<std::string, std::map<std::string, double>> scores;  // run -> id -> score
   std::vector<LongctxSummary> out;
-  for (const auto& spec : runs) {
+  for (const auto& label : labels) {
     LongctxSummary s;
-    s.run = spec.label();
+    s.run = label;
     for (const auto& r : records) {
       if (r.run != s.run || (filter && !filter(r))) continue;
       if (!r.error.empty()) {
@@ -226,8 +237,9 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
     presses.push_back(PressSpec::parse(spec.press, options.alloc));
   }
 
-  const nlohmann::json header = {{"mode", mode},
-                                 {"alloc", options.alloc.empty() ? "default" : options.alloc}};
+  nlohmann::json header = {{"mode", mode},
+                           {"alloc", options.alloc.empty() ? "default" : options.alloc}};
+  if (!options.shard.empty()) header["shard"] = options.shard;
   std::map<std::pair<std::string, std::string>, LongctxRecord> previous;
   if (options.resume) {
     int64_t record_no = 0;
@@ -246,6 +258,9 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   if (!options.jsonl_path.empty())
     jsonl = std::make_unique<ResultsFileWriter>(options.jsonl_path, header, options.resume);
 
+  auto index_of = [&](const LongctxSample& sample) {
+    return sample.index >= 0 ? sample.index : static_cast<int64_t>(&sample - samples.data());
+  };
   LongctxResult result;
   Timer wall;
   const int64_t total = static_cast<int64_t>(options.runs.size() * samples.size());
@@ -276,6 +291,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
     LongctxRecord& rec = a.rec;
     rec.run = label;
     rec.id = sample.id;
+    rec.sample = index_of(sample);
     rec.meta = sample.meta;
     rec.prompt_tokens = static_cast<int64_t>(sample.context.size() + sample.question.size());
     try {
@@ -366,6 +382,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
     auto it = previous.find({label, sample.id});
     if (it == previous.end()) return false;
     by_run[run_index].push_back(it->second);
+    by_run[run_index].back().sample = index_of(sample);  // records written before it was kept
     progress.advance(1, label + " (resumed)");
     return true;
   };

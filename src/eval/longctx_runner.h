@@ -45,6 +45,9 @@ struct LongctxSample {
   int max_new_tokens = 32;
   nlohmann::json meta = nlohmann::json::object();  // task, length, depth, dataset... (grouping)
   std::string error;  // set by the generator: the sample is recorded as skipped, not run
+  // Position in the benchmark's whole sample list (a shard's samples keep theirs: the merge
+  // orders records by it); -1: the sample's position in the list run_longctx is given.
+  int64_t index = -1;
 };
 
 // Scores one prediction of one sample in [0, 1].
@@ -74,6 +77,9 @@ struct LongctxOptions {
   std::string reference = "full";  // label of the run the others are paired against
   std::string jsonl_path;          // empty: keep records in memory only
   bool resume = false;             // reuse records of jsonl_path whose (run, id) match
+  // "I/N" for one shard of a sharded run (eval/shard.h), empty otherwise: it is part of the
+  // results file's header, so a shard resumes its own file and no other.
+  std::string shard;
   // Each sample's prompt runs through the model once and every run compresses a copy of it
   // (PrefilledPrompt; the same records bit for bit, prefill_ms then counts the copy and the
   // compression only).
@@ -92,6 +98,7 @@ struct LongctxOptions {
 struct LongctxRecord {
   std::string run;  // LongctxRunSpec::label()
   std::string id;
+  int64_t sample = -1;  // LongctxSample::index: the record's place when shards are merged
   std::string prediction;
   double score = 0.0;
   std::string error;  // non-empty: skipped (not scored)
@@ -144,6 +151,11 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
 // (null: all), paired against `reference` (a label; absent: no pairing).
 std::vector<LongctxSummary> summarize(
     const std::vector<LongctxRecord>& records, const std::vector<LongctxRunSpec>& runs,
+    const std::string& reference,
+    const std::function<bool(const LongctxRecord&)>& filter = nullptr);
+// The same by run labels (a merged run knows its runs by label only).
+std::vector<LongctxSummary> summarize(
+    const std::vector<LongctxRecord>& records, const std::vector<std::string>& labels,
     const std::string& reference,
     const std::function<bool(const LongctxRecord&)>& filter = nullptr);
 
