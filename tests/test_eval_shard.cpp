@@ -53,6 +53,20 @@ std::string read_file(const fs::path& path) {
   return s.str();
 }
 
+// Every measured time (a number under a key with "_ms" in it) set to zero, at any depth.
+void zero_times_in(nlohmann::json& j) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key().find("_ms") != std::string::npos && it->is_number())
+        *it = 0.0;
+      else
+        zero_times_in(*it);
+    }
+  } else if (j.is_array()) {
+    for (auto& value : j) zero_times_in(value);
+  }
+}
+
 // The measured times of every record set to zero: what two runs of the same samples cannot
 // share, so that the tables built on them can be compared byte for byte.
 void zero_times(const fs::path& jsonl) {
@@ -60,8 +74,7 @@ void zero_times(const fs::path& jsonl) {
   std::string line, out;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
-    for (const char* key : {"compress_ms", "prefill_ms", "decode_ms"})
-      if (j.contains(key)) j[key] = 0.0;
+    zero_times_in(j);
     out += j.dump() + "\n";
   }
   std::ofstream(jsonl, std::ios::binary) << out;
@@ -81,36 +94,43 @@ nlohmann::json results_without_run_facts(const fs::path& dir) {
 
 // One run and the same run in 3 shards (merged out of order): the merge of the shards gives the
 // tables, results, records and figures of the one run, byte for byte once the measured times
-// (which no two runs share) are equal.
+// (which no two runs share) are equal. `subfolder`: where the run writes under --out (eval
+// fidelity's own folder; "{}" stands for the shard's "_shard<I>of3", or nothing).
 void expect_three_shards_merge_to_one_run(const std::string& eval_args,
-                                          const std::vector<std::string>& figures) {
+                                          const std::vector<std::string>& figures,
+                                          const std::string& subfolder = "") {
   testing::TempDir tmp;
   auto run = [&](const std::string& args) {
     const auto r = testing::run_protokv(eval_args + " --quiet -t 1 " + args);
     EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
     return r;
   };
+  auto folder = [&](const std::string& out, const std::string& shard) {
+    return "'" + (tmp / out / fmt::format(fmt::runtime(subfolder), shard)).string() + "'";
+  };
+  const std::string whole_dir = folder("whole", "");
+  auto shard_dir = [&](int i) {
+    return folder(fmt::format("s{}", i), fmt::format("_shard{}of3", i));
+  };
   const auto whole = run(fmt::format("--out '{}'", (tmp / "whole").string()));
   for (int i = 1; i <= 3; ++i) {
     const auto shard =
         run(fmt::format("--shard {}/3 --out '{}'", i, (tmp / fmt::format("s{}", i)).string()));
-    EXPECT_NE(shard.out.find(fmt::format(", shard {}/3 of ", i)), std::string::npos) << shard.out;
+    EXPECT_NE(shard.out.find(fmt::format(", shard {}/3", i)), std::string::npos) << shard.out;
   }
-  // Its own folder merged: the run's own tables, timings included.
   auto merge = [&](const std::string& dirs, const std::string& out) {
     const auto r =
         testing::run_protokv(fmt::format("eval merge {} --out '{}'", dirs, (tmp / out).string()));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return r;
   };
-  EXPECT_EQ(tables(merge(fmt::format("'{}'", (tmp / "whole").string()), "m1").out),
-            tables(whole.out));
+  // Its own folder merged: the run's own tables, timings included.
+  EXPECT_EQ(tables(merge(whole_dir, "m1").out), tables(whole.out));
 
-  for (const char* dir : {"whole", "s1", "s2", "s3"}) zero_times(tmp / dir / "samples.jsonl");
-  const auto one = merge(fmt::format("'{}'", (tmp / "whole").string()), "one");
-  const auto three = merge(fmt::format("'{}' '{}' '{}'", (tmp / "s3").string(),
-                                       (tmp / "s1").string(), (tmp / "s2").string()),
-                           "three");
+  for (const auto& dir : {whole_dir, shard_dir(1), shard_dir(2), shard_dir(3)})
+    zero_times(fs::path(dir.substr(1, dir.size() - 2)) / "samples.jsonl");
+  const auto one = merge(whole_dir, "one");
+  const auto three = merge(shard_dir(3) + " " + shard_dir(1) + " " + shard_dir(2), "three");
   EXPECT_EQ(tables(three.out), tables(one.out));
   EXPECT_FALSE(tables(three.out).empty());
   EXPECT_EQ(read_file(tmp / "three" / "samples.jsonl"), read_file(tmp / "one" / "samples.jsonl"));
@@ -118,7 +138,8 @@ void expect_three_shards_merge_to_one_run(const std::string& eval_args,
   for (const auto& figure : figures)
     EXPECT_EQ(read_file(tmp / "three" / figure), read_file(tmp / "one" / figure)) << figure;
   // The merged configuration is the one run's: no shard left in it.
-  EXPECT_EQ(read_file(tmp / "three" / "config.json"), read_file(tmp / "whole" / "config.json"));
+  EXPECT_EQ(read_file(tmp / "three" / "config.json"), read_file(tmp / "one" / "config.json"));
+  EXPECT_EQ(nlohmann::json::parse(read_file(tmp / "three" / "config.json")).count("shard"), 0u);
 }
 
 std::string stories_model() {
@@ -142,6 +163,22 @@ TEST(EvalMerge, ThreeNiahShardsMergeToOneRunsTablesAndHeatMaps) {
                                            " --lengths 256,480 --depths 0,50,100 --press "
                                            "full,snapkv --budget 48",
                                        {"heatmap_full.svg", "heatmap_snapkv@48.svg"});
+}
+
+TEST(EvalMerge, ThreeLongbenchEShardsMergeToOneRunsTables) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto data = fs::path(PROTOKV_SOURCE_DIR) / "tests" / "data" / "longbench";
+  expect_three_shards_merge_to_one_run("eval longbench " + stories_model() + " --data '" +
+                                           data.string() + "' --e --press full,snapkv --budget 32",
+                                       {});
+}
+
+TEST(EvalMerge, ThreeFidelityShardsMergeToOneRunsReport) {
+  PROTOKV_REQUIRE_STORIES();
+  expect_three_shards_merge_to_one_run(
+      "eval fidelity " + stories_model() +
+          " --press full,snapkv,h2o --budget 32,64 --prompt-len 128 --continuation 8 --samples 5",
+      {"kl_mean.svg", "recall.svg"}, "fidelity_stories260K_p128_c8_s5{}");
 }
 
 TEST(EvalMerge, RefusesMissingRepeatedUnfinishedAndForeignShards) {
@@ -195,6 +232,25 @@ TEST(EvalMerge, RefusesMissingRepeatedUnfinishedAndForeignShards) {
       "written with another configuration");
   testing::expect_run_fails_with_one_line(eval + " --shard 4/3", "--shard: '4/3' is not I/N");
   testing::expect_run_fails_with_one_line(eval + " --shard 0/3", "--shard: '0/3' is not I/N");
+}
+
+TEST(EvalMerge, FidelityShardsRefuseAnEmptyShardAndAMissingOne) {
+  PROTOKV_REQUIRE_STORIES();
+  testing::TempDir tmp;
+  const auto dir = testing::stories_dir();
+  const std::string eval = fmt::format(
+      "eval fidelity -m '{}' -z '{}' --press snapkv --budget 32 --prompt-len 64 --continuation 4 "
+      "--samples 3 --quiet -t 1 --out '{}'",
+      (dir / "stories260K.bin").string(), (dir / "tok512.bin").string(), tmp.path().string());
+  testing::expect_run_fails_with_one_line(eval + " --shard 4/4", "no sample falls to this shard");
+  ASSERT_EQ(testing::run_protokv(eval + " --shard 1/2").exit_code, 0);
+  const auto first = tmp / "fidelity_stories260K_p64_c4_s3_shard1of2";
+  testing::expect_run_fails_with_one_line("eval merge '" + first.string() + "'",
+                                          "shard 2/2 is missing");
+  // The second shard's folder holds the first's records: refused as another configuration.
+  std::filesystem::copy(first, tmp / "fidelity_stories260K_p64_c4_s3_shard2of2");
+  testing::expect_run_fails_with_one_line(eval + " --shard 2/2 --resume",
+                                          "written with another configuration");
 }
 
 }  // namespace

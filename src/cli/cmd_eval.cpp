@@ -44,6 +44,7 @@ struct FidelityArgs {
   bool no_attention = false;
   bool share_prefill = false;
   bool resume = false;
+  std::string shard;
 };
 
 void run_fidelity_command(const FidelityArgs& args) {
@@ -75,6 +76,7 @@ void run_fidelity_command(const FidelityArgs& args) {
   options.attention_metrics = !args.no_attention;
   options.share_prefill = args.share_prefill;
   options.progress = !args.quiet;
+  if (!args.shard.empty()) options.shard = eval::EvalShard::parse(args.shard);
 
   LoadedModel loaded;
   std::string model_path;  // names the --out subfolder
@@ -129,15 +131,7 @@ void run_fidelity_command(const FidelityArgs& args) {
   if (args.json) {
     std::printf("%s\n", eval::to_json(report).dump(2).c_str());
   } else {
-    if (args.synthetic) std::printf("SYNTHETIC model and workload (random weights)\n");
-    std::printf(
-        "eval fidelity: %s, prompt %lld tokens, continuation %lld (%s), %d sample%s, "
-        "mode query-aware\n",
-        report.config["model"].get<std::string>().c_str(), static_cast<long long>(args.prompt_len),
-        static_cast<long long>(args.continuation),
-        report.config["continuation_source"].get<std::string>().c_str(), args.samples,
-        args.samples == 1 ? "" : "s");
-    std::printf("%s", eval::render_table(report).c_str());
+    std::printf("%s%s", eval::fidelity_title(report).c_str(), eval::render_table(report).c_str());
   }
   if (!dir.empty()) {
     eval::write_report_dir(report, dir);
@@ -207,6 +201,10 @@ void register_eval(CLI::App& app) {
   cmd->add_flag("--resume", args->resume,
                 "continue a stopped run of the same configuration from --out's samples.jsonl "
                 "(one line per finished sample; those are read back, not run again)");
+  cmd->add_option("--shard", args->shard,
+                  "I/N: run every N-th sample only, starting with the I-th (1 <= I <= N), for a "
+                  "job array; --out gets a _shard<I>of<N> folder and `protokv eval merge` joins "
+                  "the N folders into one run's report (docs/scale-out.md)");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->footer("Presses:\n" + press_help());
   cmd->callback([args] { run_fidelity_command(*args); });

@@ -2,12 +2,15 @@
 // `protokv eval niah|ruler|longbench`: the long-context benchmarks of the papers, every
 // (press, budget) on the same samples (eval/longctx_runner.h).
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "eval/fidelity.h"
 #include "eval/longctx_bench.h"
+#include "eval/results_file.h"
 #include "eval/spec_list.h"
 #include "protokv/error.h"
 
@@ -198,6 +201,20 @@ struct MergeArgs {
 };
 
 void run_merge(const MergeArgs& args) {
+  PROTOKV_CHECK(!args.dirs.empty(), "eval merge: give the shards' folders");
+  const nlohmann::json config =
+      eval::read_json_object_file((std::filesystem::path(args.dirs[0]) / "config.json").string());
+  if (config.contains("teacher_forcing")) {  // eval fidelity's folders
+    const eval::FidelityReport report = eval::merge_fidelity_runs(args.dirs, args.out_dir);
+    if (args.json) {
+      std::printf("%s\n", eval::to_json(report).dump(2).c_str());
+    } else {
+      std::printf("%s%s", eval::fidelity_title(report).c_str(), eval::render_table(report).c_str());
+    }
+    if (!args.out_dir.empty())
+      std::fprintf(args.json ? stderr : stdout, "wrote %s\n", args.out_dir.c_str());
+    return;
+  }
   const eval::LongctxReport report = eval::merge_longctx_runs(args.dirs, args.out_dir);
   LongctxArgs print_args;
   print_args.json = args.json;
@@ -289,9 +306,9 @@ void register_eval_longctx(CLI::App& eval) {
     auto args = std::make_shared<MergeArgs>();
     auto* cmd = eval.add_subcommand(
         "merge",
-        "Join the --out folders of a sharded eval niah|ruler|longbench (--shard 1/N .. N/N, "
-        "each finished) into the tables, paired intervals and files one run over every sample "
-        "makes (the same records in the same order; times are the shards').");
+        "Join the --out folders of a sharded eval niah|ruler|longbench|fidelity (--shard 1/N "
+        "..N/N, each finished) into the tables, paired intervals and files one run over every "
+        "sample makes (the same records in the same order; times are the shards').");
     cmd->add_option("dirs", args->dirs, "the shards' output folders")->required();
     cmd->add_option(
         "--out", args->out_dir,

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include "eval/progress.h"
 #include "eval/report/table.h"
@@ -423,6 +424,23 @@ void add_run(FidelityRow& row, const RunMetrics& m, double ppl_full) {
 
 // Adds one sample's record (one line of the results file, computed now or read back when
 // resuming) to the report: the same numbers either way, since doubles round-trip exactly.
+// The report's rows: press-major, budgets in the given order. `press_configs`: [{spec, config}].
+std::vector<FidelityRow> make_rows(const nlohmann::json& press_configs,
+                                   const std::vector<int64_t>& budgets, int64_t n_layers) {
+  std::vector<FidelityRow> rows;
+  for (const auto& press : press_configs) {
+    for (int64_t b : budgets) {
+      FidelityRow row;
+      row.press = press.at("spec").get<std::string>();
+      row.press_config = press.at("config");
+      row.budget = b;
+      row.attn_err_layer.resize(static_cast<size_t>(n_layers));
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
+}
+
 void add_sample(FidelityReport& report, const nlohmann::json& record) {
   const auto& full = record.at("full");
   const double ppl_full = exact_double(full.at("ppl"));
@@ -510,16 +528,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                               report.paired_reference) != options.presses.end(),
                 "reference press {} is not one of the presses compared (or full)",
                 report.paired_reference);
-  for (size_t p = 0; p < presses.size(); ++p) {
-    for (int64_t b : options.budgets) {
-      FidelityRow row;
-      row.press = options.presses[p];
-      row.press_config = press_configs[p]["config"];
-      row.budget = b;
-      row.attn_err_layer.resize(static_cast<size_t>(config.n_layers));
-      report.rows.push_back(std::move(row));
-    }
-  }
+  report.rows = make_rows(press_configs, options.budgets, config.n_layers);
 
   // The results file (FidelityOptions::jsonl_path): one line per sample, checked against this
   // header when resuming.
@@ -529,23 +538,28 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                                  {"n_kv_heads", config.n_kv_heads},
                                  {"vocab_size", config.vocab_size},
                                  {"context_length", config.context_length}};
-  const nlohmann::json header = {{"eval", "fidelity"},
-                                 {"model_config", model_config},
-                                 {"presses", options.presses},
-                                 {"budgets", options.budgets},
-                                 {"alloc", options.alloc},
-                                 {"continuation", options.continuation},
-                                 {"prompt_len", prompt_len},
-                                 {"samples", samples.size()},
-                                 {"greedy", samples.front().continuation.empty()},
-                                 {"attention_metrics", options.attention_metrics}};
+  nlohmann::json header = {{"eval", "fidelity"},
+                           {"model_config", model_config},
+                           {"presses", options.presses},
+                           {"budgets", options.budgets},
+                           {"alloc", options.alloc},
+                           {"continuation", options.continuation},
+                           {"prompt_len", prompt_len},
+                           {"samples", samples.size()},
+                           {"greedy", samples.front().continuation.empty()},
+                           {"attention_metrics", options.attention_metrics}};
+  const EvalShard& shard = options.shard;
+  PROTOKV_CHECK(!shard_sample_indices(shard, static_cast<int64_t>(samples.size())).empty(),
+                "--shard {}: no sample falls to this shard ({} samples): use at most {} shards",
+                shard.to_string(), samples.size(), samples.size());
+  if (shard.active()) header["shard"] = shard.to_string();
   std::map<int64_t, nlohmann::json> previous;  // sample index -> its record
   if (options.resume) {
     PROTOKV_CHECK(!options.jsonl_path.empty(), "resuming needs a results file");
     for (auto& record : read_results_file(options.jsonl_path, header)) {
       const int64_t s = record.value("sample", int64_t{-1});
       PROTOKV_CHECK(
-          s >= 0 && s < static_cast<int64_t>(samples.size()) &&
+          s >= 0 && s < static_cast<int64_t>(samples.size()) && shard.holds(s) &&
               record.value("origin", nlohmann::json()) == samples[static_cast<size_t>(s)].origin,
           "{}: a record of sample {} that is not among these samples; start afresh",
           options.jsonl_path, s);
@@ -563,6 +577,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
   for (size_t s = 0; s < samples.size(); ++s) {
     const auto& sample = samples[s];
     origins.push_back(sample.origin);
+    if (!shard.holds(static_cast<int64_t>(s))) continue;
     if (auto it = previous.find(static_cast<int64_t>(s)); it != previous.end()) {
       try {
         add_sample(report, it->second);
@@ -653,6 +668,119 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
       "per (press, budget): press minus reference on the same samples; mean, se = sample std / "
       "sqrt(n), ci95 = mean +- t(0.975, n-1) * se";
   if (options.share_prefill) report.config["share_prefill"] = true;
+  if (shard.active()) report.config["shard"] = {{"index", shard.index}, {"count", shard.count}};
+  return report;
+}
+
+FidelityReport merge_fidelity_runs(const std::vector<std::string>& dirs,
+                                   const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  PROTOKV_CHECK(!dirs.empty(), "eval merge: no folder given");
+  struct Folder {
+    std::string dir;
+    nlohmann::json config;
+    EvalShard shard;
+  };
+  std::vector<Folder> folders;
+  for (const auto& dir : dirs) {
+    Folder f{dir, read_json_object_file((fs::path(dir) / "config.json").string()), {}};
+    try {
+      PROTOKV_CHECK(f.config.contains("teacher_forcing"),
+                    "{}/config.json: not the configuration of an eval fidelity run", dir);
+      if (f.config.contains("shard")) {
+        f.shard.index = f.config["shard"].at("index").get<int64_t>();
+        f.shard.count = f.config["shard"].at("count").get<int64_t>();
+        f.config.erase("shard");
+      }
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}/config.json: {}", dir, e.what());
+    }
+    folders.push_back(std::move(f));
+  }
+  const Folder& first = folders.front();
+  const int64_t count = first.shard.count;
+  PROTOKV_CHECK(count >= 1 && count <= limits::kMaxEvalShards, "{}: shard count {} out of range",
+                first.dir, count);
+  std::vector<const Folder*> by_index(static_cast<size_t>(count), nullptr);
+  nlohmann::json threads = first.config.value("threads", nlohmann::json());
+  for (const auto& f : folders) {
+    nlohmann::json a = first.config, b = f.config;
+    a.erase("threads");
+    b.erase("threads");
+    std::string key;
+    for (const auto& [k, v] : a.items())
+      if (key.empty() && (!b.contains(k) || b[k] != v)) key = k;
+    for (const auto& [k, v] : b.items())
+      if (key.empty() && !a.contains(k)) key = k;
+    PROTOKV_CHECK(key.empty(),
+                  "{} and {} are not shards of one run: their configurations differ in \"{}\"",
+                  first.dir, f.dir, key);
+    PROTOKV_CHECK(f.shard.count == count && f.shard.index >= 1 && f.shard.index <= count,
+                  "{} is shard {}, {} shard {}: not one run's shards", f.dir, f.shard.to_string(),
+                  first.dir, first.shard.to_string());
+    const Folder*& slot = by_index[static_cast<size_t>(f.shard.index - 1)];
+    PROTOKV_CHECK(slot == nullptr, "shard {} is given twice: {} and {}", f.shard.to_string(),
+                  slot == nullptr ? "" : slot->dir, f.dir);
+    slot = &f;
+    if (f.config.value("threads", nlohmann::json()) != threads) threads = "differ per shard";
+  }
+  for (int64_t i = 0; i < count; ++i)
+    PROTOKV_CHECK(by_index[static_cast<size_t>(i)] != nullptr,
+                  "shard {}/{} is missing: give every shard's folder", i + 1, count);
+
+  FidelityReport report;
+  report.config = first.config;
+  if (!threads.is_null()) report.config["threads"] = threads;
+  int64_t samples = 0;
+  try {
+    const nlohmann::json& c = report.config;
+    samples = c.at("samples").get<int64_t>();
+    report.paired_reference = c.at("reference").get<std::string>();
+    report.rows = make_rows(c.at("presses"), c.at("budgets").get<std::vector<int64_t>>(),
+                            c.at("model_config").at("n_layers").get<int64_t>());
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}/config.json: {}", first.dir, e.what());
+  }
+  nlohmann::json header;                      // the results files' header, the shard aside
+  std::map<int64_t, nlohmann::json> records;  // by sample index
+  for (const auto& f : folders) {
+    const std::string path = (fs::path(f.dir) / "samples.jsonl").string();
+    nlohmann::json shard_header = read_results_header(path);
+    nlohmann::json common = shard_header;
+    common.erase("shard");
+    PROTOKV_CHECK(shard_header.value("shard", std::string()) ==
+                      (f.shard.active() ? f.shard.to_string() : std::string()),
+                  "{}: its header's shard is not its config.json's {}", path, f.shard.to_string());
+    if (header.is_null()) header = common;
+    PROTOKV_CHECK(common == header, "{}: written with another configuration than {}", path,
+                  first.dir);
+    int64_t found = 0;
+    for (auto& record : read_results_file(path, shard_header)) {
+      const int64_t s = record.value("sample", int64_t{-1});
+      PROTOKV_CHECK(s >= 0 && s < samples && f.shard.holds(s),
+                    "{}: a record of sample {}, not one of shard {}", path, s, f.shard.to_string());
+      PROTOKV_CHECK(records.emplace(s, std::move(record)).second, "{}: sample {} twice", path, s);
+      ++found;
+    }
+    const auto expected = static_cast<int64_t>(shard_sample_indices(f.shard, samples).size());
+    PROTOKV_CHECK(found == expected,
+                  "{}: {} of {} samples: the shard did not finish (resume it with --resume)", path,
+                  found, expected);
+  }
+  // One run's order: every sample's record added in sample order.
+  for (auto& [s, record] : records) {
+    try {
+      add_sample(report, record);
+    } catch (const std::exception& e) {
+      fail("the record of sample {}: {}", s, e.what());
+    }
+  }
+  if (!out_dir.empty()) {
+    write_report_dir(report, out_dir);
+    ResultsFileWriter jsonl((fs::path(out_dir) / "samples.jsonl").string(), header,
+                            /*resume=*/false);
+    for (const auto& [s, record] : records) jsonl.append(record);
+  }
   return report;
 }
 

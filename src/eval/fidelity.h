@@ -28,6 +28,7 @@
 
 #include "eval/metrics.h"
 #include "eval/progress.h"
+#include "eval/shard.h"
 #include "eval/statistics.h"
 #include "protokv/model.h"
 
@@ -63,6 +64,9 @@ struct FidelityOptions {
   // file written with another configuration is refused.
   std::string jsonl_path;
   bool resume = false;
+  // One shard of the samples (eval/shard.h): only its samples run; merge_fidelity_runs() joins
+  // the shards' folders into the report of one run.
+  EvalShard shard;
   bool progress = true;
   ProgressSink progress_sink;  // set: gets the steps instead of the stderr bar
 };
@@ -127,15 +131,30 @@ nlohmann::json to_json(const FidelityReport& report);
 std::string render_table(const FidelityReport& report);
 
 // The folder a run writes under `out` (eval fidelity --out, eval.fidelity(out=)):
-// out/fidelity_<model stem>_p<prompt_len>_c<continuation>_s<samples>.
+// out/fidelity_<model stem>_p<prompt_len>_c<continuation>_s<samples>, with _shard<I>of<N> for
+// one shard of a sharded run (so that the shards of a job array may share one --out).
 std::string fidelity_out_dir(const std::string& out, const std::string& model_path,
-                             int64_t prompt_len, int64_t continuation, int samples);
+                             int64_t prompt_len, int64_t continuation, int samples,
+                             const EvalShard& shard = {});
 // eval fidelity --out, eval.fidelity(out=): creates that folder and points `options` at its
 // samples.jsonl (each sample's records as it finishes; `resume` skips those already there).
 // Returns the folder; Error when it cannot be created.
+// `options.shard` names the folder.
 std::string open_fidelity_out_dir(const std::string& out, const std::string& model_path,
                                   int64_t prompt_len, int64_t continuation, int samples,
                                   bool resume, FidelityOptions& options);
+
+// The line above the table: model, prompt, continuation, samples (and the shard).
+std::string fidelity_title(const FidelityReport& report);
+
+// `protokv eval merge` of `eval fidelity` folders: joins the folders of a sharded run (every
+// shard 1/N..N/N, each finished) into the report one run over all samples makes (the same
+// per-sample records added in sample order, so the same numbers and paired intervals; the
+// timings are the shards'). Writes it like write_report_dir plus the merged samples.jsonl into
+// `out_dir` when given. Throws Error naming the folder for a missing, repeated or unfinished
+// shard, or folders of different configurations.
+FidelityReport merge_fidelity_runs(const std::vector<std::string>& dirs,
+                                   const std::string& out_dir);
 
 // Writes results.json, config.json and one SVG per metric (metric vs budget, one line per
 // press) into `dir` (created). Returns the files written.

@@ -153,6 +153,23 @@ nlohmann::json to_json(const FidelityReport& report) {
   return {{"config", report.config}, {"full", reference}, {"results", results}};
 }
 
+std::string fidelity_title(const FidelityReport& report) {
+  const nlohmann::json& c = report.config;
+  const auto samples = c.at("samples").get<int64_t>();
+  std::string shard;
+  if (c.contains("shard"))
+    shard = fmt::format(", shard {}/{}", c["shard"].at("index").get<int64_t>(),
+                        c["shard"].at("count").get<int64_t>());
+  const std::string model = c.value("model", std::string("?"));
+  std::string title = model == "SYNTHETIC" ? "SYNTHETIC model and workload (random weights)\n" : "";
+  title += fmt::format(
+      "eval fidelity: {}, prompt {} tokens, continuation {} ({}), {} sample{}, mode "
+      "query-aware{}\n",
+      model, c.at("prompt_len").get<int64_t>(), c.at("continuation").get<int64_t>(),
+      c.at("continuation_source").get<std::string>(), samples, samples == 1 ? "" : "s", shard);
+  return title;
+}
+
 std::string render_table(const FidelityReport& report) {
   const bool spread = report.reference.ppl.count() > 1;
   Table table;
@@ -214,17 +231,20 @@ std::string render_table(const FidelityReport& report) {
 }
 
 std::string fidelity_out_dir(const std::string& out, const std::string& model_path,
-                             int64_t prompt_len, int64_t continuation, int samples) {
-  const std::string name =
+                             int64_t prompt_len, int64_t continuation, int samples,
+                             const EvalShard& shard) {
+  std::string name =
       fmt::format("fidelity_{}_p{}_c{}_s{}", std::filesystem::path(model_path).stem().string(),
                   prompt_len, continuation, samples);
+  if (shard.active()) name += fmt::format("_shard{}of{}", shard.index, shard.count);
   return (std::filesystem::path(out) / name).string();
 }
 
 std::string open_fidelity_out_dir(const std::string& out, const std::string& model_path,
                                   int64_t prompt_len, int64_t continuation, int samples,
                                   bool resume, FidelityOptions& options) {
-  const std::string dir = fidelity_out_dir(out, model_path, prompt_len, continuation, samples);
+  const std::string dir =
+      fidelity_out_dir(out, model_path, prompt_len, continuation, samples, options.shard);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   PROTOKV_CHECK(!ec, "cannot create output directory {}: {}", dir, ec.message());

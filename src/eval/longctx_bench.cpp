@@ -16,7 +16,6 @@
 #include "eval/longbench.h"
 #include "eval/report/table.h"
 #include "eval/results_file.h"
-#include "io/text_file.h"
 #include "protokv/error.h"
 #include "protokv/limits.h"
 #include "protokv/threads.h"
@@ -614,16 +613,6 @@ LongctxReport assemble_longctx_report(const nlohmann::json& config,
 
 namespace {
 
-nlohmann::json read_json_file(const fs::path& path) {
-  std::error_code ec;
-  PROTOKV_CHECK(fs::is_regular_file(path, ec), "{}: missing (not a finished protokv eval folder)",
-                path.string());
-  const nlohmann::json j =
-      nlohmann::json::parse(read_text_file(path.string()), nullptr, /*allow_exceptions=*/false);
-  PROTOKV_CHECK(!j.is_discarded() && j.is_object(), "{}: not a JSON object", path.string());
-  return j;
-}
-
 // One shard's folder as the merge reads it.
 struct ShardFolder {
   std::string dir;
@@ -636,7 +625,7 @@ struct ShardFolder {
 ShardFolder read_shard_folder(const std::string& dir) {
   ShardFolder f;
   f.dir = dir;
-  f.config = read_json_file(fs::path(dir) / "config.json");
+  f.config = read_json_object_file((fs::path(dir) / "config.json").string());
   try {
     PROTOKV_CHECK(f.config.contains("benchmark") && f.config.contains("runs"),
                   "{}/config.json: not the configuration of eval niah, ruler or longbench", dir);
@@ -653,7 +642,8 @@ ShardFolder read_shard_folder(const std::string& dir) {
     }
     const fs::path results = fs::path(dir) / "results.json";
     std::error_code ec;
-    if (fs::is_regular_file(results, ec)) f.wall_ms = read_json_file(results).value("wall_ms", 0.0);
+    if (fs::is_regular_file(results, ec))
+      f.wall_ms = read_json_object_file(results.string()).value("wall_ms", 0.0);
   } catch (const nlohmann::json::exception& e) {
     fail("{}/config.json: {}", dir, e.what());
   }

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "io/text_file.h"
 #include "protokv/error.h"
 
 namespace protokv::eval {
@@ -54,6 +55,28 @@ std::vector<nlohmann::json> read_results_file(const std::string& path,
     std::fprintf(stderr, "protokv: warning: %s: dropped an incomplete last line\n", path.c_str());
   }
   return records;
+}
+
+nlohmann::json read_results_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  PROTOKV_CHECK(in.good(), "{}: missing", path);
+  std::string line;
+  std::getline(in, line);
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  PROTOKV_CHECK(
+      !j.is_discarded() && j.is_object() && j.contains("header") && j["header"].is_object(),
+      "{}: not a protokv results file (no header line)", path);
+  return j["header"];
+}
+
+nlohmann::json read_json_object_file(const std::string& path) {
+  std::error_code ec;
+  PROTOKV_CHECK(std::filesystem::is_regular_file(path, ec),
+                "{}: missing (not a finished protokv eval folder)", path);
+  nlohmann::json j =
+      nlohmann::json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
+  PROTOKV_CHECK(!j.is_discarded() && j.is_object(), "{}: not a JSON object", path);
+  return j;
 }
 
 ResultsFileWriter::ResultsFileWriter(const std::string& path, const nlohmann::json& header,

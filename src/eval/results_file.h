@@ -18,6 +18,14 @@ namespace protokv::eval {
 std::vector<nlohmann::json> read_results_file(const std::string& path,
                                               const nlohmann::json& header);
 
+// The header of the results file at `path` (what its first line holds under "header"); Error
+// when the file is missing or does not start with one.
+nlohmann::json read_results_header(const std::string& path);
+
+// A whole JSON file holding one object (a run's config.json or results.json); Error naming the
+// file when it is missing, too large, or not a JSON object.
+nlohmann::json read_json_object_file(const std::string& path);
+
 class ResultsFileWriter {
  public:
   // Appends to `path` when resuming a file that has content, else starts it with the header.
