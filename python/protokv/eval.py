@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from . import _core
 from .presses import Press, ScorerPress
 
-__all__ = ["fidelity", "niah", "ruler", "longbench"]
+__all__ = ["fidelity", "niah", "ruler", "longbench", "merge"]
 
 ProgressArg = Union[None, bool, Callable[[int, int, str], Any]]
 PressArg = Union[str, Press, ScorerPress]
@@ -85,28 +85,30 @@ def fidelity(model: Any, text: str, presses: Sequence[Union[str, Press]],
              continuation: int = 64, alloc: str = "", reference: str = "",
              attention_metrics: bool = True, share_prefill: bool = False,
              out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
-             progress: ProgressArg = None) -> Dict[str, Any]:
+             shard: str = "", progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval fidelity``: every (press, budget) against the full cache on the same
     ``samples`` prompts cut from ``text`` (``prompt_len`` tokens, then ``continuation`` tokens
     teacher-forced): KL, top-1 agreement, perplexity, attention error and recall, KV bytes, and
     paired differences with 95% intervals against ``reference`` (default: snapkv when given,
     else the full cache). ``out`` writes ``fidelity_<model>_p<P>_c<M>_s<S>/`` there (results.json,
     config.json, plots, and samples.jsonl as each sample finishes), where ``resume=True``
-    continues a stopped run. Returns ``{"config": ..., "results": [...]}``, as ``--json``.
+    continues a stopped run; ``shard="I/N"`` runs every N-th sample only (the folder gets
+    ``_shard<I>of<N>``; ``merge`` joins the N folders). Returns ``{"config": ...,
+    "results": [...]}``, as ``--json``.
     Presses written in Python (``ScorerPress``) run in ``niah``, ``ruler``, ``longbench`` and
     ``Model.session()``."""
     specs = [_spec(p, "fidelity") for p in presses]
     return _run_with_progress(progress, "eval fidelity", lambda on, callback: _core.eval_fidelity(
         model._model, text, specs, [int(b) for b in budgets], alloc, int(samples),
         int(prompt_len), int(continuation), reference, bool(attention_metrics),
-        bool(share_prefill), os.fspath(out) if out is not None else "", bool(resume), on,
-        callback))
+        bool(share_prefill), os.fspath(out) if out is not None else "", bool(resume), str(shard),
+        on, callback))
 
 
 def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
              ratios: Sequence[float], alloc: str, mode: str, reference: str, limit: int,
              out: Optional[Union[str, os.PathLike]], resume: bool, share_prefill: bool,
-             batch_decode: bool, progress: ProgressArg,
+             batch_decode: bool, shard: str, progress: ProgressArg,
              call: Callable[[Dict[str, Any]], Tuple[Dict[str, Any], str]]) -> Dict[str, Any]:
     if isinstance(presses, (str, Press, ScorerPress)):
         presses = [presses]
@@ -124,7 +126,7 @@ def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
             "reference": reference, "limit": int(limit),
             "out": os.fspath(out) if out is not None else "", "resume": bool(resume),
             "share_prefill": bool(share_prefill), "batch_decode": bool(batch_decode),
-            "progress": on, "progress_callback": callback,
+            "shard": str(shard), "progress": on, "progress_callback": callback,
         })
         return results
 
@@ -142,8 +144,9 @@ _LONGCTX_DOC = """
     ``out`` writes results.json, config.json, samples.jsonl (and figures) to a folder, where
     ``resume=True`` continues an interrupted run; ``share_prefill`` runs each prompt through the
     model once for all runs and ``batch_decode`` decodes a sample's runs together, one batched
-    forward pass per token (the same records, faster; ``decode_ms`` is then the batch's time).
-    Returns the dict ``--json`` prints.
+    forward pass per token (the same records, faster; ``decode_ms`` is then the batch's time);
+    ``shard="I/N"`` runs every N-th sample only, from the I-th, for a job array (``merge``
+    joins the N ``out`` folders into one run's report). Returns the dict ``--json`` prints.
 """
 
 
@@ -156,7 +159,7 @@ def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[
          haystack: str = "", haystack_kind: str = "noise", seed: int = 42, alloc: str = "",
          mode: str = "query-aware", reference: str = "full", limit: int = 0,
          out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
-         share_prefill: bool = False, batch_decode: bool = False,
+         share_prefill: bool = False, batch_decode: bool = False, shard: str = "",
          progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval niah``: needle in a haystack over a grid of ``lengths`` (prompt tokens;
     default: geometric up to the model's context) x ``depths`` (percent; default 0, 10, ...,
@@ -167,7 +170,7 @@ def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[
     ``per_length_paired``; with ``out``, one heat-map SVG per run.
     """
     return _longctx("niah", presses, budgets, ratios, alloc, mode, reference, limit, out, resume,
-                    share_prefill, batch_decode, progress, lambda run: _core.eval_niah(
+                    share_prefill, batch_decode, shard, progress, lambda run: _core.eval_niah(
                         model._model, run, [int(x) for x in lengths],
                         [float(x) for x in depths], needle, question, int(max_new_tokens),
                         int(samples), haystack, haystack_kind, int(seed)))
@@ -179,7 +182,7 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
           hotpotqa: str = "", seed: int = 42, alloc: str = "", mode: str = "query-aware",
           reference: str = "full", limit: int = 0,
           out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
-          share_prefill: bool = False, batch_decode: bool = False,
+          share_prefill: bool = False, batch_decode: bool = False, shard: str = "",
           progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval ruler``: RULER's synthetic tasks (default: the eleven; ``qa_1`` /
     ``qa_2`` with ``squad`` / ``hotpotqa`` file paths) at ``lengths`` (prompt + generated
@@ -189,7 +192,7 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
     ``per_task_paired`` (and ``per_length`` with several lengths).
     """
     return _longctx("ruler", presses, budgets, ratios, alloc, mode, reference, limit, out, resume,
-                    share_prefill, batch_decode, progress, lambda run: _core.eval_ruler(
+                    share_prefill, batch_decode, shard, progress, lambda run: _core.eval_ruler(
                         model._model, run, list(tasks), [int(x) for x in lengths], int(samples),
                         haystack, os.fspath(squad), os.fspath(hotpotqa), int(seed)))
 
@@ -200,7 +203,7 @@ def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[Press
               alloc: str = "", mode: str = "query-aware", reference: str = "full",
               limit: int = 0, out: Optional[Union[str, os.PathLike]] = None,
               resume: bool = False, share_prefill: bool = False, batch_decode: bool = False,
-              progress: ProgressArg = None) -> Dict[str, Any]:
+              shard: str = "", progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval longbench``: LongBench (or LongBench-E with ``e=True``) on the official
     JSONL files in the folder ``data`` (default: every dataset found; ``limit`` then counts per
     dataset), with the official prompts, max new tokens and metrics, prompts cut in the middle
@@ -208,7 +211,7 @@ def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[Press
     ``summary``, ``per_dataset`` (and ``per_dataset_length`` for -E).
     """
     return _longctx("longbench", presses, budgets, ratios, alloc, mode, reference, limit, out,
-                    resume, share_prefill, batch_decode, progress,
+                    resume, share_prefill, batch_decode, shard, progress,
                     lambda run: _core.eval_longbench(
                         model._model, run, os.fspath(data), list(datasets), bool(e),
                         int(max_length)))
@@ -217,3 +220,16 @@ def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[Press
 for _f in (niah, ruler, longbench):
     _f.__doc__ = (_f.__doc__ or "") + _LONGCTX_DOC
 del _f
+
+
+def merge(dirs: Sequence[Union[str, os.PathLike]],
+          out: Optional[Union[str, os.PathLike]] = None) -> Dict[str, Any]:
+    """``protokv eval merge``: the output folders of a sharded run (``shard="1/N"`` ..
+    ``"N/N"`` of ``fidelity``, ``niah``, ``ruler`` or ``longbench``, each finished) joined into
+    the report one run over every sample gives: the same records in the same order, so the
+    same tables and paired intervals. ``out`` writes the merged folder. Returns the dict
+    ``--json`` prints."""
+    if isinstance(dirs, (str, os.PathLike)):
+        dirs = [dirs]
+    return _core.eval_merge([os.fspath(d) for d in dirs],
+                            os.fspath(out) if out is not None else "")

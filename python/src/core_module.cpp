@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -21,6 +22,7 @@
 
 #include "eval/fidelity.h"
 #include "eval/longctx_bench.h"
+#include "eval/results_file.h"
 #include "kernels/blas_core.h"
 #include "kernels/isa.h"
 #include "protokv/engine.h"
@@ -443,7 +445,8 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
                          const std::vector<int64_t>& budgets, const std::string& alloc, int samples,
                          int64_t prompt_len, int64_t continuation, const std::string& reference,
                          bool attention_metrics, bool share_prefill, const std::string& out,
-                         bool resume, bool progress, nb::object progress_callback) {
+                         bool resume, const std::string& shard, bool progress,
+                         nb::object progress_callback) {
   PROTOKV_CHECK(samples >= 1 && samples <= 10000, "samples must be in [1, 10000], got {}", samples);
   PROTOKV_CHECK(prompt_len >= 2, "prompt_len must be at least 2, got {}", prompt_len);
   PROTOKV_CHECK(continuation >= 1, "continuation must be at least 1, got {}", continuation);
@@ -458,6 +461,7 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
   options.continuation = continuation;
   options.attention_metrics = attention_metrics;
   options.share_prefill = share_prefill;
+  if (!shard.empty()) options.shard = eval::EvalShard::parse(shard);
   options.progress = progress;
   options.progress_sink = python_progress(std::move(progress_callback));
   std::string dir;
@@ -479,6 +483,23 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
     r.config["threads"] = num_threads();
     if (!dir.empty()) eval::write_report_dir(r, dir);
     report = eval::to_json(r);
+  }
+  return to_python(report);
+}
+
+// `protokv eval merge`: the shards' folders of one eval (fidelity, niah, ruler or longbench)
+// joined into the report of one run; the dict --json prints.
+nb::object eval_merge(const std::vector<std::string>& dirs, const std::string& out) {
+  PROTOKV_CHECK(!dirs.empty(), "merge: give the shards' folders");
+  nlohmann::json report;
+  {
+    nb::gil_scoped_release release;
+    const nlohmann::json config =
+        eval::read_json_object_file((std::filesystem::path(dirs[0]) / "config.json").string());
+    if (config.contains("teacher_forcing"))
+      report = eval::to_json(eval::merge_fidelity_runs(dirs, out));
+    else
+      report = eval::merge_longctx_runs(dirs, out).results;
   }
   return to_python(report);
 }
@@ -528,6 +549,8 @@ eval::LongctxBenchmarkRun longctx_run(const nb::dict& args) {
   run.options.progress_sink = python_progress(nb::borrow(get("progress_callback")));
   run.out_dir = nb::cast<std::string>(get("out"));
   run.limit = nb::cast<int64_t>(get("limit"));
+  if (const auto shard = nb::cast<std::string>(get("shard")); !shard.empty())
+    run.shard = eval::EvalShard::parse(shard);
   run.config["tokenizer"] = "embedded";
   return run;
 }
@@ -638,7 +661,9 @@ NB_MODULE(_core, m) {
 
   m.def("eval_fidelity", &eval_fidelity, "model"_a, "text"_a, "presses"_a, "budgets"_a, "alloc"_a,
         "samples"_a, "prompt_len"_a, "continuation"_a, "reference"_a, "attention_metrics"_a,
-        "share_prefill"_a, "out"_a, "resume"_a, "progress"_a, "progress_callback"_a.none());
+        "share_prefill"_a, "out"_a, "resume"_a, "shard"_a, "progress"_a,
+        "progress_callback"_a.none());
+  m.def("eval_merge", &eval_merge, "dirs"_a, "out"_a);
   m.def("eval_niah", &eval_niah, "model"_a, "run"_a, "lengths"_a, "depths"_a, "needle"_a,
         "question"_a, "max_new_tokens"_a, "samples"_a, "haystack"_a, "haystack_kind"_a, "seed"_a);
   m.def("eval_ruler", &eval_ruler, "model"_a, "run"_a, "tasks"_a, "lengths"_a, "samples"_a,

@@ -197,3 +197,19 @@ def test_kv_matches_what_generate_json_keeps(recall, recall_path, protokv_cli):
                 assert head["positions"].tolist() == positions, (press, layer)
                 n_kept = len(positions)
                 assert head["keys"].shape == head["values"].shape == (n_kept, recall.head_dim)
+
+
+def test_shards_merge_to_the_report_of_one_run(recall, tmp_path):
+    args = dict(presses=["full", "snapkv"], budgets=[32], lengths=[160, 256], depths=[0, 50, 100])
+    whole = protokv.eval.niah(recall, **args)
+    for i in (1, 2):
+        part = protokv.eval.niah(recall, shard=f"{i}/2", out=tmp_path / f"s{i}", **args)
+        assert part["config"]["shard"] == {"index": i, "count": 2, "samples": 6}
+    merged = protokv.eval.merge([tmp_path / "s2", tmp_path / "s1"], out=tmp_path / "m")
+    assert merged.pop("merged_from") == [str(tmp_path / "s2"), str(tmp_path / "s1")]
+    same_report(merged, whole)
+    assert (tmp_path / "m" / "samples.jsonl").is_file()
+    with pytest.raises(protokv.Error, match="shard 2/2 is missing"):
+        protokv.eval.merge(tmp_path / "s1")
+    with pytest.raises(protokv.Error, match="is not I/N"):
+        protokv.eval.niah(recall, shard="3/2", **args)
