@@ -367,7 +367,7 @@ TEST(PodPress, AttentionRowsAreCausalDistributions) {
 
 TEST(PodPress, BadOptionsAndTablesAreOneLineErrors) {
   for (const std::string spec : {"pod:sinks=-1", "pod:delta=1.5", "pod:queries=0", "pod:tau=1.5",
-                                 "pod:tau=x", "pod:gate=1", "pod:scores=upper"})
+                                 "pod:tau=x", "pod:gate=1", "pod:scores=upper", "pod:tau_gate=own"})
     EXPECT_THROW(make_press(spec), Error) << spec;
   EXPECT_THROW(make_press("pod", "adakv"), Error);
   SyntheticLayer layer(100, 2, 1, 4);
@@ -615,7 +615,7 @@ TEST(PodEngine, GateThresholdZeroSkipsEveryDistantPartAtSharingLayers) {
   EXPECT_EQ(session.press()->config()["tau"], 0.0);
 }
 
-// The gate (PoD Eq. 4) is the attention share of the proximal entries at the block's lowest
+// tau_gate=lowest: the gate is the attention share of the proximal entries at the block's lowest
 // layer: the sinks and the last n_r + 1 entries, the newest token included. With tau between that
 // share and the share of a window one entry shorter (or longer), the skip decision at the
 // sharing layers tells the boundary: a window moved by one entry flips it.
@@ -646,6 +646,7 @@ TEST(PodEngine, TheGateCountsTheSinksAndTheLastRecentPlusOneEntries) {
   auto run = [&](double tau) {
     press::PodOptions options;
     options.tau = tau;
+    options.gate_at_lowest = true;
     options.block_start = std::vector<std::vector<int>>{{0, 0, 0}, {0, 1, 2}};
     SessionOptions session_options;
     session_options.press =
@@ -685,6 +686,94 @@ TEST(PodEngine, TheGateCountsTheSinksAndTheLastRecentPlusOneEntries) {
     EXPECT_FALSE(gated.skipped[2]);  // KV head 1 shares no keys
     EXPECT_FALSE(gated.skipped[3]);
   }
+}
+
+// tau_gate=layer (default, PoD §2.3 with Eq. 4): a sharing layer's gate is its own,
+// g = Σexp a^P / (Σexp a^P + Σexp a^D): a^P this layer's query on its own proximal keys, a^D the
+// block's lowest layer's distant logits (scores=lower, Eq. 3). The observer recomputes both from
+// the queries and keys naively; tau between this gate and the lowest layer's own proximal share
+// makes the two rules disagree, and the skips follow this layer's gate.
+class LayerGateObserver : public DecodeObserver {
+ public:
+  LayerGateObserver(int64_t sinks, int64_t recent) : sinks_(sinks), recent_(recent) {}
+  bool wants_probabilities() const override { return true; }
+  void on_decode(const DecodeStep& step) override {
+    const int group = step.n_heads / static_cast<int>(step.cache->heads.size());
+    const int d = step.head_dim;
+    auto lse = [](const std::vector<double>& logits) {
+      const double m = *std::max_element(logits.begin(), logits.end());
+      double sum = 0.0;
+      for (double x : logits) sum += std::exp(x - m);
+      return m + std::log(sum);
+    };
+    for (int h = 0; h < group; ++h) {  // KV head 0 shares keys at layers 1-2
+      const HeadCache& head = step.cache->heads[0];
+      const float* q = step.q + h * d;
+      const int64_t n = head.size();
+      std::vector<double> logits;
+      if (step.layer == 0) {
+        double proximal = 0.0;
+        const auto p = step.probs(h);
+        for (int64_t e = 0; e < n; ++e) {
+          const bool is_proximal = e < sinks_ || e >= n - 1 - recent_;
+          if (is_proximal) proximal += p[static_cast<size_t>(e)];
+          if (!is_proximal) logits.push_back(testing::ref_dot(q, head.key(e), d) / std::sqrt(d));
+        }
+        lowest_gate.push_back(proximal);
+        distant_lse.push_back(lse(logits));
+      } else if (step.layer == 1) {
+        for (int64_t e = 0; e < n; ++e)
+          if (!head.key_is_shared(e))
+            logits.push_back(testing::ref_dot(q, head.key(e), d) / std::sqrt(d));
+        layer_gate.push_back(1.0 /
+                             (1.0 + std::exp(distant_lse[static_cast<size_t>(h)] - lse(logits))));
+        skipped.push_back(static_cast<int64_t>(step.attended(h).size()) < n);
+      }
+    }
+  }
+  std::vector<double> lowest_gate, distant_lse, layer_gate;  // [query head of KV head 0]
+  std::vector<bool> skipped;                                 // at layer 1
+
+ private:
+  int64_t sinks_, recent_;
+};
+
+TEST(PodEngine, TheGateOfASharingLayerIsItsOwnProximalMassAgainstTheLowestLayersDistantMass) {
+  const testing::RandomModel model = pod_model();
+  const auto prompt = prompt_tokens(150, model.weights.config.vocab_size);
+  constexpr int64_t kBudget = 32, kSinks = 16, kRecent = kBudget - kSinks;
+  auto run = [&](double tau) {
+    press::PodOptions options;
+    options.tau = tau;
+    options.block_start = std::vector<std::vector<int>>{{0, 0, 0}, {0, 1, 2}};
+    SessionOptions session_options;
+    session_options.press =
+        PressSpec::from_factory([options] { return std::make_unique<press::PodPress>(options); });
+    session_options.budget.entries = kBudget;
+    Session session(model.weights, session_options);
+    session.prefill(prompt);
+    LayerGateObserver observer(kSinks, kRecent);
+    session.set_observer(&observer);
+    session.decode(7);
+    EXPECT_EQ(session.press()->config()["tau_gate"], "layer");
+    return observer;
+  };
+  const LayerGateObserver probe = run(1.0);  // skips nothing; the first step's gates
+  ASSERT_EQ(probe.layer_gate.size(), 2u);
+  int disagreements = 0;
+  for (int h = 0; h < 2; ++h) {
+    SCOPED_TRACE(h);
+    const double gate = probe.layer_gate[static_cast<size_t>(h)];
+    const double lowest = probe.lowest_gate[static_cast<size_t>(h)];
+    ASSERT_GT(std::abs(gate - lowest), 1e-3);  // the two rules are told apart
+    for (const double tau : {0.5 * (gate + lowest), gate - 1e-4, gate + 1e-4}) {
+      const LayerGateObserver gated = run(tau);
+      ASSERT_EQ(gated.skipped.size(), 2u);
+      EXPECT_EQ(gated.skipped[static_cast<size_t>(h)], gate >= tau) << "tau " << tau;
+      disagreements += (gate >= tau) != (lowest >= tau);
+    }
+  }
+  EXPECT_GE(disagreements, 2);
 }
 
 TEST(PodEngine, CalibratedOnThePromptGeneratesWithOneOrSeveralPrefillChunks) {

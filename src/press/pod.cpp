@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <span>
 
 #include "kernels/kernels.h"
@@ -75,6 +76,7 @@ nlohmann::json PodPress::config() const {
   if (options_.profile != nullptr) out["profile"] = options_.profile_path;
   out["scores"] = options_.lower_query ? "lower" : "own";
   out["tau"] = options_.tau ? nlohmann::json(*options_.tau) : nlohmann::json("off");
+  out["tau_gate"] = options_.gate_at_lowest ? "lowest" : "layer";
   out["prefill_attention"] = "exact";
   out["training_free"] = true;
   // After a compressed prefill: the blocks used ([kv_head][layer] -> lowest layer of the block).
@@ -105,6 +107,9 @@ void PodPress::begin(const SequenceInfo& info, const Budget& budget) {
   calibration_.assign(n_kv, Calibration{});
   gate_.assign(static_cast<size_t>(std::max(0, info.n_layers)),
                std::vector<float>(static_cast<size_t>(std::max(0, info.n_heads)), 0.0f));
+  distant_lse_.assign(static_cast<size_t>(std::max(0, info.n_layers)),
+                      std::vector<double>(static_cast<size_t>(std::max(0, info.n_heads)),
+                                          std::numeric_limits<double>::quiet_NaN()));
   layer_shares_.assign(static_cast<size_t>(std::max(0, info.n_layers)), 0);
 }
 
@@ -206,15 +211,49 @@ bool PodPress::selects(int layer) const {
          layer_shares_[static_cast<size_t>(layer)] != 0;
 }
 
-void PodPress::select(int /*layer*/, int q_head, const float* /*q*/, const HeadCache& head,
+double PodPress::layer_gate(int q_head, const float* q, const HeadCache& head) const {
+  // PoD Eq. 4 at this layer: g = Σexp a^P / (Σexp a^P + Σexp a^D) = 1 / (1 + exp(lse_D - lse_P)),
+  // a^P from this layer's query and its own (held) keys, lse_D the block's lowest layer's.
+  const double lse_distant =
+      distant_lse_[static_cast<size_t>(head.key_lender())][static_cast<size_t>(q_head)];
+  if (std::isnan(lse_distant)) return 0.0;  // unknown (no probabilities at that layer): keep all
+  if (lse_distant == -std::numeric_limits<double>::infinity()) return 1.0;
+  const int d = head.head_dim();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const std::span<const float> log_weights = head.log_weights();
+  // Online log-sum-exp (select() runs on several KV heads at once: no shared scratch).
+  double max_logit = -std::numeric_limits<double>::infinity(), sum = 0.0;
+  for (int64_t e = 0; e < head.size(); ++e) {
+    if (head.key_is_shared(e)) continue;
+    double logit = scale * kernels::dot(q, head.key(e), d);
+    if (head.has_log_weights()) logit += log_weights[static_cast<size_t>(e)];
+    if (logit > max_logit) {
+      sum = sum * std::exp(max_logit - logit) + 1.0;
+      max_logit = logit;
+    } else {
+      sum += std::exp(logit - max_logit);
+    }
+  }
+  if (sum == 0.0) return 0.0;  // no proximal entry
+  const double lse_proximal = max_logit + std::log(sum);
+  return 1.0 / (1.0 + std::exp(lse_distant - lse_proximal));
+}
+
+void PodPress::select(int /*layer*/, int q_head, const float* q, const HeadCache& head,
                       std::vector<int32_t>& out) {
   out.clear();
   const int64_t n = head.size();
-  // Paper 004 §2.3: skip the distant entries when the block's lowest layer gave the proximal ones
-  // a gate >= tau at this step (that layer ran before this one).
-  const bool skip =
-      head.shares_keys() &&
-      gate_[static_cast<size_t>(head.key_lender())][static_cast<size_t>(q_head)] >= *options_.tau;
+  // Paper 004 §2.3: at a layer that is not its block's lowest, skip the distant entries when the
+  // gate g_{ℓ,i} >= tau (tau_gate=layer: this layer's; lowest: the lowest layer's, which ran
+  // before this one at this step).
+  bool skip = false;
+  if (head.shares_keys()) {
+    const double gate =
+        options_.gate_at_lowest
+            ? gate_[static_cast<size_t>(head.key_lender())][static_cast<size_t>(q_head)]
+            : layer_gate(q_head, q, head);
+    skip = gate >= *options_.tau;
+  }
   for (int64_t e = 0; e < n; ++e)
     if (!skip || !head.key_is_shared(e)) out.push_back(static_cast<int32_t>(e));
 }
@@ -226,18 +265,39 @@ void PodPress::on_decode(const DecodeStep& step) {
     // proximal at this step at the sharing layers (the sinks and the last n_r + 1, the newest
     // token included), read by select() at the layers above. Without probabilities (rows fed by
     // append()) the gate is unknown: 0, nothing is skipped.
+    // At a layer that holds every key (a block's lowest), also log Σexp of its distant logits,
+    // read by the layers above for their own gate (tau_gate=layer): from the softmax,
+    // lse_all = logit_e - log p_e for any attended entry e (the most probable: the most
+    // accurate), and lse_D = lse_all + log Σ_{e distant} p_e.
     std::vector<float>& gates = gate_[static_cast<size_t>(step.layer)];
+    std::vector<double>& lse = distant_lse_[static_cast<size_t>(step.layer)];
     const int group = step.n_heads / static_cast<int>(step.cache->heads.size());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(step.head_dim));
     for (int h = 0; h < step.n_heads; ++h) {
       const std::span<const float> probs = step.probs(h);
       const std::span<const int32_t> attended = step.attended(h);
-      const int64_t n = step.cache->heads[static_cast<size_t>(h / group)].size();
-      double proximal = 0.0;
+      const HeadCache& head = step.cache->heads[static_cast<size_t>(h / group)];
+      const int64_t n = head.size();
+      double proximal = 0.0, distant = 0.0;
+      size_t top = 0;
       for (size_t i = 0; i < probs.size(); ++i) {
         const int64_t e = attended.empty() ? static_cast<int64_t>(i) : attended[i];
-        if (e < options_.sinks || e >= n - 1 - recent_) proximal += probs[i];
+        if (e < options_.sinks || e >= n - 1 - recent_)
+          proximal += probs[i];
+        else
+          distant += probs[i];
+        if (probs[i] > probs[top]) top = i;
       }
       gates[static_cast<size_t>(h)] = probs.empty() ? 0.0f : static_cast<float>(proximal);
+      lse[static_cast<size_t>(h)] = std::numeric_limits<double>::quiet_NaN();
+      if (probs.empty() || head.shares_keys() || probs[top] <= 0.0f) continue;
+      const int64_t e = attended.empty() ? static_cast<int64_t>(top) : attended[top];
+      double logit = scale * kernels::dot(step.q + static_cast<int64_t>(h) * step.head_dim,
+                                          head.key(e), step.head_dim);
+      if (head.has_log_weights()) logit += head.log_weights()[static_cast<size_t>(e)];
+      const double lse_all = logit - std::log(static_cast<double>(probs[top]));
+      lse[static_cast<size_t>(h)] =
+          distant > 0.0 ? lse_all + std::log(distant) : -std::numeric_limits<double>::infinity();
     }
   }
   // The token that leaves the recent window becomes distant: its key goes at the sharing layers.
@@ -266,8 +326,11 @@ const PressEntry kPodEntry{
               "greedy grouping with threshold `delta` (Algorithm 1). B = keys held per head at\n"
               "the sharing layers; values stay for all tokens. Prefill attention stays exact.\n"
               "tau=T (off by default): at a sharing layer a query head skips the distant\n"
-              "entries when its gate (attention share of the proximal entries) at the block's\n"
-              "lowest layer, same step, is >= T. scores=lower|own (lower): distant logits with\n"
+              "entries when its gate of Eq. 4 is >= T: tau_gate=layer (default, the paper's)\n"
+              "this layer's own gate, from its proximal logits and the distant exp-sum of the\n"
+              "block's lowest layer at this step (exact with scores=lower); tau_gate=lowest\n"
+              "the lowest layer's own proximal share. scores=lower|own (lower): distant logits "
+              "with\n"
               "the lowest layer's query, i.e. its attention scores (paper Eq. 3), or with this\n"
               "layer's own query (DESIGN's reading). sinks={} queries={} delta={}.\n",
               PodOptions::kDefaultSinks, PodOptions::kDefaultQueries, PodOptions::kDefaultDelta);
@@ -283,6 +346,7 @@ const PressEntry kPodEntry{
       if (o.profile != nullptr) o.block_start = o.profile->pod_block_start;
       o.delta = options.get_double("delta", o.delta, 0.0, 1.0);
       if (options.given("tau")) o.tau = options.get_double("tau", 1.0, 0.0, 1.0);
+      o.gate_at_lowest = options.get_choice("tau_gate", "layer", {"layer", "lowest"}) == "lowest";
       // Paper 004 Eq. 3 (a^D = Q_la K_la^T) by default: DESIGN's own-query reading degrades a
       // model that was not post-trained far more (docs/methods.md, PoD).
       o.lower_query = options.get_choice("scores", "lower", {"lower", "own"}) == "lower";

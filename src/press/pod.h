@@ -36,9 +36,17 @@ struct PodOptions {
   int64_t queries = kDefaultQueries;
   double delta = kDefaultDelta;
   // Gate threshold τ (PoD §2.3): at a layer that shares keys, a query head skips the
-  // distant entries when the gate of Eq. 4 (its share of attention on the proximal entries) at
-  // the block's lowest layer, this decode step, is >= tau. Empty: never skip.
+  // distant entries when its gate g_{ℓ,i} of Eq. 4 is >= tau. Empty: never skip.
   std::optional<double> tau;
+  // Which gate τ is compared with. false (tau_gate=layer, default, the paper's §2.3 "for layers
+  // within a block that are not the lowest, we can preemptively evaluate g_{ℓ,i}"): this
+  // layer's own gate, Σexp a^P_ℓ / (Σexp a^P_ℓ + Σexp a^D_ℓ), from its own proximal logits
+  // (its query, its keys) and the distant exp-sum of the block's lowest layer at this step —
+  // a^D_ℓ = Q_{ℓa} K_{ℓa}^T (Eq. 3) is that layer's, so the gate is exact with scores=lower and
+  // costs the proximal logits only; with scores=own the lowest layer's distant exp-sum stands in
+  // for this layer's own (an approximation). true (tau_gate=lowest, the first implementation):
+  // the block's lowest layer's own gate (its proximal share), the same at every layer above.
+  bool gate_at_lowest = false;
   // Distant logits: the block's lowest layer's query and keys, i.e. its attention scores (paper
   // 004 Eq. 3, scores=lower, default), or this layer's query with those keys (DESIGN §5's
   // reading, scores=own).
@@ -79,6 +87,9 @@ class PodPress final : public Press {
  private:
   // Greedy grouping of layer.layer for every KV head from the prompt's attention rows.
   void calibrate(const LayerView& layer);
+  // PoD Eq. 4's gate of query head `q_head` at a sharing layer (tau_gate=layer): its query `q`
+  // on the entries whose keys `head` holds, against the key lender's distant exp-sum.
+  double layer_gate(int q_head, const float* q, const HeadCache& head) const;
 
   struct Calibration {
     std::vector<std::vector<float>> block_rows;  // attention rows of the current block's layers
@@ -97,9 +108,11 @@ class PodPress final : public Press {
   int next_layer_ = 0;  // the layer the online calibration expects next
   std::vector<std::vector<int>> block_start_;
   std::vector<Calibration> calibration_;  // [kv_head]
-  // τ: per layer and query head, the gate of Eq. 4 at this decode step (0 when unknown).
-  std::vector<std::vector<float>> gate_;  // [layer][q_head]
-  std::vector<uint8_t> layer_shares_;     // [layer]: some KV head reads keys from a lower layer
+  // τ: per layer and query head, the gate of Eq. 4 at this decode step (0 when unknown), and
+  // log Σexp of the distant logits (NaN when unknown; -inf when there is no distant entry).
+  std::vector<std::vector<float>> gate_;          // [layer][q_head]
+  std::vector<std::vector<double>> distant_lse_;  // [layer][q_head]
+  std::vector<uint8_t> layer_shares_;  // [layer]: some KV head reads keys from a lower layer
 };
 
 extern const PressEntry kPodEntry;
