@@ -255,6 +255,31 @@ TEST(CalibrationProfile, ChelseaTakesItsOutlierHeadsFromAProfile) {
   EXPECT_THROW(make_press("chelsea:profile=" + (dir / "missing.json").string()), Error);
 }
 
+// The outlier heads of a profile were measured with its sinks / recent / chunk layout: a press
+// with another layout refuses it, naming both.
+TEST(CalibrationProfile, ChelseaRefusesAProfileOfAnotherLayout) {
+  const testing::TempDir dir;
+  CalibrationProfile p = small_profile();
+  const std::string path = (dir / "chelsea.json").string();
+  press::write_calibration_profile(p, path);
+  for (const std::string options : {"chunk=128,", "sinks=4,", "recent=32,"}) {
+    try {
+      make_press("chelsea:" + options + "profile=" + path);
+      ADD_FAILURE() << options << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("was calibrated with sinks=16 recent=64 chunk=256"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  p.chelsea_layout.chunk = 128;
+  const std::string other = (dir / "chunk128.json").string();
+  press::write_calibration_profile(p, other);
+  EXPECT_THROW(make_press("chelsea:profile=" + other), Error);
+  EXPECT_EQ(make_press("chelsea:chunk=128,profile=" + other)->config()["outlier_source"],
+            "profile");
+}
+
 TEST(CalibrationProfile, PodTakesItsLayerBlocksFromAProfile) {
   const testing::TempDir dir;
   const std::string path = (dir / "pod.json").string();

@@ -15,9 +15,11 @@
 #include "kernels/clustering.h"
 #include "press/protokv.h"
 #include "press/protokv_clustering.h"
+#include "protokv/error.h"
 #include "protokv/press/options.h"
 #include "protokv/press/window_scores.h"
 #include "protokv/press_registry.h"
+#include "protokv/press_spec.h"
 #include "test_press_util.h"
 
 namespace protokv {
@@ -217,6 +219,70 @@ TEST(ProtoKvLsh, ProjectionIsReproducibleForASeedAndDrawnFromTheStatedDistributi
     EXPECT_GE(b, 0.0f);
     EXPECT_LT(b, 2.0f * static_cast<float>(M_PI) + 1e-6f);
   }
+}
+
+// lsh_input: Eq. 12's phi applied to the L2-normalised key (unit, default) or to the key as it
+// is (raw, the paper's letter). Keys along two directions at norms 1..15: hashing directions
+// puts each direction in one bucket whatever its norm; hashing raw keys follows each key's own
+// code. prototypes=lsh hashes every key, so the prototypes are the normalised bucket sums of the
+// test's own bucketing, in bucket order.
+TEST(ProtoKvLsh, HashesTheKeysDirectionOrTheRawKeyAsLshInputSays) {
+  constexpr int kDim = 4;
+  const std::vector<std::vector<float>> directions = {{0.6f, 0.8f, 0.0f, 0.0f},
+                                                      {0.0f, 0.0f, -0.8f, 0.6f}};
+  std::vector<float> keys;
+  for (const auto& u : directions)
+    for (const float scale : {1.0f, 3.0f, 7.0f, 15.0f})
+      for (float x : u) keys.push_back(scale * x);
+  const int64_t n = static_cast<int64_t>(keys.size()) / kDim;
+  press::ClusteringConfig config;
+  config.prototypes = press::PrototypeSet::Lsh;
+  config.chunks = 1;
+  config.lsh_bits = 1;  // Lsh: round(log2(k + u)) = round(log2(3)) = 2 bits
+  config.lsh_seed = 5;
+  const auto lsh = press::make_lsh_projection(2, kDim, config.gamma, config.lsh_seed);
+  std::map<bool, std::vector<int32_t>> buckets_of;  // unit? -> bucket per key
+  for (const bool unit : {true, false}) {
+    SCOPED_TRACE(unit ? "unit" : "raw");
+    config.lsh_unit_keys = unit;
+    std::map<int32_t, std::vector<double>> sums;
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<float> input(keys.begin() + t * kDim, keys.begin() + (t + 1) * kDim);
+      const float norm = std::sqrt(input[0] * input[0] + input[1] * input[1] + input[2] * input[2] +
+                                   input[3] * input[3]);
+      if (unit)
+        for (float& x : input) x /= norm;
+      const int32_t b = press::lsh_bucket(lsh, input.data());
+      buckets_of[unit].push_back(b);
+      auto& sum = sums[b];
+      sum.resize(kDim, 0.0);
+      for (int c = 0; c < kDim; ++c)
+        sum[static_cast<size_t>(c)] += keys[static_cast<size_t>(t * kDim + c)];
+    }
+    const press::Clustering clusters = press::cluster_keys(keys.data(), n, kDim, config);
+    ASSERT_EQ(clusters.n_prototypes(), static_cast<int>(sums.size()));
+    int p = 0;
+    for (const auto& [bucket, sum] : sums) {
+      double norm = 0.0;
+      for (double x : sum) norm += x * x;
+      for (int c = 0; c < kDim; ++c)
+        EXPECT_NEAR(clusters.prototypes[static_cast<size_t>(p * kDim + c)],
+                    sum[static_cast<size_t>(c)] / std::sqrt(norm), 1e-5)
+            << "bucket " << bucket;
+      ++p;
+    }
+  }
+  // Directions: one bucket per direction, whatever the norm; raw keys of one direction spread.
+  for (int dir = 0; dir < 2; ++dir) {
+    const auto first = buckets_of[true].begin() + dir * 4;
+    EXPECT_TRUE(std::all_of(first, first + 4, [&](int32_t b) { return b == *first; }));
+  }
+  EXPECT_NE(buckets_of[true], buckets_of[false]);
+  // The option reaches the press and its config.
+  EXPECT_EQ(PressSpec::parse("protokv:lsh_input=raw")->config()["lsh_input"], "raw");
+  EXPECT_EQ(PressSpec::parse("protokv")->config()["lsh_input"], "unit");
+  EXPECT_THROW(PressSpec::parse("protokv:lsh_input=both"), Error);
+  EXPECT_THROW(PressSpec::parse("protokv:prototypes=chunk,lsh_input=raw"), Error);
 }
 
 TEST(ProtoKvAssignment, GemmArgmaxMatchesNaiveCosineArgmaxAcrossBlocks) {

@@ -468,7 +468,20 @@ const PressEntry kChelseaEntry{
       o.profile_path = options.get_string("profile", "");
       // The profile's outlier heads were ranked over every head at its own threshold/fraction.
       o.profile = profile_option(options, {"outliers", "threshold"});
-      if (o.profile != nullptr) o.outlier_heads = o.profile->chelsea_outlier;
+      if (o.profile != nullptr) {
+        // The outlier heads were measured with the profile's sinks / recent / chunk layout (the
+        // link similarities depend on how A and B are cut): another layout here would use heads
+        // ranked on other matches.
+        const ChelseaLayout& p = o.profile->chelsea_layout;
+        if (p.sinks != o.layout.sinks || p.recent != o.layout.recent || p.chunk != o.layout.chunk)
+          fail(
+              "press 'chelsea': profile {} was calibrated with sinks={} recent={} chunk={}, this "
+              "press has sinks={} recent={} chunk={}: give the profile's layout or calibrate "
+              "with this one",
+              o.profile_path, p.sinks, p.recent, p.chunk, o.layout.sinks, o.layout.recent,
+              o.layout.chunk);
+        o.outlier_heads = o.profile->chelsea_outlier;
+      }
       o.outliers = options.get_double("outliers", o.outliers, 0.0, 1.0);
       o.threshold = options.get_double("threshold", o.threshold, -1.0, 1.0);
       return std::make_unique<ChelseaPress>(std::move(o));

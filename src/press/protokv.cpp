@@ -109,6 +109,7 @@ ClusteringConfig ProtoKvConfig::clustering(int64_t n_prefix, int layer, int kv_h
   c.irregular = std::min(irregular, n_prefix);
   c.gamma = gamma;
   c.lsh_seed = lsh_seed_for(seed, layer, kv_head);
+  c.lsh_unit_keys = lsh_unit_keys;
   c.deviation = deviation;
   c.kappa = kappa;
   c.prototypes = prototypes;
@@ -156,11 +157,13 @@ ProtoKvConfig read_protokv_options(OptionReader& options) {
   config.irregular = options.get_int("irregular", 3 * (int64_t{1} << config.lsh_bits), 0, kLarge);
   config.gamma = options.get_double("gamma", ProtoKvConfig::kDefaultGamma, 1e-6, 1e6);
   config.seed = options.get_seed("seed", ProtoKvConfig::kDefaultSeed);
+  // Eq. 12 applies phi to the raw key; we hash its direction by default (docs/methods.md).
+  config.lsh_unit_keys = options.get_choice("lsh_input", "unit", {"unit", "raw"}) == "unit";
   config.kappa = static_cast<int>(options.get_int("kappa", ProtoKvConfig::kDefaultKappa, 1, 4096));
   if (config.deviation != Deviation::Neighbourhood)
     options.reject_if_given("kappa", "deviation=chunk (kappa is the neighbourhood half-width)");
   if (config.prototypes == PrototypeSet::Chunk) {
-    for (const char* key : {"deviation", "kappa", "irregular", "gamma", "seed"})
+    for (const char* key : {"deviation", "kappa", "irregular", "gamma", "seed", "lsh_input"})
       options.reject_if_given(key, "prototypes=chunk (no irregular set, no hashing)");
   }
   if (config.prototypes == PrototypeSet::Lsh) {
@@ -195,6 +198,7 @@ void ProtoKvScorer::add_config(nlohmann::json& out) const {
   if (c.prototypes != PrototypeSet::Chunk) {
     out["gamma"] = c.gamma;
     out["seed"] = c.seed;
+    out["lsh_input"] = c.lsh_unit_keys ? "unit" : "raw";
   }
   if (c.prototypes == PrototypeSet::Hybrid) {
     out["irregular"] = c.irregular;
@@ -365,9 +369,11 @@ const PressEntry kProtoKvEntry{
               "post-RoPE): k consecutive chunks (sizes floor/ceil of n_prefix/k, covering\n"
               "every token); deviation delta = (1-cos(k_t, mu_m))/||sigma_m|| (Eq. 10); the\n"
               "top-p form the irregular set O; regular prototypes = normalised chunk sums\n"
-              "without O (Eq. 11); O's keys, L2-normalised, are hashed with random Fourier\n"
-              "features (Eqs. 12-14, r bits, u = 2^r buckets, W ~ N(0, gamma^2), b ~\n"
-              "U(0, 2pi), drawn per (layer, KV head) from seed); irregular prototypes =\n"
+              "without O (Eq. 11); O's keys are hashed with random Fourier features\n"
+              "(Eqs. 12-14, r bits, u = 2^r buckets, W ~ N(0, gamma^2), b ~ U(0, 2pi), drawn\n"
+              "per (layer, KV head) from seed): lsh_input=unit (default) hashes the\n"
+              "L2-normalised key, a DEVIATION from Eq. 12, which applies phi to the raw key\n"
+              "(lsh_input=raw); irregular prototypes =\n"
               "normalised bucket sums, empty buckets dropped (Eq. 15); every prefix token\n"
               "goes to the prototype of highest cosine (Eq. 17, one blocked GEMM); token\n"
               "score = mean of the UNPOOLED window scores over its cluster (Eq. 18;\n"

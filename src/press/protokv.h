@@ -45,6 +45,7 @@ struct ProtoKvConfig {
   int64_t irregular = 3 * (1 << kDefaultLshBits);  // p = 3u by default (ProtoKV §5.5)
   double gamma = kDefaultGamma;
   uint64_t seed = kDefaultSeed;
+  bool lsh_unit_keys = true;  // lsh_input=unit (default, a stated deviation from Eq. 12) | raw
   Deviation deviation = Deviation::Chunk;
   int kappa = kDefaultKappa;
   ClusterScore score = ClusterScore::Mean;

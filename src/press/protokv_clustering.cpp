@@ -77,7 +77,8 @@ const LshProjection& cached_lsh_projection(int bits, int d, double gamma, uint64
 }
 
 void add_bucket_prototypes(const float* keys, const float* norms, const std::vector<int32_t>& rows,
-                           int d, int bits, double gamma, uint64_t seed, Clustering& out) {
+                           int d, int bits, double gamma, uint64_t seed, bool unit_keys,
+                           Clustering& out) {
   const LshProjection& lsh = cached_lsh_projection(bits, d, gamma, seed);
   const int buckets = 1 << bits;
   std::vector<float> sums(static_cast<size_t>(buckets) * static_cast<size_t>(d),
@@ -87,8 +88,9 @@ void add_bucket_prototypes(const float* keys, const float* norms, const std::vec
   for (const int32_t t : rows) {
     const float* key = keys + static_cast<int64_t>(t) * d;
     const float norm = norms[t];
-    const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
-    for (int c = 0; c < d; ++c) unit[static_cast<size_t>(c)] = key[c] * inv;  // hash the direction
+    // Hash the direction (lsh_input=unit) or the key itself (raw, Eq. 12 as written).
+    const float inv = !unit_keys ? 1.0f : norm > 0.0f ? 1.0f / norm : 0.0f;
+    for (int c = 0; c < d; ++c) unit[static_cast<size_t>(c)] = key[c] * inv;
     const int32_t b = lsh_bucket(lsh, unit.data());
     float* sum = sums.data() + static_cast<int64_t>(b) * d;
     for (int c = 0; c < d; ++c) sum[c] += key[c];
@@ -512,7 +514,7 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       out.n_chunks = k;
       // Lines 8-13: only the irregular tokens are hashed.
       add_bucket_prototypes(keys, key_norm, out.irregular, d, config.lsh_bits, config.gamma,
-                            config.lsh_seed, out);
+                            config.lsh_seed, config.lsh_unit_keys, out);
       break;
     }
     case PrototypeSet::Chunk: {
@@ -536,7 +538,8 @@ Clustering cluster_keys(const float* keys, int64_t n, int d, const ClusteringCon
       key_norms(keys, n, d, norms.data());
       std::vector<int32_t> all(static_cast<size_t>(n));
       std::iota(all.begin(), all.end(), 0);
-      add_bucket_prototypes(keys, norms.data(), all, d, bits, config.gamma, config.lsh_seed, out);
+      add_bucket_prototypes(keys, norms.data(), all, d, bits, config.gamma, config.lsh_seed,
+                            config.lsh_unit_keys, out);
       break;
     }
   }

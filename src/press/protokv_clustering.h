@@ -24,6 +24,11 @@ struct ClusteringConfig {
   int64_t irregular = 12;  // p, size of the irregular set O
   double gamma = 1.0;      // std of the RFF projection W ~ N(0, gamma^2 I)
   uint64_t lsh_seed = 0;   // seed of W and b for this (layer, head)
+  // What Eq. 12's phi is applied to: the L2-normalised key (true, lsh_input=unit, our default:
+  // the buckets group directions, as every other ProtoKV step compares by cosine) or the raw key
+  // (false, lsh_input=raw, Eq. 12 as written: with gamma = 1 and |k| >> 1 the phases wrap many
+  // times and nearby keys scatter).
+  bool lsh_unit_keys = true;
   Deviation deviation = Deviation::Chunk;
   int kappa = 5;  // neighbourhood half-width for Deviation::Neighbourhood
   PrototypeSet prototypes = PrototypeSet::Hybrid;
