@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -178,6 +179,51 @@ TEST(RulerCli, RunsEndToEnd) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("unknown RULER task 'nope'"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+}
+
+// kvpress's leaderboard protocol: query-agnostic, the context length capped at the model's
+// (stories260K: 512), kept shares 0.75 .. 0.125 = kvpress compression ratios 0.25 .. 0.875, full
+// added as the reference; the score-by-ratio table restates each ratio run's score and its
+// paired difference against full, and the plot is written.
+TEST(RulerCli, KvpressProtocolGivesTheScoreByCompressionRatio) {
+  PROTOKV_REQUIRE_STORIES();
+  const auto dir = testing::stories_dir();
+  const std::string model = fmt::format("-m '{}' -z '{}'", (dir / "stories260K.bin").string(),
+                                        (dir / "tok512.bin").string());
+  testing::TempDir tmp;
+  auto r = testing::run_protokv("eval ruler " + model +
+                                " --protocol kvpress --press snapkv,streaming_llm --tasks "
+                                "niah_single_1,fwe --samples 2 --quiet -t 1 --json --out '" +
+                                tmp.path().string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["config"]["mode"], "query-agnostic");
+  EXPECT_EQ(j["config"]["ruler"]["lengths"], nlohmann::json::array({512}));
+  EXPECT_EQ(j["config"]["protocol"]["name"], "kvpress");
+  std::map<std::string, nlohmann::json> summary;
+  for (const auto& s : j["summary"]) summary[s["run"].get<std::string>()] = s;
+  ASSERT_EQ(summary.size(), 9u);  // full + 2 presses x 4 ratios
+  const double full = 100.0 * summary.at("full")["score"].get<double>();
+  for (const char* press : {"snapkv", "streaming_llm"}) {
+    const auto& by_ratio = j["by_compression_ratio"][press];
+    ASSERT_EQ(by_ratio.size(), 4u) << by_ratio;
+    for (const auto& [ratio, kept] : std::vector<std::pair<std::string, std::string>>{
+             {"0.25", "0.75"}, {"0.5", "0.5"}, {"0.75", "0.25"}, {"0.875", "0.125"}}) {
+      const auto& cell = by_ratio[ratio];
+      const std::string run = std::string(press) + "@r" + kept;
+      EXPECT_EQ(cell["run"], run);
+      const double score = 100.0 * summary.at(run)["score"].get<double>();
+      EXPECT_NEAR(cell["score"].get<double>(), score, 1e-9);
+      EXPECT_NEAR(cell["diff"].get<double>(), score - full, 1e-9);
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_regular_file(tmp / "score_vs_ratio.svg"));
+  EXPECT_NE(r.err.find("wrote"), std::string::npos);
+  for (const char* fixed : {"--mode query-aware", "--budget 64", "--ratio 0.5", "--lengths 256"})
+    testing::expect_run_fails_with_one_line("eval ruler " + model + " --protocol kvpress " + fixed,
+                                            "--protocol kvpress fixes");
+  testing::expect_run_fails_with_one_line("eval ruler " + model + " --protocol nope",
+                                          "not a known protocol");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `protokv eval niah|ruler|longbench`: the long-context benchmarks of the papers, every
 // (press, budget) on the same samples (eval/longctx_runner.h).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -154,13 +155,38 @@ void run_niah(NiahArgs& args) {
 
 struct RulerArgs {
   LongctxArgs common;
+  std::string protocol;
   std::string tasks;
   std::string lengths;
   std::string essay_file;
   eval::RulerBenchmark benchmark;
 };
 
-void run_ruler(RulerArgs& args) {
+// kvpress's leaderboard protocol (its evaluation's defaults for RULER): 4096 tokens, the context
+// compressed before the question is seen (query_aware: false), compression ratios 0.25, 0.5,
+// 0.75 and 0.875 = the share of the context's KV pairs removed, so kept shares 0.75 .. 0.125;
+// paired against the full cache. The flags it fixes are refused, not silently overridden.
+constexpr const char* kKvpressKeptShares = "0.75,0.5,0.25,0.125";
+constexpr int64_t kKvpressLength = 4096;
+
+void apply_kvpress_protocol(RulerArgs& args, const CLI::App& cmd) {
+  for (const char* flag : {"--mode", "--budget", "--ratio", "--lengths", "--reference"})
+    PROTOKV_CHECK(cmd.count(flag) == 0,
+                  "--protocol kvpress fixes {} (query-agnostic, 4096 tokens or the model's "
+                  "context, compression ratios 0.25/0.5/0.75/0.875 against full): drop it",
+                  flag);
+  args.common.mode = "query-agnostic";
+  args.common.ratios = kKvpressKeptShares;
+  args.common.reference = "full";
+  const std::vector<std::string> presses = eval::split_press_specs(args.common.presses);
+  if (std::find(presses.begin(), presses.end(), "full") == presses.end())
+    args.common.presses.insert(args.common.presses.begin(), "full");
+}
+
+void run_ruler(RulerArgs& args, const CLI::App& cmd) {
+  PROTOKV_CHECK(args.protocol.empty() || args.protocol == "kvpress",
+                "--protocol: '{}' is not a known protocol (kvpress)", args.protocol);
+  if (!args.protocol.empty()) apply_kvpress_protocol(args, cmd);
   eval::LongctxBenchmarkRun run = make_run(args.common);
   eval::RulerBenchmark& b = args.benchmark;
   b.ruler.seed = args.common.seed;
@@ -171,6 +197,16 @@ void run_ruler(RulerArgs& args) {
     b.essay_name = args.essay_file;
   }
   const LoadedModel model = load_model_from_options(args.common.model, /*require_tokenizer=*/true);
+  if (!args.protocol.empty()) {
+    b.ruler.lengths = {std::min<int64_t>(kKvpressLength, model.weights.config.context_length)};
+    run.config["protocol"] = {
+        {"name", "kvpress"},
+        {"what",
+         "kvpress's RULER leaderboard protocol: query-agnostic, 4096 tokens (or the model's "
+         "context when smaller), compression ratios 0.25/0.5/0.75/0.875 (share of the "
+         "context's KV pairs removed), RULER scoring, paired against full; the 11 synthetic "
+         "tasks (kvpress's set adds qa_1/qa_2: give --squad/--hotpotqa)"}};
+  }
   print_report(args.common, eval::run_ruler_benchmark(model, b, std::move(run)));
 }
 
@@ -265,6 +301,11 @@ void register_eval_longctx(CLI::App& eval) {
         "generators (seeded) and scoring (string_match_all / string_match_part x100), per task "
         "and averaged, per (press, budget).");
     add_longctx_options(*cmd, args->common);
+    cmd->add_option("--protocol", args->protocol,
+                    "kvpress: kvpress's leaderboard protocol (query-agnostic, 4096 tokens or the "
+                    "model's context, compression ratios 0.25/0.5/0.75/0.875 = share of the "
+                    "context removed, paired against full; a score-vs-ratio table and "
+                    "score_vs_ratio.svg)");
     cmd->add_option("--tasks", args->tasks, "comma-separated tasks (default: all eleven)");
     cmd->add_option("--lengths", args->lengths,
                     "comma-separated sequence lengths (prompt + generated tokens; default "
@@ -278,7 +319,7 @@ void register_eval_longctx(CLI::App& eval) {
                     "SQuAD JSON (v2.0 dev format) for qa_1 (added to the default tasks)");
     cmd->add_option("--hotpotqa", args->benchmark.ruler.hotpotqa_path,
                     "HotpotQA JSON (distractor dev format) for qa_2 (added to the default tasks)");
-    cmd->callback([args] { run_ruler(*args); });
+    cmd->callback([args, cmd] { run_ruler(*args, *cmd); });
   }
   {
     auto args = std::make_shared<LongbenchArgs>();

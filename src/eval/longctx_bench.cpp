@@ -16,6 +16,7 @@
 #include "eval/longbench.h"
 #include "eval/report/table.h"
 #include "eval/results_file.h"
+#include "eval/svg_plot.h"
 #include "protokv/error.h"
 #include "protokv/limits.h"
 #include "protokv/threads.h"
@@ -41,11 +42,16 @@ void prepare(const LoadedModel& model, const std::string& benchmark, LongctxBenc
   }
   run.options.progress_label = benchmark;
   nlohmann::json runs = nlohmann::json::array();
-  for (const auto& r : run.options.runs)
-    runs.push_back({{"label", r.label()},
-                    {"press", r.press},
-                    {"budget", r.budget.is_set() ? nlohmann::json(r.budget.to_string())
-                                                 : nlohmann::json(nullptr)}});
+  for (const auto& r : run.options.runs) {
+    nlohmann::json entry = {{"label", r.label()},
+                            {"press", r.press},
+                            {"budget", r.budget.is_set() ? nlohmann::json(r.budget.to_string())
+                                                         : nlohmann::json(nullptr)}};
+    // A ratio budget: the kept share of the compressed prompt (kvpress's compression ratio is
+    // 1 minus it), for the score-by-ratio table.
+    if (r.budget.is_set() && r.budget.entries <= 0) entry["kept_share"] = r.budget.ratio;
+    runs.push_back(std::move(entry));
+  }
   nlohmann::json& c = run.config;
   c["benchmark"] = benchmark;
   c["model"] = model_json(model);
@@ -588,6 +594,92 @@ LongctxReport run_longbench_benchmark(const LoadedModel& model, const LongbenchB
 
 // ---- the report, and the merge of shards --------------------------------------------------
 
+namespace {
+
+// Runs given by ratio (--ratio): the score of every press at each compression ratio (kvpress's
+// convention: the share of the compressed prompt's KV pairs removed, 1 - the kept share), with
+// the paired difference against the reference, as a table (text and results) and an SVG line
+// plot of score against ratio (kvpress's leaderboard figure). Nothing without ratio runs.
+void add_score_by_ratio(const nlohmann::json& config, LongctxReport& report) {
+  const std::string reference = config.at("reference").get<std::string>();
+  std::vector<std::string> presses;                             // in run order
+  std::map<std::string, std::map<double, std::string>> labels;  // press -> ratio -> label
+  std::vector<double> ratios;
+  for (const auto& r : config.at("runs")) {
+    if (!r.contains("kept_share")) continue;
+    const std::string press = r.at("press").get<std::string>();
+    // Rounded to 1e-9 so that 1 - 0.875 prints as 0.125.
+    const double ratio = std::round((1.0 - r["kept_share"].get<double>()) * 1e9) / 1e9;
+    if (labels.count(press) == 0) presses.push_back(press);
+    labels[press][ratio] = r.at("label").get<std::string>();
+    if (std::find(ratios.begin(), ratios.end(), ratio) == ratios.end()) ratios.push_back(ratio);
+  }
+  if (presses.empty()) return;
+  std::sort(ratios.begin(), ratios.end());
+  std::vector<std::string> all_labels = {reference};
+  for (const auto& press : presses)
+    for (const auto& [ratio, label] : labels[press]) all_labels.push_back(label);
+  const auto summaries = summarize(report.records, all_labels, reference);
+  std::map<std::string, const LongctxSummary*> by_label;
+  for (const auto& s : summaries) by_label[s.run] = &s;
+  const LongctxSummary& ref = *by_label.at(reference);
+
+  Table table;
+  table.add_column("press", Table::Align::kLeft);
+  table.add_column("0 (" + reference + ")");
+  for (double ratio : ratios) table.add_column(fmt::format("{:g}", ratio));
+  LinePlot plot;
+  plot.title =
+      fmt::format("score vs compression ratio — {} ({})",
+                  fs::path(config.at("model").at("path").get<std::string>()).filename().string(),
+                  config.at("mode").get<std::string>());
+  plot.x_label = "compression ratio (share of the context's KV pairs removed)";
+  plot.y_label = "score (x100)";
+  nlohmann::json out = nlohmann::json::object();
+  const double ref_score = ref.scored > 0 ? 100.0 * ref.mean_score : NAN;
+  for (const auto& press : presses) {
+    std::vector<std::string> row = {press, ref.scored > 0 ? fmt::format("{:.1f}", ref_score) : "-"};
+    PlotSeries series{press, {{0.0, ref_score}}};
+    for (double ratio : ratios) {
+      const auto it = labels[press].find(ratio);
+      if (it == labels[press].end()) {
+        row.push_back("-");
+        continue;
+      }
+      const LongctxSummary& s = *by_label.at(it->second);
+      const std::string key = fmt::format("{:g}", ratio);
+      if (s.scored == 0) {
+        row.push_back("-");
+        out[press][key] = nullptr;
+        continue;
+      }
+      const double score = 100.0 * s.mean_score;
+      const bool interval = s.paired > 1 && std::isfinite(s.diff_ci95);
+      row.push_back(s.paired == 0 ? fmt::format("{:.1f}", score)
+                    : interval    ? fmt::format("{:.1f} ({:+.1f} ± {:.1f})", score,
+                                                100.0 * s.diff_mean, 100.0 * s.diff_ci95)
+                                  : fmt::format("{:.1f} ({:+.1f})", score, 100.0 * s.diff_mean));
+      out[press][key] = {
+          {"score", score},
+          {"run", it->second},
+          {"paired", s.paired},
+          {"diff", s.paired > 0 ? nlohmann::json(100.0 * s.diff_mean) : nlohmann::json()},
+          {"ci95", interval ? nlohmann::json(100.0 * s.diff_ci95) : nlohmann::json()}};
+      series.points.emplace_back(ratio, score);
+    }
+    table.add_row(row);
+    plot.series.push_back(std::move(series));
+  }
+  report.text += fmt::format(
+      "\nscore by compression ratio (kvpress's: share of the compressed prompt's KV pairs "
+      "removed), Δ vs {} (95%):\n{}",
+      reference, table.render());
+  report.results["by_compression_ratio"] = out;
+  report.figures.emplace_back("score_vs_ratio.svg", render_svg(plot));
+}
+
+}  // namespace
+
 LongctxReport assemble_longctx_report(const nlohmann::json& config,
                                       std::vector<LongctxRecord> records, double wall_ms) {
   LongctxReport report;
@@ -602,6 +694,7 @@ LongctxReport assemble_longctx_report(const nlohmann::json& config,
   } else {
     fail("unknown benchmark '{}' in the configuration", benchmark);
   }
+  add_score_by_ratio(config, report);
   report.results["config"] = config;
   report.results["wall_ms"] = wall_ms;
   nlohmann::json errors = nlohmann::json::array();
