@@ -3,7 +3,6 @@
 // relaunch with it through the real binary.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "kernels/blas_core.h"
