@@ -615,6 +615,25 @@ TEST(PodEngine, GateThresholdZeroSkipsEveryDistantPartAtSharingLayers) {
   EXPECT_EQ(session.press()->config()["tau"], 0.0);
 }
 
+// One decode step after a 150-token prompt on pod_model() with KV head 0's layers 1-2 sharing
+// layer 0's keys (budget 32: 16 sinks + 16 recent), gate threshold `tau`, `observer` watching it.
+void decode_one_step_with_gate(double tau, bool gate_at_lowest, DecodeObserver& observer) {
+  const testing::RandomModel model = pod_model();
+  press::PodOptions options;
+  options.tau = tau;
+  options.gate_at_lowest = gate_at_lowest;
+  options.block_start = std::vector<std::vector<int>>{{0, 0, 0}, {0, 1, 2}};
+  SessionOptions session_options;
+  session_options.press =
+      PressSpec::from_factory([options] { return std::make_unique<press::PodPress>(options); });
+  session_options.budget.entries = 32;
+  Session session(model.weights, session_options);
+  session.prefill(prompt_tokens(150, model.weights.config.vocab_size));
+  session.set_observer(&observer);
+  session.decode(7);
+  EXPECT_EQ(session.press()->config()["tau_gate"], gate_at_lowest ? "lowest" : "layer");
+}
+
 // tau_gate=lowest: the gate is the attention share of the proximal entries at the block's lowest
 // layer: the sinks and the last n_r + 1 entries, the newest token included. With tau between that
 // share and the share of a window one entry shorter (or longer), the skip decision at the
@@ -640,23 +659,10 @@ class GateObserver : public DecodeObserver {
 };
 
 TEST(PodEngine, TheGateCountsTheSinksAndTheLastRecentPlusOneEntries) {
-  const testing::RandomModel model = pod_model();
-  const auto prompt = prompt_tokens(150, model.weights.config.vocab_size);
-  constexpr int64_t kBudget = 32, kSinks = 16, kRecent = kBudget - kSinks;
+  constexpr int64_t kSinks = 16, kRecent = 16;
   auto run = [&](double tau) {
-    press::PodOptions options;
-    options.tau = tau;
-    options.gate_at_lowest = true;
-    options.block_start = std::vector<std::vector<int>>{{0, 0, 0}, {0, 1, 2}};
-    SessionOptions session_options;
-    session_options.press =
-        PressSpec::from_factory([options] { return std::make_unique<press::PodPress>(options); });
-    session_options.budget.entries = kBudget;
-    Session session(model.weights, session_options);
-    session.prefill(prompt);
     GateObserver observer;
-    session.set_observer(&observer);
-    session.decode(7);
+    decode_one_step_with_gate(tau, /*gate_at_lowest=*/true, observer);
     return observer;
   };
   // The share of entries e < sinks or e >= n - window, as the press sums it.
@@ -739,23 +745,9 @@ class LayerGateObserver : public DecodeObserver {
 };
 
 TEST(PodEngine, TheGateOfASharingLayerIsItsOwnProximalMassAgainstTheLowestLayersDistantMass) {
-  const testing::RandomModel model = pod_model();
-  const auto prompt = prompt_tokens(150, model.weights.config.vocab_size);
-  constexpr int64_t kBudget = 32, kSinks = 16, kRecent = kBudget - kSinks;
   auto run = [&](double tau) {
-    press::PodOptions options;
-    options.tau = tau;
-    options.block_start = std::vector<std::vector<int>>{{0, 0, 0}, {0, 1, 2}};
-    SessionOptions session_options;
-    session_options.press =
-        PressSpec::from_factory([options] { return std::make_unique<press::PodPress>(options); });
-    session_options.budget.entries = kBudget;
-    Session session(model.weights, session_options);
-    session.prefill(prompt);
-    LayerGateObserver observer(kSinks, kRecent);
-    session.set_observer(&observer);
-    session.decode(7);
-    EXPECT_EQ(session.press()->config()["tau_gate"], "layer");
+    LayerGateObserver observer(/*sinks=*/16, /*recent=*/16);
+    decode_one_step_with_gate(tau, /*gate_at_lowest=*/false, observer);
     return observer;
   };
   const LayerGateObserver probe = run(1.0);  // skips nothing; the first step's gates

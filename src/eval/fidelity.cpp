@@ -676,61 +676,15 @@ FidelityReport merge_fidelity_runs(const std::vector<std::string>& dirs,
                                    const std::string& out_dir) {
   namespace fs = std::filesystem;
   PROTOKV_CHECK(!dirs.empty(), "eval merge: no folder given");
-  struct Folder {
-    std::string dir;
-    nlohmann::json config;
-    EvalShard shard;
-  };
-  std::vector<Folder> folders;
+  std::vector<ShardFolder> folders;
   for (const auto& dir : dirs) {
-    Folder f{dir, read_json_object_file((fs::path(dir) / "config.json").string()), {}};
-    try {
-      PROTOKV_CHECK(f.config.contains("teacher_forcing"),
-                    "{}/config.json: not the configuration of an eval fidelity run", dir);
-      if (f.config.contains("shard")) {
-        f.shard.index = f.config["shard"].at("index").get<int64_t>();
-        f.shard.count = f.config["shard"].at("count").get<int64_t>();
-        f.config.erase("shard");
-      }
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}/config.json: {}", dir, e.what());
-    }
-    folders.push_back(std::move(f));
+    folders.push_back(read_shard_folder(dir));
+    PROTOKV_CHECK(folders.back().config.contains("teacher_forcing"),
+                  "{}/config.json: not the configuration of an eval fidelity run", dir);
   }
-  const Folder& first = folders.front();
-  const int64_t count = first.shard.count;
-  PROTOKV_CHECK(count >= 1 && count <= limits::kMaxEvalShards, "{}: shard count {} out of range",
-                first.dir, count);
-  std::vector<const Folder*> by_index(static_cast<size_t>(count), nullptr);
-  nlohmann::json threads = first.config.value("threads", nlohmann::json());
-  for (const auto& f : folders) {
-    nlohmann::json a = first.config, b = f.config;
-    a.erase("threads");
-    b.erase("threads");
-    std::string key;
-    for (const auto& [k, v] : a.items())
-      if (key.empty() && (!b.contains(k) || b[k] != v)) key = k;
-    for (const auto& [k, v] : b.items())
-      if (key.empty() && !a.contains(k)) key = k;
-    PROTOKV_CHECK(key.empty(),
-                  "{} and {} are not shards of one run: their configurations differ in \"{}\"",
-                  first.dir, f.dir, key);
-    PROTOKV_CHECK(f.shard.count == count && f.shard.index >= 1 && f.shard.index <= count,
-                  "{} is shard {}, {} shard {}: not one run's shards", f.dir, f.shard.to_string(),
-                  first.dir, first.shard.to_string());
-    const Folder*& slot = by_index[static_cast<size_t>(f.shard.index - 1)];
-    PROTOKV_CHECK(slot == nullptr, "shard {} is given twice: {} and {}", f.shard.to_string(),
-                  slot == nullptr ? "" : slot->dir, f.dir);
-    slot = &f;
-    if (f.config.value("threads", nlohmann::json()) != threads) threads = "differ per shard";
-  }
-  for (int64_t i = 0; i < count; ++i)
-    PROTOKV_CHECK(by_index[static_cast<size_t>(i)] != nullptr,
-                  "shard {}/{} is missing: give every shard's folder", i + 1, count);
-
+  const ShardFolder& first = folders.front();
   FidelityReport report;
-  report.config = first.config;
-  if (!threads.is_null()) report.config["threads"] = threads;
+  report.config = check_shard_set(folders);
   int64_t samples = 0;
   try {
     const nlohmann::json& c = report.config;

@@ -704,83 +704,23 @@ LongctxReport assemble_longctx_report(const nlohmann::json& config,
   return report;
 }
 
-namespace {
-
-// One shard's folder as the merge reads it.
-struct ShardFolder {
-  std::string dir;
-  nlohmann::json config;  // without "shard"
-  EvalShard shard;
-  int64_t samples = -1;  // of the whole run (sharded folders state it)
-  double wall_ms = 0.0;
-};
-
-ShardFolder read_shard_folder(const std::string& dir) {
-  ShardFolder f;
-  f.dir = dir;
-  f.config = read_json_object_file((fs::path(dir) / "config.json").string());
-  try {
-    PROTOKV_CHECK(f.config.contains("benchmark") && f.config.contains("runs"),
-                  "{}/config.json: not the configuration of eval niah, ruler or longbench", dir);
-    if (f.config.contains("shard")) {
-      const nlohmann::json& s = f.config["shard"];
-      f.shard.index = s.at("index").get<int64_t>();
-      f.shard.count = s.at("count").get<int64_t>();
-      f.samples = s.at("samples").get<int64_t>();
-      PROTOKV_CHECK(f.shard.count >= 1 && f.shard.count <= limits::kMaxEvalShards &&
-                        f.shard.index >= 1 && f.shard.index <= f.shard.count && f.samples >= 0,
-                    "{}/config.json: shard {}/{} of {} samples is not a shard", dir, f.shard.index,
-                    f.shard.count, f.samples);
-      f.config.erase("shard");
-    }
-    const fs::path results = fs::path(dir) / "results.json";
-    std::error_code ec;
-    if (fs::is_regular_file(results, ec))
-      f.wall_ms = read_json_object_file(results.string()).value("wall_ms", 0.0);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}/config.json: {}", dir, e.what());
-  }
-  return f;
-}
-
-// The first top-level key whose value differs between two configurations ("threads" aside).
-std::string first_difference(const nlohmann::json& a, const nlohmann::json& b) {
-  for (const auto& [key, value] : a.items())
-    if (key != "threads" && (!b.contains(key) || b[key] != value)) return key;
-  for (const auto& [key, value] : b.items())
-    if (key != "threads" && !a.contains(key)) return key;
-  return "";
-}
-
-}  // namespace
-
 LongctxReport merge_longctx_runs(const std::vector<std::string>& dirs, const std::string& out_dir) {
   PROTOKV_CHECK(!dirs.empty(), "eval merge: no folder given");
   std::vector<ShardFolder> folders;
-  for (const auto& dir : dirs) folders.push_back(read_shard_folder(dir));
-  const ShardFolder& first = folders.front();
-  // Every shard of one run, each once.
-  const int64_t count = first.shard.count;
-  std::vector<const ShardFolder*> by_index(static_cast<size_t>(count), nullptr);
-  nlohmann::json threads = first.config.value("threads", nlohmann::json());
-  for (const auto& f : folders) {
-    const std::string key = first_difference(first.config, f.config);
-    PROTOKV_CHECK(key.empty(),
-                  "{} and {} are not shards of one run: their configurations differ in \"{}\"",
-                  first.dir, f.dir, key);
-    PROTOKV_CHECK(f.shard.count == count && f.samples == first.samples,
-                  "{} is shard {} of {} samples, {} shard {} of {}: not one run's shards", f.dir,
-                  f.shard.to_string(), f.samples, first.dir, first.shard.to_string(),
-                  first.samples);
-    const ShardFolder*& slot = by_index[static_cast<size_t>(f.shard.index - 1)];
-    PROTOKV_CHECK(slot == nullptr, "shard {} is given twice: {} and {}", f.shard.to_string(),
-                  slot == nullptr ? "" : slot->dir, f.dir);
-    slot = &f;
-    if (f.config.value("threads", nlohmann::json()) != threads) threads = "differ per shard";
+  std::vector<double> wall_ms_of;  // per folder, from its results.json (0 without one)
+  for (const auto& dir : dirs) {
+    folders.push_back(read_shard_folder(dir));
+    PROTOKV_CHECK(
+        folders.back().config.contains("benchmark") && folders.back().config.contains("runs"),
+        "{}/config.json: not the configuration of eval niah, ruler or longbench", dir);
+    const fs::path results = fs::path(dir) / "results.json";
+    std::error_code ec;
+    wall_ms_of.push_back(fs::is_regular_file(results, ec)
+                             ? read_json_object_file(results.string()).value("wall_ms", 0.0)
+                             : 0.0);
   }
-  for (int64_t i = 0; i < count; ++i)
-    PROTOKV_CHECK(by_index[static_cast<size_t>(i)] != nullptr,
-                  "shard {}/{} is missing: give every shard's folder", i + 1, count);
+  const nlohmann::json merged_config = check_shard_set(folders);
+  const ShardFolder& first = folders.front();
 
   // Records, each shard complete: every run answered every sample of it once.
   const std::vector<std::string> labels = run_labels(first.config);
@@ -789,7 +729,8 @@ LongctxReport merge_longctx_runs(const std::vector<std::string>& dirs, const std
   const nlohmann::json& config = first.config;
   std::vector<LongctxRecord> records;
   double wall_ms = 0.0;
-  for (const auto& f : folders) {
+  for (size_t fi = 0; fi < folders.size(); ++fi) {
+    const ShardFolder& f = folders[fi];
     nlohmann::json header = {{"mode", config.at("mode")}, {"alloc", config.at("alloc")}};
     if (f.shard.active()) header["shard"] = f.shard.to_string();
     const std::string path = (fs::path(f.dir) / "samples.jsonl").string();
@@ -833,15 +774,13 @@ LongctxReport merge_longctx_runs(const std::vector<std::string>& dirs, const std
                   "{}: {} of {} records ({} runs x {} samples): the shard did not finish "
                   "(resume it with --resume)",
                   path, seen.size(), expected, labels.size(), shard_samples);
-    wall_ms += f.wall_ms;
+    wall_ms += wall_ms_of[fi];
   }
   // The order of one run: run-major, samples in benchmark order.
   std::stable_sort(records.begin(), records.end(), [&](const auto& a, const auto& b) {
     const size_t ra = run_order.at(a.run), rb = run_order.at(b.run);
     return ra != rb ? ra < rb : a.sample < b.sample;
   });
-  nlohmann::json merged_config = config;
-  if (!threads.is_null()) merged_config["threads"] = threads;
   LongctxReport report = assemble_longctx_report(merged_config, std::move(records), wall_ms);
   report.results["merged_from"] = dirs;
   if (!out_dir.empty()) {

@@ -6,6 +6,7 @@
 // belongs to shard (k mod N) + 1, so every shard gets a share of each task, length and depth,
 // and a shard's samples keep their global index k for the merge.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,5 +25,22 @@ struct EvalShard {
 
 // The global indices of the samples `shard` takes out of `total`.
 std::vector<int64_t> shard_sample_indices(const EvalShard& shard, int64_t total);
+
+// A finished run's output folder as `protokv eval merge` reads it.
+struct ShardFolder {
+  std::string dir;
+  nlohmann::json config;  // its config.json without "shard"
+  EvalShard shard;        // 1/1 for an unsharded run
+  int64_t samples = -1;   // the whole run's sample count, where "shard" states it
+};
+
+// Reads DIR/config.json. Throws Error naming the file when it is missing (the run did not
+// finish), not a JSON object, or holds a malformed "shard".
+ShardFolder read_shard_folder(const std::string& dir);
+
+// Checks that `folders` are every shard 1/N..N/N of one run, each once, all with one
+// configuration ("threads" aside); throws Error naming the folders otherwise. Returns the merged
+// run's configuration: the first folder's, "threads" the common value or "differ per shard".
+nlohmann::json check_shard_set(const std::vector<ShardFolder>& folders);
 
 }  // namespace protokv::eval
