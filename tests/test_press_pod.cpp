@@ -588,18 +588,27 @@ class ProximalOnlyObserver : public DecodeObserver {
   int64_t skipped = 0;
 };
 
-TEST(PodEngine, GateThresholdZeroSkipsEveryDistantPartAtSharingLayers) {
-  const testing::RandomModel model = pod_model();
-  const auto prompt = prompt_tokens(150, model.weights.config.vocab_size);
+// A session of `model` whose KV head 0 shares layer 0's keys at layers 1-2 (budget 32: 16 sinks
+// + 16 recent), with gate threshold `tau`, after a 150-token prompt.
+std::unique_ptr<Session> gated_pod_session(const testing::RandomModel& model, double tau,
+                                           bool gate_at_lowest) {
   press::PodOptions options;
-  options.tau = 0.0;
+  options.tau = tau;
+  options.gate_at_lowest = gate_at_lowest;
   options.block_start = std::vector<std::vector<int>>{{0, 0, 0}, {0, 1, 2}};
   SessionOptions session_options;
   session_options.press =
       PressSpec::from_factory([options] { return std::make_unique<press::PodPress>(options); });
   session_options.budget.entries = 32;
-  Session session(model.weights, session_options);
-  session.prefill(prompt);
+  auto session = std::make_unique<Session>(model.weights, session_options);
+  session->prefill(prompt_tokens(150, model.weights.config.vocab_size));
+  return session;
+}
+
+TEST(PodEngine, GateThresholdZeroSkipsEveryDistantPartAtSharingLayers) {
+  const testing::RandomModel model = pod_model();
+  const std::unique_ptr<Session> owned = gated_pod_session(model, 0.0, false);
+  Session& session = *owned;
   ProximalOnlyObserver observer;
   session.set_observer(&observer);
   for (int step = 0; step < 5; ++step) {
@@ -615,20 +624,11 @@ TEST(PodEngine, GateThresholdZeroSkipsEveryDistantPartAtSharingLayers) {
   EXPECT_EQ(session.press()->config()["tau"], 0.0);
 }
 
-// One decode step after a 150-token prompt on pod_model() with KV head 0's layers 1-2 sharing
-// layer 0's keys (budget 32: 16 sinks + 16 recent), gate threshold `tau`, `observer` watching it.
+// One decode step of gated_pod_session() with `observer` watching it.
 void decode_one_step_with_gate(double tau, bool gate_at_lowest, DecodeObserver& observer) {
   const testing::RandomModel model = pod_model();
-  press::PodOptions options;
-  options.tau = tau;
-  options.gate_at_lowest = gate_at_lowest;
-  options.block_start = std::vector<std::vector<int>>{{0, 0, 0}, {0, 1, 2}};
-  SessionOptions session_options;
-  session_options.press =
-      PressSpec::from_factory([options] { return std::make_unique<press::PodPress>(options); });
-  session_options.budget.entries = 32;
-  Session session(model.weights, session_options);
-  session.prefill(prompt_tokens(150, model.weights.config.vocab_size));
+  const std::unique_ptr<Session> owned = gated_pod_session(model, tau, gate_at_lowest);
+  Session& session = *owned;
   session.set_observer(&observer);
   session.decode(7);
   EXPECT_EQ(session.press()->config()["tau_gate"], gate_at_lowest ? "lowest" : "layer");
