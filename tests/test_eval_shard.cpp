@@ -32,18 +32,30 @@ TEST(EvalShard, ParsesIAndNAndRefusesTheRest) {
     EXPECT_THROW(eval::EvalShard::parse(bad), Error) << bad;
 }
 
+// The shard of sample k is (k mod N) + 1.
+std::vector<int64_t> samples_of(const eval::EvalShard& shard, int64_t total) {
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < total; ++k)
+    if (shard.holds(k)) out.push_back(k);
+  return out;
+}
+
 TEST(EvalShard, ShardsPartitionTheSamplesRoundRobin) {
-  EXPECT_EQ(eval::shard_sample_indices(eval::EvalShard{2, 3}, 8), (std::vector<int64_t>{1, 4, 7}));
-  EXPECT_TRUE(eval::shard_sample_indices(eval::EvalShard{5, 5}, 3).empty());
+  EXPECT_EQ(samples_of(eval::EvalShard{2, 3}, 8), (std::vector<int64_t>{1, 4, 7}));
+  EXPECT_TRUE(samples_of(eval::EvalShard{5, 5}, 3).empty());
   for (int64_t total : {0, 1, 7, 30}) {
     std::set<int64_t> seen;
-    for (int64_t i = 1; i <= 4; ++i)
-      for (int64_t k : eval::shard_sample_indices(eval::EvalShard{i, 4}, total)) {
-        EXPECT_TRUE(seen.insert(k).second) << k;
-        EXPECT_TRUE((eval::EvalShard{i, 4}.holds(k)));
-      }
+    for (int64_t i = 1; i <= 4; ++i) {
+      const eval::EvalShard shard{i, 4};
+      const auto mine = samples_of(shard, total);
+      EXPECT_EQ(eval::shard_sample_count(shard, total), static_cast<int64_t>(mine.size()))
+          << i << "/4 of " << total;
+      for (int64_t k : mine) EXPECT_TRUE(seen.insert(k).second) << k;
+    }
     EXPECT_EQ(static_cast<int64_t>(seen.size()), total);
   }
+  // A count read from a file is computed, not allocated.
+  EXPECT_EQ(eval::shard_sample_count(eval::EvalShard{1, 2}, int64_t{1} << 60), int64_t{1} << 59);
 }
 
 std::string read_file(const fs::path& path) {
@@ -213,6 +225,17 @@ TEST(EvalMerge, RefusesMissingRepeatedUnfinishedAndForeignShards) {
   }
   testing::expect_run_fails_with_one_line(merge + dir("s1") + " " + dir("short") + " " + dir("s3"),
                                           "the shard did not finish");
+
+  // A config.json claiming an absurd sample count: one clear line, nothing allocated for it.
+  for (const char* name : {"huge1", "huge2", "huge3"}) {
+    const std::string from = std::string("s") + name[4];
+    fs::copy(tmp / from, tmp / name);
+    auto config = nlohmann::json::parse(read_file(tmp / name / "config.json"));
+    config["shard"]["samples"] = int64_t{1} << 62;
+    std::ofstream(tmp / name / "config.json", std::ios::binary) << config.dump();
+  }
+  testing::expect_run_fails_with_one_line(
+      merge + dir("huge1") + " " + dir("huge2") + " " + dir("huge3"), "the shard did not finish");
 
   // A shard of another run (another seed) and of another split.
   ASSERT_EQ(

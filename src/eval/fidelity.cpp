@@ -549,7 +549,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                            {"greedy", samples.front().continuation.empty()},
                            {"attention_metrics", options.attention_metrics}};
   const EvalShard& shard = options.shard;
-  PROTOKV_CHECK(!shard_sample_indices(shard, static_cast<int64_t>(samples.size())).empty(),
+  PROTOKV_CHECK(shard_sample_count(shard, static_cast<int64_t>(samples.size())) > 0,
                 "--shard {}: no sample falls to this shard ({} samples): use at most {} shards",
                 shard.to_string(), samples.size(), samples.size());
   if (shard.active()) header["shard"] = shard.to_string();
@@ -716,7 +716,7 @@ FidelityReport merge_fidelity_runs(const std::vector<std::string>& dirs,
       PROTOKV_CHECK(records.emplace(s, std::move(record)).second, "{}: sample {} twice", path, s);
       ++found;
     }
-    const auto expected = static_cast<int64_t>(shard_sample_indices(f.shard, samples).size());
+    const int64_t expected = shard_sample_count(f.shard, samples);
     PROTOKV_CHECK(found == expected,
                   "{}: {} of {} samples: the shard did not finish (resume it with --resume)", path,
                   found, expected);

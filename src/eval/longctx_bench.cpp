@@ -765,7 +765,7 @@ LongctxReport merge_longctx_runs(const std::vector<std::string>& dirs, const std
     // A whole run (no shard) states no sample count: its records say how many samples it has.
     int64_t shard_samples = 0;
     if (f.samples >= 0) {
-      shard_samples = static_cast<int64_t>(shard_sample_indices(f.shard, f.samples).size());
+      shard_samples = shard_sample_count(f.shard, f.samples);
     } else {
       for (const auto& [run, sample] : seen) shard_samples = std::max(shard_samples, sample + 1);
     }

@@ -32,10 +32,9 @@ EvalShard EvalShard::parse(std::string_view text) {
   return shard;
 }
 
-std::vector<int64_t> shard_sample_indices(const EvalShard& shard, int64_t total) {
-  std::vector<int64_t> indices;
-  for (int64_t k = shard.index - 1; k < total; k += shard.count) indices.push_back(k);
-  return indices;
+int64_t shard_sample_count(const EvalShard& shard, int64_t total) {
+  const int64_t first = shard.index - 1;
+  return total > first ? (total - first + shard.count - 1) / shard.count : 0;
 }
 
 ShardFolder read_shard_folder(const std::string& dir) {

@@ -23,8 +23,9 @@ struct EvalShard {
   static EvalShard parse(std::string_view text);
 };
 
-// The global indices of the samples `shard` takes out of `total`.
-std::vector<int64_t> shard_sample_indices(const EvalShard& shard, int64_t total);
+// How many of `total` samples `shard` holds (computed, nothing allocated: `total` may come from
+// a file).
+int64_t shard_sample_count(const EvalShard& shard, int64_t total);
 
 // A finished run's output folder as `protokv eval merge` reads it.
 struct ShardFolder {
