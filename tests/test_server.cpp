@@ -107,6 +107,11 @@ TEST(ServerRequest, BadFieldsAre400NamingTheField) {
       {{{"messages", user}, {"stop", {"a", "b", "c", "d", "e"}}}, true, "stop"},
       {{{"messages", user}, {"stop", ""}}, true, "stop"},
       {{{"messages", user}, {"stream", "yes"}}, true, "stream"},
+      // Fuzzing findings: a non-string part type and a non-boolean include_usage were type errors.
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", 5.9}, {"text", "Hi"}}}}}}}},
+       true,
+       "messages[0].content"},
+      {{{"messages", user}, {"stream_options", {{"include_usage", 3}}}}, true, "include_usage"},
       {{{"messages", user}, {"kv_compression", "snapkv"}}, true, "kv_compression"},
       {{{"messages", user}, {"kv_compression", {{"presss", "snapkv"}}}},
        true,

@@ -422,8 +422,6 @@ void add_run(FidelityRow& row, const RunMetrics& m, double ppl_full) {
   row.decode_ms_per_token.add(m.decode_ms_per_token);
 }
 
-// Adds one sample's record (one line of the results file, computed now or read back when
-// resuming) to the report: the same numbers either way, since doubles round-trip exactly.
 // The report's rows: press-major, budgets in the given order. `press_configs`: [{spec, config}].
 std::vector<FidelityRow> make_rows(const nlohmann::json& press_configs,
                                    const std::vector<int64_t>& budgets, int64_t n_layers) {
@@ -441,6 +439,8 @@ std::vector<FidelityRow> make_rows(const nlohmann::json& press_configs,
   return rows;
 }
 
+// Adds one sample's record (one line of the results file, computed now or read back when
+// resuming) to the report: the same numbers either way, since doubles round-trip exactly.
 void add_sample(FidelityReport& report, const nlohmann::json& record) {
   const auto& full = record.at("full");
   const double ppl_full = exact_double(full.at("ppl"));
@@ -571,7 +571,8 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
     jsonl = std::make_unique<ResultsFileWriter>(options.jsonl_path, header, options.resume);
 
   Progress progress("eval fidelity",
-                    static_cast<int64_t>(samples.size() * (1 + report.rows.size())),
+                    shard_sample_count(shard, static_cast<int64_t>(samples.size())) *
+                        static_cast<int64_t>(1 + report.rows.size()),
                     options.progress, options.progress_sink);
   nlohmann::json origins = nlohmann::json::array();
   for (size_t s = 0; s < samples.size(); ++s) {

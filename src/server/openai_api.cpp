@@ -79,7 +79,9 @@ std::string message_content(const nlohmann::json& content, const std::string& pa
   if (!content.is_array()) bad(param, "message content must be a string or an array of parts");
   std::string text;
   for (const auto& part : content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text"))
+    // Compared as JSON: a "type" that is not a string is refused, not a type error.
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+        !part.contains("text"))
       bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
     text += text_of(part["text"], param + ".text");
   }
@@ -236,7 +238,7 @@ CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat
   r.stream = boolean(body, "stream", false);
   if (const nlohmann::json* options = field(body, "stream_options")) {
     if (!options->is_object()) bad("stream_options", "'stream_options' must be an object");
-    r.include_usage = options->value("include_usage", false);
+    r.include_usage = boolean(*options, "include_usage", false);
   }
   r.compression = parse_compression(body);
   return r;
