@@ -40,6 +40,7 @@ struct SyntheticLayer : eval::SyntheticLayer {
     positions.resize(static_cast<size_t>(tokens));
     for (int64_t i = 0; i < tokens; ++i)
       positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    rope = kernels::make_rope_table(head_dim, spec.rope_theta, /*neox=*/false);
   }
 
   // eval::make_synthetic_layer's tensors (drifting keys, outlier channels, a sink, planted

@@ -16,6 +16,15 @@
 
 namespace protokv {
 
+// A layer's rotary embedding, for a press that models queries at positions not yet seen
+// (expected_attention): pair i of a head turns by position * inv_freq[i] radians; the pairs are
+// (2i, 2i + 1), or (i, i + rot_dims / 2) when neox; coordinates from rot_dims on do not turn.
+struct RopeView {
+  std::span<const double> inv_freq;  // [rot_dims / 2]; empty when the caller did not say
+  int rot_dims = 0;
+  bool neox = false;
+};
+
 // One layer's prefill tensors, all F32, keys and queries post-RoPE.
 struct LayerView {
   int layer = 0;
@@ -28,6 +37,7 @@ struct LayerView {
   const float* k = nullptr;            // [n_kv_heads, n_tokens, head_dim]
   const float* v = nullptr;            // [n_kv_heads, n_tokens, head_dim]
   const int32_t* positions = nullptr;  // [n_tokens] original token positions
+  RopeView rope;                       // how q and k were rotated (the engine always says)
 
   int group_size() const { return n_heads / n_kv_heads; }
   const float* q_head(int h) const { return q + static_cast<int64_t>(h) * n_tokens * head_dim; }

@@ -27,6 +27,7 @@ _CLASS_NAMES = {
     "pyramidkv": "PyramidKV",
     "adakv": "AdaKV",
     "knorm": "Knorm",
+    "expected_attention": "ExpectedAttention",
     "protokv": "ProtoKV",
     "clusterkv": "ClusterKV",
     "chelsea": "Chelsea",

@@ -162,6 +162,7 @@ LayerView SyntheticLayer::view(int layer, int n_layers) const {
   view.k = k.data();
   view.v = v.data();
   view.positions = positions.data();
+  view.rope = {rope.inv_freq, rope.rot_dims, rope.neox};
   return view;
 }
 
@@ -183,6 +184,7 @@ SyntheticLayer make_synthetic_layer(const SyntheticLayerSpec& spec) {
   out.v.resize(static_cast<size_t>(spec.n_kv_heads * n * d));
   out.positions.resize(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) out.positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  out.rope = kernels::make_rope_table(spec.head_dim, spec.rope_theta, /*neox=*/false);
 
   constexpr int kClusters = 3;
   constexpr int kClusterSize = 6;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "protokv/model.h"
 #include "protokv/press.h"
 
@@ -75,6 +76,7 @@ struct SyntheticLayer {
   std::vector<float> k;            // [n_kv_heads, n_tokens, head_dim]
   std::vector<float> v;            // [n_kv_heads, n_tokens, head_dim]
   std::vector<int32_t> positions;  // [n_tokens] = 0..n-1
+  kernels::RopeTable rope;         // the rotation q and k were given (adjacent pairs)
 
   LayerView view(int layer, int n_layers) const;
 };

@@ -139,8 +139,7 @@ void Session::Impl::attention_inputs(int layer, int64_t n, const int32_t* positi
     kernels::rmsnorm_rows(b.k.data(), b.k.data(), lw.attn_k_norm, n * config.n_kv_heads, hd,
                           config.norm_eps);
   }
-  // Local (sliding-window) layers have their own RoPE base (Gemma 3).
-  const kernels::RopeTable& table = config.is_local_layer(layer) ? rope_local : rope;
+  const kernels::RopeTable& table = rope_of(layer);
   rope_rows_parallel(b.q.data(), n, config.n_heads, positions, table);
   rope_rows_parallel(b.k.data(), n, config.n_kv_heads, positions, table);
   // A query scale other than 1/sqrt(head_dim) (Gemma 3 27B) is folded into the queries, so that

@@ -101,6 +101,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       view.k = k_heads.data();
       view.v = v_heads.data();
       view.positions = positions.data();
+      view.rope = rope_view(l);
       const Timer compress_timer;
       press->compress_prefill(view, layer_cache);
       stats.compress_ms += compress_timer.ms();
@@ -258,6 +259,7 @@ void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>
     view.k = k_heads.data();
     view.v = v_heads.data();
     view.positions = positions.data();
+    view.rope = rope_view(l);
     const Timer compress_timer;
     press->compress_prefill(view, layer_cache);
     stats.compress_ms += compress_timer.ms();

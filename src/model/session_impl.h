@@ -140,6 +140,15 @@ struct Session::Impl {
   SessionOptions options;
   kernels::RopeTable rope;        // built once, for every step of every sequence of this Session
   kernels::RopeTable rope_local;  // the local (sliding-window) layers' table (Gemma 3)
+  // Layer l's table: local (sliding-window) layers have their own RoPE base (Gemma 3).
+  const kernels::RopeTable& rope_of(int layer) const {
+    return config.is_local_layer(layer) ? rope_local : rope;
+  }
+  // The same table as a press sees it (LayerView::rope).
+  RopeView rope_view(int layer) const {
+    const kernels::RopeTable& table = rope_of(layer);
+    return {table.inv_freq, table.rot_dims, table.neox};
+  }
   KvCache cache;
   // The layers the press compresses, which it numbers 0 .. press_layers.size() - 1: every layer,
   // or only the global ones of a model with sliding-window layers (whose caches are already

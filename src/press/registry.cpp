@@ -9,6 +9,7 @@
 #include "press/chelsea.h"
 #include "press/clusterkv.h"
 #include "press/entry.h"
+#include "press/expected_attention.h"
 #include "press/full.h"
 #include "press/h2o.h"
 #include "press/knorm.h"
@@ -27,9 +28,9 @@ namespace press {
 std::span<const PressEntry* const> press_table() {
   // Display order. A new press adds its entry here (and nowhere else).
   static constexpr std::array kTable = {
-      &kFullEntry,      &kStreamingLlmEntry, &kH2oEntry,   &kSnapKvEntry,
-      &kPyramidKvEntry, &kAdaKvEntry,        &kKnormEntry, &kProtoKvEntry,
-      &kClusterKvEntry, &kChelseaEntry,      &kPodEntry,
+      &kFullEntry,      &kStreamingLlmEntry, &kH2oEntry,     &kSnapKvEntry,
+      &kPyramidKvEntry, &kAdaKvEntry,        &kKnormEntry,   &kExpectedAttentionEntry,
+      &kProtoKvEntry,   &kClusterKvEntry,    &kChelseaEntry, &kPodEntry,
   };
   return kTable;
 }
