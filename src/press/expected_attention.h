@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Expected Attention (Devoto, Jeblick and Jégou, "Expected Attention: KV Cache Compression by Estimating
-// Attention from Future Queries Distribution"), as kvpress's ExpectedAttentionPress: the queries
-// still to come are modelled as a Gaussian whose mean and covariance are those of the prompt's
-// pre-RoPE queries, rotated by the RoPE matrix averaged over the next `future` positions; a key's
-// expected (unnormalised) attention is then E[exp(q.k / sqrt(d))] = exp(mu.k / sqrt(d) +
+// Expected Attention (Devoto, Jeblick and Jégou, "Expected Attention: KV Cache Compression by
+// Estimating Attention from Future Queries Distribution"), as kvpress's ExpectedAttentionPress: the
+// queries still to come are modelled as a Gaussian whose mean and covariance are those of the
+// prompt's pre-RoPE queries, rotated by the RoPE matrix averaged over the next `future` positions;
+// a key's expected (unnormalised) attention is then E[exp(q.k / sqrt(d))] = exp(mu.k / sqrt(d) +
 // k^T Sigma k / (2d)), softmax-normalised over the keys, averaged over the query heads of the
 // KV head and multiplied by the value's norm. Query-agnostic: nothing of the question is seen.
 #include <nlohmann/json.hpp>
