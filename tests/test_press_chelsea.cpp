@@ -305,7 +305,8 @@ TEST(Chelsea, OutlierHeadsKeepTheirFullCache) {
     for (int c = 0; c < 8; ++c) layer.key(0, t)[c] = 1.0f + 0.01f * layer.key(1, t)[c];
   {
     // Measured on the prompt: half the heads -> one of layer 0's two heads, the random one.
-    auto press = make_press("chelsea:sinks=4,recent=8,outliers=0.5");
+    // reallocate=0: the other head keeps B whatever the outlier holds.
+    auto press = make_press("chelsea:sinks=4,recent=8,outliers=0.5,reallocate=0");
     press->begin(layer.info(), testing::entries(40));
     LayerCache cache = layer.empty_cache();
     press->compress_prefill(layer.view(), cache);
@@ -322,6 +323,7 @@ TEST(Chelsea, OutlierHeadsKeepTheirFullCache) {
     ChelseaOptions options;
     options.layout = {.sinks = 4, .recent = 8, .chunk = 256};
     options.outlier_heads = std::vector<std::vector<uint8_t>>{{1, 0}};
+    options.reallocate = false;
     ChelseaPress press(options);
     press.begin(layer.info(), testing::entries(40));
     LayerCache cache = layer.empty_cache();
@@ -336,6 +338,35 @@ TEST(Chelsea, OutlierHeadsKeepTheirFullCache) {
     ChelseaPress wrong(options);
     EXPECT_THROW(wrong.begin(layer.info(), testing::entries(40)), Error);
   }
+}
+
+// Chelsea App. C.2: "we reallocate the budget between layers and heads to keep the total budget
+// consistent across all methods": the outlier head's full cache comes out of the other's budget.
+TEST(Chelsea, ReallocationPaysTheOutlierHeadsFullCacheFromTheOtherHeads) {
+  constexpr int64_t kTokens = 200;
+  SyntheticLayer layer(kTokens, 4, 2, 8);
+  layer.fill_random(4);
+  auto press = make_press("chelsea:sinks=4,recent=8,outliers=0.5");
+  EXPECT_EQ(press->config()["reallocate"], true);
+  // Two heads at B = 150 hold 300 entries: the outlier 200, the other 100.
+  press->begin(layer.info(), testing::entries(150));
+  LayerCache cache = layer.empty_cache();
+  press->compress_prefill(layer.view(), cache);
+  auto& chelsea = dynamic_cast<ChelseaPress&>(*press);
+  const int outlier = chelsea.is_outlier(0, 0) ? 0 : 1;
+  ASSERT_TRUE(chelsea.is_outlier(0, outlier));
+  EXPECT_EQ(cache.heads[static_cast<size_t>(outlier)].size(), kTokens);
+  EXPECT_EQ(cache.heads[static_cast<size_t>(1 - outlier)].size(), 100);
+  // B = 100 leaves nothing for the other head: refused, naming the smallest budget that works,
+  // ceil((200 + 13) / 2) = 107 (13 = sinks + recent + 1).
+  try {
+    press->begin(layer.info(), testing::entries(100));
+    FAIL() << "a budget that leaves the other head nothing was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a budget of at least 107"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(press->begin(layer.info(), testing::entries(107)));
 }
 
 TEST(Chelsea, OutlierQuotaAcrossLayersMatchesTheGlobalFraction) {

@@ -147,6 +147,9 @@ class Session {
   // diagnostics, decode-time statistics); null without a press, before prefill and after reset().
   const Press* press() const;
   void set_observer(DecodeObserver* observer);
+  // The budget of the next prefill (SessionOptions::budget): an equal-memory evaluation solves
+  // one per prompt (eval/memory_share.h). Throws Error for an invalid budget.
+  void set_budget(const Budget& budget);
   void reset();
 
  private:

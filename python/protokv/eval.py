@@ -106,7 +106,8 @@ def fidelity(model: Any, text: str, presses: Sequence[Union[str, Press]],
 
 
 def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
-             ratios: Sequence[float], alloc: str, mode: str, reference: str, limit: int,
+             ratios: Sequence[float], memory_shares: Sequence[float], alloc: str, mode: str,
+             reference: str, limit: int,
              out: Optional[Union[str, os.PathLike]], resume: bool, share_prefill: bool,
              batch_decode: bool, shard: str, progress: ProgressArg,
              call: Callable[[Dict[str, Any]], Tuple[Dict[str, Any], str]]) -> Dict[str, Any]:
@@ -122,7 +123,8 @@ def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
     def run(on: bool, callback: Any) -> Dict[str, Any]:
         results, _text = call({
             "presses": engine_presses, "budgets": [int(b) for b in budgets],
-            "ratios": [float(r) for r in ratios], "alloc": alloc, "mode": mode,
+            "ratios": [float(r) for r in ratios],
+            "memory_shares": [float(m) for m in memory_shares], "alloc": alloc, "mode": mode,
             "reference": reference, "limit": int(limit),
             "out": os.fspath(out) if out is not None else "", "resume": bool(resume),
             "share_prefill": bool(share_prefill), "batch_decode": bool(batch_decode),
@@ -136,8 +138,10 @@ def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
 _LONGCTX_DOC = """
     Common arguments (as the CLI's flags): ``presses`` are press specs (``"snapkv:window=8"``),
     ``protokv.presses`` objects or presses written in Python (``ScorerPress`` subclasses), each
-    run at every ``budgets`` entry (KV entries per head) and every ``ratios`` share of the
-    prompt; ``"full"`` is the uncompressed reference. ``alloc`` is the allocator of the spec
+    run at every ``budgets`` entry (KV entries per head), every ``ratios`` share of the
+    prompt and every ``kv_memory_shares`` share of the full cache's KV bytes (equal memory: each
+    sample's budget solved per press so that it stores that share; runs labelled
+    ``press@mS``); ``"full"`` is the uncompressed reference. ``alloc`` is the allocator of the spec
     presses; ``mode`` is ``"query-aware"`` (the question is compressed with the context) or
     ``"query-agnostic"`` (context compressed first, question appended after); ``reference``
     labels the run the others are paired against; ``limit`` keeps the first N samples (0: all);
@@ -151,8 +155,8 @@ _LONGCTX_DOC = """
 
 
 def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[int] = (),
-         ratios: Sequence[float] = (), *, lengths: Sequence[int] = (),
-         depths: Sequence[float] = (), samples: int = 1, max_new_tokens: int = 16,
+         ratios: Sequence[float] = (), *, kv_memory_shares: Sequence[float] = (),
+         lengths: Sequence[int] = (), depths: Sequence[float] = (), samples: int = 1, max_new_tokens: int = 16,
          needle: str = "The special magic number for {key} is {value}.",
          question: str = ("\nWhat is the special magic number for {key}? "
                           "The special magic number for {key} is"),
@@ -169,7 +173,8 @@ def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[
     The result has ``summary``, ``cells`` (accuracy per length and depth, per run) and
     ``per_length_paired``; with ``out``, one heat-map SVG per run.
     """
-    return _longctx("niah", presses, budgets, ratios, alloc, mode, reference, limit, out, resume,
+    return _longctx("niah", presses, budgets, ratios, kv_memory_shares, alloc, mode, reference,
+                    limit, out, resume,
                     share_prefill, batch_decode, shard, progress, lambda run: _core.eval_niah(
                         model._model, run, [int(x) for x in lengths],
                         [float(x) for x in depths], needle, question, int(max_new_tokens),
@@ -177,7 +182,8 @@ def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[
 
 
 def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[int] = (),
-          ratios: Sequence[float] = (), *, tasks: Sequence[str] = (),
+          ratios: Sequence[float] = (), *, kv_memory_shares: Sequence[float] = (),
+          tasks: Sequence[str] = (),
           lengths: Sequence[int] = (), samples: int = 4, haystack: str = "", squad: str = "",
           hotpotqa: str = "", seed: int = 42, alloc: str = "", mode: str = "query-aware",
           reference: str = "full", limit: int = 0,
@@ -191,7 +197,8 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
     Paul Graham's essays; default: repeated noise). The result has ``summary``, ``per_task``,
     ``per_task_paired`` (and ``per_length`` with several lengths).
     """
-    return _longctx("ruler", presses, budgets, ratios, alloc, mode, reference, limit, out, resume,
+    return _longctx("ruler", presses, budgets, ratios, kv_memory_shares, alloc, mode, reference,
+                    limit, out, resume,
                     share_prefill, batch_decode, shard, progress, lambda run: _core.eval_ruler(
                         model._model, run, list(tasks), [int(x) for x in lengths], int(samples),
                         haystack, os.fspath(squad), os.fspath(hotpotqa), int(seed)))
@@ -199,7 +206,7 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
 
 def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[PressArg] = ("full",),
               budgets: Sequence[int] = (), ratios: Sequence[float] = (), *,
-              datasets: Sequence[str] = (), e: bool = False, max_length: int = 0,
+              kv_memory_shares: Sequence[float] = (), datasets: Sequence[str] = (), e: bool = False, max_length: int = 0,
               alloc: str = "", mode: str = "query-aware", reference: str = "full",
               limit: int = 0, out: Optional[Union[str, os.PathLike]] = None,
               resume: bool = False, share_prefill: bool = False, batch_decode: bool = False,
@@ -210,7 +217,8 @@ def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[Press
     to ``max_length`` tokens (0: a prompt beyond the context is an error). The result has
     ``summary``, ``per_dataset`` (and ``per_dataset_length`` for -E).
     """
-    return _longctx("longbench", presses, budgets, ratios, alloc, mode, reference, limit, out,
+    return _longctx("longbench", presses, budgets, ratios, kv_memory_shares, alloc, mode,
+                    reference, limit, out,
                     resume, share_prefill, batch_decode, shard, progress,
                     lambda run: _core.eval_longbench(
                         model._model, run, os.fspath(data), list(datasets), bool(e),

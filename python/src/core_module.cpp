@@ -516,6 +516,7 @@ eval::LongctxBenchmarkRun longctx_run(const nb::dict& args) {
                 "mode must be query-aware or query-agnostic, got '{}'", mode);
   const auto budgets = nb::cast<std::vector<int64_t>>(get("budgets"));
   const auto ratios = nb::cast<std::vector<double>>(get("ratios"));
+  const auto memory_shares = nb::cast<std::vector<double>>(get("memory_shares"));
   for (int64_t b : budgets) PROTOKV_CHECK(b > 0, "budgets must be > 0, got {}", b);
   for (double r : ratios) PROTOKV_CHECK(r > 0.0 && r <= 1.0, "ratios must be in (0, 1], got {}", r);
   // Press names for the run labels; a Python press is attached to its runs after.
@@ -535,7 +536,7 @@ eval::LongctxBenchmarkRun longctx_run(const nb::dict& args) {
     names.push_back(name);
   }
   eval::LongctxBenchmarkRun run;
-  run.options.runs = eval::make_run_specs(names, budgets, ratios);
+  run.options.runs = eval::make_run_specs(names, budgets, ratios, memory_shares);
   for (auto& spec : run.options.runs)
     for (const auto& [name, object] : objects)
       if (spec.press == name) spec.press_object = object;

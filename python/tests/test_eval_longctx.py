@@ -213,3 +213,21 @@ def test_shards_merge_to_the_report_of_one_run(recall, tmp_path):
         protokv.eval.merge(tmp_path / "s1")
     with pytest.raises(protokv.Error, match="is not I/N"):
         protokv.eval.niah(recall, shard="3/2", **args)
+
+
+def test_equal_memory_runs_store_the_asked_share(recall):
+    # pod with delta=0 keeps every value and layer 0's keys (3/4 of the recall model's cache):
+    # its solved budget is far below 0.9 x the prompt, snapkv's is 0.9 x the prompt.
+    out = protokv.eval.niah(recall, ["full", "snapkv", "pod:delta=0"], kv_memory_shares=[0.9],
+                            lengths=[256], depths=[0, 100], progress=False)
+    full, snapkv, pod = out["summary"]
+    assert (snapkv["run"], pod["run"]) == ("snapkv@m0.9", "pod:delta=0@m0.9")
+    assert abs(full["stored_share"] - 1.0) < 1e-9
+    for run in (snapkv, pod):
+        assert run["scored"] == 2 and run["skipped"] == 0
+        assert 0.85 < run["stored_share"] <= 0.9 + 1e-9
+    # clusterkv stores every entry: the share is out of reach, the sample skipped with the reason.
+    out = protokv.eval.niah(recall, ["clusterkv"], kv_memory_shares=[0.5], lengths=[256],
+                            depths=[0], progress=False)
+    assert out["summary"][0]["skipped"] == 1
+    assert "out of reach" in out["skipped"][0]["error"]

@@ -24,6 +24,7 @@ struct LongctxArgs {
   std::vector<std::string> presses = {"full"};
   std::string budgets;
   std::string ratios;
+  std::string memory_shares;
   std::string alloc;
   std::string mode = "query-aware";
   std::string reference = "full";
@@ -47,6 +48,11 @@ void add_longctx_options(CLI::App& cmd, LongctxArgs& args) {
   cmd.add_option("--budget", args.budgets, "comma-separated budgets (KV entries per head)");
   cmd.add_option("--ratio", args.ratios,
                  "comma-separated kept shares of the prompt in (0, 1], e.g. 0.016,0.1");
+  cmd.add_option("--kv-memory-share", args.memory_shares,
+                 "comma-separated shares in (0, 1] of the full cache's KV bytes: each sample's "
+                 "budget is solved per press so that it STORES that share (equal memory across "
+                 "presses; clusterkv, which stores everything, cannot reach one below 1; "
+                 "docs/longcontext.md)");
   cmd.add_option("--alloc", args.alloc, "budget allocator: uniform|pyramid|adakv");
   cmd.add_option("--mode", args.mode,
                  "query-aware (question compressed with the context) or query-agnostic "
@@ -90,11 +96,15 @@ eval::LongctxBenchmarkRun make_run(const LongctxArgs& args) {
                                            : eval::parse_positive_list(args.budgets, "--budget");
   const std::vector<double> ratios =
       args.ratios.empty() ? std::vector<double>{} : eval::parse_ratio_list(args.ratios, "--ratio");
+  const std::vector<double> memory_shares =
+      args.memory_shares.empty() ? std::vector<double>{}
+                                 : eval::parse_ratio_list(args.memory_shares, "--kv-memory-share");
   const std::vector<std::string> presses = eval::split_press_specs(args.presses);
   for (const auto& press : presses)
-    PROTOKV_CHECK(press == "full" || !budgets.empty() || !ratios.empty(),
-                  "press {} needs --budget N[,N...] or --ratio R[,R...]", press);
-  run.options.runs = eval::make_run_specs(presses, budgets, ratios);
+    PROTOKV_CHECK(
+        press == "full" || !budgets.empty() || !ratios.empty() || !memory_shares.empty(),
+        "press {} needs --budget N[,N...], --ratio R[,R...] or --kv-memory-share S[,S...]", press);
+  run.options.runs = eval::make_run_specs(presses, budgets, ratios, memory_shares);
   run.options.alloc = args.alloc;
   run.options.query_agnostic = args.mode == "query-agnostic";
   run.options.reference = args.reference;

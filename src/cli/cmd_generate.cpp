@@ -11,6 +11,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "eval/memory_share.h"
 #include "io/npy.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
@@ -27,6 +28,7 @@ namespace {
 struct GenerateArgs {
   ModelOptions model;
   PressOptions press;
+  double memory_share = 0.0;  // --kv-memory-share: solve the budget per prompt (0: off)
   SamplerOptions sampler;
   std::string prompt;
   std::string prompt_file;
@@ -67,7 +69,18 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   PROTOKV_CHECK(!o.kv_positions || o.json, "--kv-positions needs --json");
   check_ubatch(o.ubatch);
   Sampler sampler(o.sampler);  // validates the sampler options
-  PressSetup setup = make_press_setup(o.press);
+  PressOptions press_options = o.press;
+  if (o.memory_share != 0.0) {
+    PROTOKV_CHECK(o.memory_share > 0.0 && o.memory_share <= 1.0,
+                  "--kv-memory-share must be in (0, 1], got {}", o.memory_share);
+    PROTOKV_CHECK(o.press.budget == 0 && o.press.ratio == 0.0,
+                  "give either --kv-memory-share or --budget/--ratio, not both");
+    PROTOKV_CHECK(!o.compress_local_layers,
+                  "--kv-memory-share solves the budget of the global layers' press: not with "
+                  "--compress-local-layers");
+    press_options.ratio = o.memory_share;  // validates the press; the solved budget replaces it
+  }
+  PressSetup setup = make_press_setup(press_options);
   std::string context = context_text(o, cmd);
   if (!o.logits_out.empty()) {  // fail before generating, not after
     FILE* probe = std::fopen(o.logits_out.c_str(), "wb");
@@ -98,6 +111,21 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   // compressed, then the prompt as the press keeps it, the question and every generated token,
   // never more than the context) is checked now, not met by an OOM kill far into the run.
   const auto prompt_tokens = static_cast<int64_t>(input.prefill.size());
+  if (o.memory_share > 0.0) {
+    std::shared_ptr<const PrefilledPrompt> prefilled;  // only for trial compressions
+    const eval::MemoryShareBudget solved = eval::solve_memory_share(
+        model.weights, setup.press, prompt_tokens,
+        [&]() -> const PrefilledPrompt& {
+          prefilled = PrefilledPrompt::make(model.weights, input.prefill, o.ubatch);
+          return *prefilled;
+        },
+        o.memory_share);
+    setup.budget = Budget{};
+    setup.budget.entries = solved.entries;
+    std::fprintf(stderr, "--kv-memory-share %g: budget %lld entries per KV head (%s)\n",
+                 o.memory_share, static_cast<long long>(solved.entries),
+                 solved.probed ? "solved from two trial compressions" : "share x prompt tokens");
+  }
   const int64_t kept =
       setup.press ? std::min(prompt_tokens, setup.budget.resolve(prompt_tokens)) : prompt_tokens;
   const int64_t held = std::min<int64_t>(
@@ -156,6 +184,7 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     config_json["max_new_tokens"] = o.n_predict;
     config_json["stop_at_eos"] = !o.ignore_eos;
     if (o.ubatch > 0) config_json["ubatch"] = o.ubatch;
+    if (o.memory_share > 0.0) config_json["kv_memory_share"] = o.memory_share;
     if (model.weights.config.has_local_layers())
       config_json["compress_local_layers"] = o.compress_local_layers;
     nlohmann::json out;
@@ -176,6 +205,9 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     out["kv_bytes_after_prefill"] = prefill.kv_bytes;
     out["kv_bytes_peak_prefill"] = prefill.peak_kv_bytes;
     out["kv_bytes_end"] = kv_end;
+    // What the full cache would hold after the prompt: kv_bytes_after_prefill over it is the
+    // stored share (--kv-memory-share's target).
+    out["kv_bytes_full"] = full_kv_bytes(model.weights.config, prompt_tokens);
     // What the last decode step's attention read (less than stored with a recall press).
     out["kv_bytes_attended_last_step"] =
         decode_steps > 0 ? nlohmann::json(session.prefill_stats().decode_attended_kv_bytes)
@@ -207,10 +239,13 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   if (decode_steps > 0)
     summary +=
         fmt::format(", decode {:.3f} ms/token ({:.1f} tok/s)", ms_per_token, 1000.0 / ms_per_token);
-  summary += fmt::format(" | KV {} after prefill (peak {}), {} at end | {} threads",
-                         format_bytes(static_cast<double>(prefill.kv_bytes), 2),
-                         format_bytes(static_cast<double>(prefill.peak_kv_bytes), 2),
-                         format_bytes(static_cast<double>(kv_end), 2), num_threads());
+  const auto full_bytes = static_cast<double>(full_kv_bytes(model.weights.config, prompt_tokens));
+  summary +=
+      fmt::format(" | KV {} after prefill ({:.1f}% of full, peak {}), {} at end | {} threads",
+                  format_bytes(static_cast<double>(prefill.kv_bytes), 2),
+                  full_bytes > 0 ? 100.0 * static_cast<double>(prefill.kv_bytes) / full_bytes : 0.0,
+                  format_bytes(static_cast<double>(prefill.peak_kv_bytes), 2),
+                  format_bytes(static_cast<double>(kv_end), 2), num_threads());
   if (decode_steps > 0 && session.prefill_stats().decode_attended_kv_bytes < kv_end)
     summary += fmt::format(
         " | attended {} per step (recall)",
@@ -239,6 +274,12 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   add_sampler_options(*cmd, options->sampler);
   add_press_options(*cmd, options->press);
+  cmd->add_option("--kv-memory-share", options->memory_share,
+                  "instead of --budget/--ratio: the budget at which the press STORES this share "
+                  "in (0, 1] of the full cache's KV bytes after the prompt, solved for this "
+                  "prompt (equal memory across presses: clusterkv stores everything, pod every "
+                  "value, chelsea's outlier heads and Gemma 3's local layers what B does not "
+                  "bound)");
   add_ubatch_option(*cmd, options->ubatch);
   cmd->add_flag("--compress-local-layers", options->compress_local_layers,
                 "Models with sliding-window layers (Gemma 3): the press also compresses the "

@@ -89,11 +89,17 @@ std::string summary_table(const std::vector<LongctxSummary>& summaries,
   table.add_column("skipped");
   table.add_column("compress ms");
   table.add_column("KV at answer");
+  table.add_column("stored share");
+  table.add_column("attended share");
   table.add_column("prefill peak KV");
+  auto share = [](double x) {
+    return std::isnan(x) ? std::string("-") : fmt::format("{:.1f}%", 100.0 * x);
+  };
   for (const auto& s : summaries)
     table.add_row({s.run, s.scored > 0 ? fmt::format("{:.1f}", 100.0 * s.mean_score) : "-",
                    format_diff(s), std::to_string(s.scored), std::to_string(s.skipped),
                    fmt::format("{:.2f}", s.compress_ms), format_bytes(s.kv_bytes, 2),
+                   share(s.stored_share), share(s.attended_share),
                    format_bytes(s.peak_kv_bytes, 2)});
   return table.render();
 }

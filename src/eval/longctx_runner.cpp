@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "eval/memory_share.h"
 #include "eval/progress.h"
 #include "eval/results_file.h"
 #include "protokv/engine.h"
@@ -29,6 +30,7 @@
 namespace protokv::eval {
 
 std::string LongctxRunSpec::label() const {
+  if (memory_share > 0.0) return fmt::format("{}@m{:g}", press, memory_share);
   if (!budget.is_set()) return press;
   if (budget.entries > 0) return fmt::format("{}@{}", press, budget.entries);
   return fmt::format("{}@r{:g}", press, budget.ratio);
@@ -36,13 +38,17 @@ std::string LongctxRunSpec::label() const {
 
 std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& presses,
                                            const std::vector<int64_t>& budgets,
-                                           const std::vector<double>& ratios) {
+                                           const std::vector<double>& ratios,
+                                           const std::vector<double>& memory_shares) {
   PROTOKV_CHECK(!presses.empty(), "give at least one press");
   const size_t compressed = std::count_if(presses.begin(), presses.end(),
                                           [](const std::string& p) { return p != "full"; });
-  PROTOKV_CHECK(compressed * (budgets.size() + ratios.size()) <= limits::kMaxEvalRuns,
-                "{} presses x {} budgets is more than {} runs", compressed,
-                budgets.size() + ratios.size(), limits::kMaxEvalRuns);
+  const size_t per_press = budgets.size() + ratios.size() + memory_shares.size();
+  PROTOKV_CHECK(compressed * per_press <= limits::kMaxEvalRuns,
+                "{} presses x {} budgets is more than {} runs", compressed, per_press,
+                limits::kMaxEvalRuns);
+  for (double share : memory_shares)
+    PROTOKV_CHECK(share > 0.0 && share <= 1.0, "memory share {} outside (0, 1]", share);
   std::vector<LongctxRunSpec> runs;
   bool full_added = false;
   for (const auto& press : presses) {
@@ -52,8 +58,8 @@ std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& press
       full_added = true;
       continue;
     }
-    PROTOKV_CHECK(!budgets.empty() || !ratios.empty(),
-                  "press {} needs at least one budget or ratio", press);
+    PROTOKV_CHECK(per_press > 0, "press {} needs at least one budget, ratio or memory share",
+                  press);
     for (int64_t b : budgets) {
       LongctxRunSpec spec;
       spec.press = press;
@@ -64,6 +70,12 @@ std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& press
       LongctxRunSpec spec;
       spec.press = press;
       spec.budget.ratio = r;
+      runs.push_back(spec);
+    }
+    for (double share : memory_shares) {
+      LongctxRunSpec spec;
+      spec.press = press;
+      spec.memory_share = share;
       runs.push_back(spec);
     }
   }
@@ -89,6 +101,8 @@ nlohmann::json LongctxRecord::to_json() const {
   j["kv_bytes"] = kv_bytes;
   j["peak_kv_bytes"] = peak_kv_bytes;
   j["attended_kv_bytes"] = attended_kv_bytes;
+  if (full_kv_bytes > 0) j["full_kv_bytes"] = full_kv_bytes;
+  if (budget > 0) j["budget"] = budget;
   j["meta"] = meta;
   return j;
 }
@@ -109,6 +123,8 @@ LongctxRecord LongctxRecord::from_json(const nlohmann::json& j) {
   r.kv_bytes = j.value("kv_bytes", size_t{0});
   r.peak_kv_bytes = j.value("peak_kv_bytes", size_t{0});
   r.attended_kv_bytes = j.value("attended_kv_bytes", size_t{0});
+  r.full_kv_bytes = j.value("full_kv_bytes", size_t{0});
+  r.budget = j.value("budget", int64_t{0});
   r.meta = j.value("meta", nlohmann::json::object());
   r.resumed = true;
   return r;
@@ -128,6 +144,8 @@ nlohmann::json LongctxSummary::to_json() const {
   j["compress_ms"] = compress_ms;
   j["kv_bytes"] = kv_bytes;
   j["peak_kv_bytes"] = peak_kv_bytes;
+  if (!std::isnan(stored_share)) j["stored_share"] = stored_share;
+  if (!std::isnan(attended_share)) j["attended_share"] = attended_share;
   return j;
 }
 
@@ -149,6 +167,8 @@ std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
   for (const auto& label : labels) {
     LongctxSummary s;
     s.run = label;
+    double stored = 0.0, attended = 0.0;
+    int64_t n_stored = 0, n_attended = 0;
     for (const auto& r : records) {
       if (r.run != s.run || (filter && !filter(r))) continue;
       if (!r.error.empty()) {
@@ -161,7 +181,18 @@ std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
       s.kv_bytes += static_cast<double>(r.kv_bytes);
       s.peak_kv_bytes += static_cast<double>(r.peak_kv_bytes);
       scores[s.run][r.id] = r.score;
+      if (r.full_kv_bytes > 0) {
+        const auto full = static_cast<double>(r.full_kv_bytes);
+        stored += static_cast<double>(r.kv_bytes) / full;
+        ++n_stored;
+        if (r.attended_kv_bytes > 0) {
+          attended += static_cast<double>(r.attended_kv_bytes) / full;
+          ++n_attended;
+        }
+      }
     }
+    if (n_stored > 0) s.stored_share = stored / static_cast<double>(n_stored);
+    if (n_attended > 0) s.attended_share = attended / static_cast<double>(n_attended);
     if (s.scored > 0) {
       const double n = static_cast<double>(s.scored);
       s.mean_score /= n;
@@ -222,11 +253,14 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   // Presses are built up front so that a bad spec fails before any work.
   std::vector<std::shared_ptr<const PressSpec>> presses;
   for (const auto& spec : options.runs) {
-    if (!spec.budget.is_set()) {
+    if (!spec.compresses()) {
       presses.push_back(nullptr);
       continue;
     }
-    spec.budget.validate();
+    if (spec.memory_share > 0.0)
+      PROTOKV_CHECK(spec.memory_share <= 1.0, "memory share {} outside (0, 1]", spec.memory_share);
+    else
+      spec.budget.validate();
     if (spec.press_object != nullptr) {
       PROTOKV_CHECK(options.alloc.empty(),
                     "press {} carries its own allocator: give it there, not alloc '{}'", spec.press,
@@ -285,11 +319,12 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
              static_cast<int64_t>(a.generated.size()) >= max_new_tokens;
   };
   // Prefill (its own, or from the sample's shared prompt), the question, the first token.
-  auto begin_answer = [&](const std::string& label, Session& session, const LongctxSample& sample,
+  auto begin_answer = [&](size_t run_index, Session& session, const LongctxSample& sample,
                           const PrefilledPrompt* shared) {
     Answer a;
     LongctxRecord& rec = a.rec;
-    rec.run = label;
+    const LongctxRunSpec& spec = options.runs[run_index];
+    rec.run = spec.label();
     rec.id = sample.id;
     rec.sample = index_of(sample);
     rec.meta = sample.meta;
@@ -301,16 +336,30 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
       PROTOKV_CHECK(need <= context_length,
                     "prompt {} + {} new tokens exceeds the model's context of {} tokens",
                     rec.prompt_tokens, sample.max_new_tokens, context_length);
+      rec.full_kv_bytes = full_kv_bytes(weights.config, rec.prompt_tokens);
       session.reset();
-      std::span<const float> logits;
-      if (shared != nullptr) {
-        logits = session.prefill(*shared);
-      } else {
-        std::vector<int32_t> prefill = sample.context;
-        if (!options.query_agnostic)
-          prefill.insert(prefill.end(), sample.question.begin(), sample.question.end());
-        logits = session.prefill(prefill);
+      std::vector<int32_t> prefill = sample.context;
+      if (!options.query_agnostic)
+        prefill.insert(prefill.end(), sample.question.begin(), sample.question.end());
+      std::shared_ptr<const PrefilledPrompt> own;  // a memory share's trial compressions need one
+      if (spec.memory_share > 0.0) {
+        auto prompt = [&]() -> const PrefilledPrompt& {
+          if (shared == nullptr) {
+            own = PrefilledPrompt::make(weights, prefill);
+            shared = own.get();
+          }
+          return *shared;
+        };
+        const MemoryShareBudget solved =
+            solve_memory_share(weights, presses[run_index], static_cast<int64_t>(prefill.size()),
+                               prompt, spec.memory_share);
+        Budget budget;
+        budget.entries = solved.entries;
+        session.set_budget(budget);
+        rec.budget = solved.entries;
       }
+      std::span<const float> logits =
+          shared != nullptr ? session.prefill(*shared) : session.prefill(prefill);
       const PrefillStats stats = session.prefill_stats();
       rec.compress_ms = stats.compress_ms;
       rec.prefill_ms = stats.prefill_ms;
@@ -406,7 +455,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
             shared = PrefilledPrompt::make(weights, prompt);
         }
         Session& session = *sessions[run_index];
-        Answer a = begin_answer(options.runs[run_index].label(), session, sample, shared.get());
+        Answer a = begin_answer(run_index, session, sample, shared.get());
         if (!options.batch_decode) {
           answer_alone(a, session, sample.max_new_tokens);
           by_run[run_index].push_back(finish_answer(a, session, sample));
@@ -445,7 +494,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
       for (const auto& sample : samples) {
         if (resumed(run_index, sample)) continue;
         Session& session = *sessions[run_index];
-        Answer a = begin_answer(options.runs[run_index].label(), session, sample, nullptr);
+        Answer a = begin_answer(run_index, session, sample, nullptr);
         answer_alone(a, session, sample.max_new_tokens);
         by_run[run_index].push_back(finish_answer(a, session, sample));
       }

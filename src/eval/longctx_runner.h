@@ -16,6 +16,7 @@
 // One question per sample: the engine has no cache snapshot, so several questions on one
 // compressed context would need a re-prefill each anyway (RULER's multi-query task asks its
 // queries in one prompt, as the original does).
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,18 +58,23 @@ using LongctxScorer = std::function<double(const LongctxSample&, const std::stri
 struct LongctxRunSpec {
   std::string press = "full";
   Budget budget;
+  // In (0, 1]: instead of a budget, each sample's budget is solved so that the press stores this
+  // share of the full cache's KV bytes (eval/memory_share.h; --kv-memory-share).
+  double memory_share = 0.0;
   // Set: the press itself (one written in Python, say), `press` its name in labels; it carries
   // its own allocator, so LongctxOptions::alloc must then be empty.
   std::shared_ptr<const PressSpec> press_object;
-  std::string label() const;  // "full", "snapkv@64", "snapkv@r0.25"
+  std::string label() const;  // "full", "snapkv@64", "snapkv@r0.25", "snapkv@m0.06"
+  bool compresses() const { return budget.is_set() || memory_share > 0.0; }
 };
 
-// "full,snapkv" x budgets "64,128" (or ratios "0.1,0.25") -> runs; full appears once (no budget).
-// Throws Error for a run given twice (labels key the records) or more than
-// limits::kMaxEvalRuns runs.
+// "full,snapkv" x budgets "64,128" (or ratios "0.1,0.25", or memory shares "0.06,0.25") -> runs;
+// full appears once (no budget). Throws Error for a run given twice (labels key the records), a
+// memory share outside (0, 1] or more than limits::kMaxEvalRuns runs.
 std::vector<LongctxRunSpec> make_run_specs(const std::vector<std::string>& presses,
                                            const std::vector<int64_t>& budgets,
-                                           const std::vector<double>& ratios);
+                                           const std::vector<double>& ratios,
+                                           const std::vector<double>& memory_shares = {});
 
 struct LongctxOptions {
   std::vector<LongctxRunSpec> runs;
@@ -111,6 +117,10 @@ struct LongctxRecord {
   // What the last decode step's attention read (PrefillStats::decode_attended_kv_bytes): below
   // kv_bytes for a recall press (clusterkv); 0 when no decode step ran.
   size_t attended_kv_bytes = 0;
+  // What the full cache holds for the prompt (full_kv_bytes): kv_bytes and attended_kv_bytes
+  // over it are the stored and attended shares; 0 in records written before it was kept.
+  size_t full_kv_bytes = 0;
+  int64_t budget = 0;      // the solved budget of a memory-share run, else 0
   double decode_ms = 0.0;  // question feeding + generation
   nlohmann::json meta;
   bool resumed = false;
@@ -133,6 +143,10 @@ struct LongctxSummary {
   double compress_ms = 0.0;  // mean per scored sample
   double kv_bytes = 0.0;     // mean per scored sample
   double peak_kv_bytes = 0.0;
+  // Means of kv_bytes / full_kv_bytes and attended_kv_bytes / full_kv_bytes over the scored
+  // records that know full_kv_bytes (the attended share of records that decoded); NaN if none.
+  double stored_share = NAN;
+  double attended_share = NAN;
   nlohmann::json to_json() const;
 };
 

@@ -74,18 +74,34 @@ int64_t ModelWeights::parameter_count() const {
   return total;
 }
 
-uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens) {
-  // Per entry and KV head: key and value rows, a position (int32) and a log-weight (float).
-  const uint64_t entry_bytes =
-      (2 * static_cast<uint64_t>(config.head_dim()) + 2) * sizeof(float) * config.n_kv_heads;
+namespace {
+
+// Entries (per KV head) that a full cache holds over all layers for `tokens` positions: every
+// global layer all of them, a sliding-window layer at most its window.
+uint64_t full_cache_entries(const ModelConfig& config, int64_t tokens) {
   uint64_t total = 0;
   for (int l = 0; l < config.n_layers; ++l) {
     const int64_t held = config.is_local_layer(l) && config.sliding_window > 0
                              ? std::min<int64_t>(tokens, config.sliding_window)
                              : tokens;
-    total += static_cast<uint64_t>(std::max<int64_t>(0, held)) * entry_bytes;
+    total += static_cast<uint64_t>(std::max<int64_t>(0, held));
   }
   return total;
+}
+
+}  // namespace
+
+uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens) {
+  // Per entry and KV head: key and value rows, a position (int32) and a log-weight (float).
+  const uint64_t entry_bytes =
+      (2 * static_cast<uint64_t>(config.head_dim()) + 2) * sizeof(float) * config.n_kv_heads;
+  return full_cache_entries(config, tokens) * entry_bytes;
+}
+
+size_t full_kv_bytes(const ModelConfig& config, int64_t tokens) {
+  const auto per_entry = static_cast<size_t>(config.n_kv_heads) *
+                         static_cast<size_t>(config.head_dim()) * 2 * sizeof(float);
+  return static_cast<size_t>(full_cache_entries(config, tokens)) * per_entry;
 }
 
 }  // namespace protokv

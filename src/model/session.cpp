@@ -145,6 +145,10 @@ const Press* Session::press() const {
 void Session::set_observer(DecodeObserver* observer) {
   impl_->observer = observer;
 }
+void Session::set_budget(const Budget& budget) {
+  budget.validate();
+  impl_->options.budget = budget;
+}
 void Session::reset() {
   impl_->reset();
 }

@@ -260,6 +260,7 @@ nlohmann::json ChelseaPress::config() const {
   out["steps"] = options_.schedule.steps;
   out["outliers"] = options_.outliers;
   out["threshold"] = options_.threshold;
+  out["reallocate"] = options_.reallocate;
   out["outlier_source"] = options_.outlier_heads.has_value() ? "profile"
                           : options_.outliers > 0.0          ? "prompt, per layer"
                                                              : "none";
@@ -289,6 +290,39 @@ void ChelseaPress::begin(const SequenceInfo& info, const Budget& budget) {
   }
   heads_.assign(static_cast<size_t>(std::max(0, info.n_layers) * std::max(0, info.n_kv_heads)),
                 HeadState{});
+  if (options_.reallocate && budget_ < info.n_tokens) reallocate_outlier_cost(least);
+}
+
+int64_t ChelseaPress::outlier_head_count() const {
+  if (options_.outlier_heads.has_value()) {
+    int64_t count = 0;
+    for (const auto& layer : *options_.outlier_heads)
+      count += std::count_if(layer.begin(), layer.end(), [](uint8_t x) { return x != 0; });
+    return count;
+  }
+  // The running quota of compress_prefill ends at this many heads over all layers.
+  return std::llround(options_.outliers * static_cast<double>(info_.n_layers) * info_.n_kv_heads);
+}
+
+void ChelseaPress::reallocate_outlier_cost(int64_t least) {
+  // Chelsea App. C.2: all heads together hold heads x B entries; the K outlier heads hold n each,
+  // the others share the rest.
+  const int64_t heads = static_cast<int64_t>(info_.n_layers) * info_.n_kv_heads;
+  const int64_t outliers = outlier_head_count();
+  if (outliers == 0 || outliers >= heads) return;
+  const int64_t others = heads - outliers;
+  const int64_t spare = heads * budget_ - outliers * info_.n_tokens;
+  const int64_t per_head = spare >= 0 ? spare / others : -1;
+  if (per_head < least) {
+    const int64_t needed = (outliers * info_.n_tokens + others * least + heads - 1) / heads;
+    fail(
+        "press 'chelsea': paying the full caches of its {} outlier heads out of the budget "
+        "(reallocate=1, Chelsea App. C.2) leaves {} entries per other head, below its {} sinks + "
+        "{} recent + 1: give a budget of at least {} for this {}-token prompt, or reallocate=0",
+        outliers, std::max<int64_t>(per_head, 0), options_.layout.sinks, options_.layout.recent,
+        needed, info_.n_tokens);
+  }
+  budget_ = per_head;
 }
 
 ChelseaPress::HeadState& ChelseaPress::state(int layer, int kv_head) {
@@ -446,6 +480,9 @@ const PressEntry kChelseaEntry{
               "similarity < `threshold`) as layers arrive, a running quota per layer (an\n"
               "approximation of the paper's global ranking); `profile=FILE` (from protokv\n"
               "calibrate) takes the profile's outlier heads, ranked over all heads instead.\n"
+              "reallocate=1 (App. C.2): the outlier heads' full caches come out of the other\n"
+              "heads' budgets, so that all heads hold layers x heads x B entries in total (an\n"
+              "error when too little is left; reallocate=0: B per other head, outliers on top).\n"
               "sinks={} recent={} chunk={} interval={} schedule=llama3 (r_init=0.35 alpha=0.1\n"
               "steps=2) outliers={} threshold={}.\n",
               o.layout.sinks, o.layout.recent, o.layout.chunk, o.interval, o.outliers, o.threshold);
@@ -484,6 +521,7 @@ const PressEntry kChelseaEntry{
       }
       o.outliers = options.get_double("outliers", o.outliers, 0.0, 1.0);
       o.threshold = options.get_double("threshold", o.threshold, -1.0, 1.0);
+      o.reallocate = options.get_bool("reallocate", o.reallocate);
       return std::make_unique<ChelseaPress>(std::move(o));
     },
     .merges = true,

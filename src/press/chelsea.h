@@ -82,6 +82,10 @@ struct ChelseaOptions {
   ChelseaSchedule schedule;
   double outliers = kDefaultOutliers;    // fraction of heads that keep the full cache
   double threshold = kDefaultThreshold;  // link similarity below which an A counts as unlinked
+  // Chelsea App. C.2: the outlier heads' full caches are paid out of the other heads' budgets, so
+  // that all heads together hold layers x KV heads x B entries, as every other method at B.
+  // false: the other heads keep B each (the outlier heads come on top).
+  bool reallocate = true;
   // The seam for a calibration profile (`protokv calibrate`): outlier_heads[layer][kv_head] != 0
   // keeps that head's full cache. Unset: measured on the prompt, layer by layer (see help).
   std::optional<std::vector<std::vector<uint8_t>>> outlier_heads;
@@ -107,6 +111,10 @@ class ChelseaPress final : public Press {
   double unlinked_share(int layer, int kv_head) const;
 
  private:
+  // The number of outlier heads over all layers (the profile's, or the prompt quota's total).
+  int64_t outlier_head_count() const;
+  // reallocate=1: lowers budget_ to what the other heads may keep; Error below `least`.
+  void reallocate_outlier_cost(int64_t least);
   struct HeadState {
     bool merging = false;  // prefill compressed this head (an outlier head never merges)
     bool outlier = false;

@@ -52,17 +52,4 @@ bool KvAccountant::change(size_t from, size_t to) {
   return true;
 }
 
-size_t full_kv_bytes(const ModelConfig& config, int64_t n_tokens) {
-  const auto per_entry = static_cast<size_t>(config.n_kv_heads) *
-                         static_cast<size_t>(config.head_dim()) * 2 * sizeof(float);
-  size_t total = 0;
-  for (int l = 0; l < config.n_layers; ++l) {
-    const int64_t kept = config.is_local_layer(l) && config.sliding_window > 0
-                             ? std::min<int64_t>(n_tokens, config.sliding_window)
-                             : n_tokens;
-    total += static_cast<size_t>(std::max<int64_t>(kept, 0)) * per_entry;
-  }
-  return total;
-}
-
 }  // namespace protokv::server

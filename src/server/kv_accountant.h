@@ -57,9 +57,4 @@ class KvAccountant {
   size_t in_use_ = 0;
 };
 
-// Bytes of keys + values a full (uncompressed) cache holds for `n_tokens` positions, as
-// KvCache::kv_bytes() counts them: every global layer keeps all of them, a sliding-window layer at
-// most its window.
-size_t full_kv_bytes(const ModelConfig& config, int64_t n_tokens);
-
 }  // namespace protokv::server

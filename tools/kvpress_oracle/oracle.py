@@ -15,7 +15,8 @@ next `--continuation` tokens of the text are fed teacher-forced at their true po
 kvpress's pipeline does) and the top logits of every row are kept. What a press kept is read
 from the compressed cache itself: each kept key row is found among the uncompressed cache's rows
 of its layer and KV head (prefill compression changes the cache, not the hidden states, so the
-rows are bit-identical), so no kvpress internals are patched.
+rows are bit-identical), so no kvpress internals are patched; AdaKVPress, which keeps every entry
+and masks the pruned ones in attention, is read from its attention modules' masked_key_indices.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ PRESSES = [
     ("ObservedAttentionPress", {}, "h2o", "differs"),
     ("PyramidKVPress", {"window_size": 64, "kernel_size": 5},
      "pyramidkv:window=64,pool=5,pool_type=avg", "differs"),
+    # kvpress's AdaKV keeps every entry and masks the pruned ones in attention (sdpa only): what
+    # it kept is read from the attention modules' masked_key_indices instead of the cache.
+    ("AdaKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5}),
+                    "alpha_safeguard": 0.2},
+     "adakv:window=64,pool=5,pool_type=avg,floor=0.2", "differs"),
 ]
 
 
@@ -85,6 +91,28 @@ def run(model, ids: list[int], continuation: list[int], press=None):
     return keys, logits
 
 
+def masked_kept(model, n: int) -> list[list[list[int]]]:
+    """AdaKVPress: per layer and KV head, the positions its attention masks do not hide."""
+    kept = []
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        pruned = [set() for _ in range(model.config.num_key_value_heads)]
+        _, heads, positions = attention.masked_key_indices
+        for h, j in zip(heads.tolist(), positions.tolist()):
+            pruned[h].add(j)
+        kept.append([[j for j in range(n) if j not in p] for p in pruned])
+    return kept
+
+
+def make_press(kvpress, cls: str, options: dict, ratio: float):
+    options = dict(options)
+    if "press" in options:  # a wrapper press: build the inner one with the ratio
+        inner_cls, inner_options = options.pop("press")
+        inner = getattr(kvpress, inner_cls)(compression_ratio=ratio, **inner_options)
+        return getattr(kvpress, cls)(press=inner, **options)
+    return getattr(kvpress, cls)(compression_ratio=ratio, **options)
+
+
 def kept_indices(full_keys: torch.Tensor, kept_keys: torch.Tensor) -> list[int]:
     """Indices of kept_keys' rows among full_keys' rows (one KV head), ascending."""
     where = {full_keys[j].numpy().tobytes(): j for j in range(full_keys.shape[0])}
@@ -124,8 +152,12 @@ def main() -> int:
     prompt, continuation = ids[: args.tokens], ids[args.tokens: args.tokens + args.continuation]
 
     directory, name = os.path.split(os.path.abspath(args.model))
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
+    def load(attention: str):
+        return AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32,
+                                                    attn_implementation=attention).eval()
+
+    model = load("eager")  # ObservedAttention needs the attention weights
+    sdpa_model = None  # AdaKV's masks need sdpa
     full_keys, full_logits = run(model, prompt, continuation)
     n = len(prompt)
     fixture = {
@@ -139,17 +171,23 @@ def main() -> int:
         "presses": [],
     }
     for cls, options, spec, expect in PRESSES:
-        press = getattr(kvpress, cls)(compression_ratio=args.ratio, **options)
-        keys, logits = run(model, prompt, continuation, press)
-        kept = [[bitmask_hex(kept_indices(full_keys[layer][h], keys[layer][h]), n)
-                 for h in range(keys[layer].shape[0])] for layer in range(len(keys))]
+        press = make_press(kvpress, cls, options, args.ratio)
+        if cls == "AdaKVPress":
+            sdpa_model = sdpa_model or load("sdpa")
+            keys, logits = run(sdpa_model, prompt, continuation, press)
+            kept = [[bitmask_hex(heads, n) for heads in layer] for layer in masked_kept(sdpa_model, n)]
+        else:
+            keys, logits = run(model, prompt, continuation, press)
+            kept = [[bitmask_hex(kept_indices(full_keys[layer][h], keys[layer][h]), n)
+                     for h in range(keys[layer].shape[0])] for layer in range(len(keys))]
         fixture["presses"].append({
-            "kvpress": cls, "options": options, "protokv": spec, "expect": expect,
+            "kvpress": cls, "options": json.loads(json.dumps(options)), "protokv": spec,
+            "expect": expect,
             "budget": int(n * (1 - args.ratio)),  # ScorerPress.compress: int(k_len * (1 - ratio))
             "kept": kept, "top_logits": top_logits(logits, args.top),
         })
-        print(f"{cls}: kept {[keys[layer].shape[1] for layer in range(len(keys))]} per layer",
-              file=sys.stderr)
+        counts = [sum(bin(int(c, 16)).count("1") for head in layer for c in head) for layer in kept]
+        print(f"{cls}: kept {counts} entries per layer (all KV heads)", file=sys.stderr)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(fixture, f, separators=(",", ":"))
         f.write("\n")

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// Equal-memory budgets (--kv-memory-share): the solved budget makes each press store the asked
+// share of the full cache's KV bytes, whatever it keeps beside its budget (pod's values, chelsea's
+// outlier heads), and a press that cannot reach the share says so.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "eval/longctx_runner.h"
+#include "eval/memory_share.h"
+#include "protokv/engine.h"
+#include "protokv/error.h"
+#include "protokv/model.h"
+#include "protokv/press_spec.h"
+#include "protokv/tokenizer.h"
+#include "test_util.h"
+
+namespace protokv {
+namespace {
+
+std::string recall_model_path() {
+  return (std::filesystem::path(PROTOKV_SOURCE_DIR) / "models" / "protokv-recall.gguf").string();
+}
+
+// The stored share of `press` at the solved budget for a prompt of n random tokens.
+struct Solved {
+  eval::MemoryShareBudget budget;
+  double stored_share = 0.0;
+  int probes = 0;
+};
+
+Solved solve_and_run(const LoadedModel& model, const std::string& press, double share,
+                     int n = 600) {
+  const std::vector<int32_t> prompt = testing::random_tokens(n, model.weights.config.vocab_size, 7);
+  const auto spec = PressSpec::parse(press);
+  std::shared_ptr<const PrefilledPrompt> prefilled;
+  Solved out;
+  out.budget = eval::solve_memory_share(
+      model.weights, spec, n,
+      [&]() -> const PrefilledPrompt& {
+        ++out.probes;
+        prefilled = PrefilledPrompt::make(model.weights, prompt);
+        return *prefilled;
+      },
+      share);
+  SessionOptions options;
+  options.press = spec;
+  options.budget.entries = out.budget.entries;
+  Session session(model.weights, options);
+  session.prefill(prompt);
+  EXPECT_EQ(out.budget.full_kv_bytes, full_kv_bytes(model.weights.config, n));
+  out.stored_share = static_cast<double>(session.cache().kv_bytes()) /
+                     static_cast<double>(out.budget.full_kv_bytes);
+  return out;
+}
+
+TEST(MemoryShare, AnEvictingPressStoresTheShareOfThePrompt) {
+  const LoadedModel model = load_model(recall_model_path());
+  const Solved s = solve_and_run(model, "snapkv", 0.25);
+  EXPECT_EQ(s.budget.entries, 150);  // floor(0.25 * 600), no trial compression needed
+  EXPECT_FALSE(s.budget.probed);
+  EXPECT_EQ(s.probes, 0);
+  EXPECT_DOUBLE_EQ(s.stored_share, 0.25);
+}
+
+TEST(MemoryShare, PressesThatStoreBeyondTheirBudgetGetASmallerBudgetForTheSameMemory) {
+  const LoadedModel model = load_model(recall_model_path());
+  // Entries per head over both layers of the recall model: one entry of one layer is 1/1200.
+  const double entry = 1.0 / 1200.0;
+  // pod with delta=0 groups both layers: every value and layer 0's keys stay (3/4 of the cache),
+  // layer 1 keeps B keys; chelsea's outlier heads (half of them here) keep everything, on top of
+  // the others' B with reallocate=0.
+  const std::vector<std::pair<std::string, double>> cases = {
+      {"pod:delta=0", 0.8}, {"chelsea:outliers=0.5,reallocate=0", 0.6}};
+  for (const auto& [press, share] : cases) {
+    SCOPED_TRACE(press);
+    const Solved s = solve_and_run(model, press, share);
+    EXPECT_TRUE(s.budget.probed);
+    EXPECT_EQ(s.probes, 1);  // one prefill for both trial compressions
+    EXPECT_LE(s.stored_share, share + 1e-9);
+    EXPECT_GE(s.stored_share, share - 4 * entry);
+    // What it keeps beside the budget costs budget: fewer entries than share x prompt.
+    EXPECT_LT(s.budget.entries, static_cast<int64_t>(share * 600));
+  }
+}
+
+// With App. C.2's reallocation chelsea holds layers x heads x B entries in all: its solved budget
+// is the share of the prompt, as for an evicting press.
+TEST(MemoryShare, ChelseaWithReallocationStoresItsBudget) {
+  const LoadedModel model = load_model(recall_model_path());
+  const Solved s = solve_and_run(model, "chelsea:outliers=0.25", 0.6);
+  EXPECT_TRUE(s.budget.probed);
+  EXPECT_NEAR(static_cast<double>(s.budget.entries), 360.0, 1.0);
+  EXPECT_NEAR(s.stored_share, 0.6, 2.0 / 1200.0);
+}
+
+TEST(MemoryShare, APressThatStoresEverythingCannotReachAShare) {
+  const LoadedModel model = load_model(recall_model_path());
+  try {
+    solve_and_run(model, "clusterkv", 0.25);
+    FAIL() << "clusterkv reached a memory share of 0.25";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("100.0% of the full cache at every budget"),
+              std::string::npos)
+        << e.what();
+  }
+  // pod keeps every value: half the bytes at least.
+  EXPECT_THROW(solve_and_run(model, "pod:delta=0", 0.2), Error);
+  EXPECT_THROW(solve_and_run(model, "snapkv", 0.0), Error);
+  EXPECT_THROW(solve_and_run(model, "snapkv", 1.5), Error);
+}
+
+TEST(MemoryShare, LongContextRunsRecordTheSolvedBudgetAndTheStoredShare) {
+  const LoadedModel model = load_model(recall_model_path());
+  std::vector<eval::LongctxSample> samples(2);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    samples[i].id = fmt::format("s{}", i);
+    samples[i].context = testing::random_tokens(400 + 100 * static_cast<int>(i),
+                                                model.weights.config.vocab_size, 3 + i);
+    samples[i].context[0] = model.tokenizer->bos_id();
+    samples[i].max_new_tokens = 2;
+  }
+  eval::LongctxOptions options;
+  options.runs = eval::make_run_specs({"full", "snapkv", "pod:delta=0"}, {}, {}, {0.8});
+  ASSERT_EQ(options.runs.size(), 3u);
+  EXPECT_EQ(options.runs[1].label(), "snapkv@m0.8");
+  options.progress = false;
+  options.share_prefill = true;
+  const eval::LongctxResult result = eval::run_longctx(
+      model.weights, *model.tokenizer, samples,
+      [](const eval::LongctxSample&, const std::string&) { return 1.0; }, options);
+  for (const auto& r : result.records) {
+    ASSERT_TRUE(r.error.empty()) << r.run << ": " << r.error;
+    EXPECT_EQ(r.full_kv_bytes, full_kv_bytes(model.weights.config, r.prompt_tokens));
+    if (r.run == "full") {
+      EXPECT_EQ(r.budget, 0);
+      continue;
+    }
+    EXPECT_GT(r.budget, 0) << r.run;
+    const double stored = static_cast<double>(r.kv_bytes) / static_cast<double>(r.full_kv_bytes);
+    EXPECT_NEAR(stored, 0.8, 0.01) << r.run;  // kv_bytes: after the prefill (query-aware)
+    const nlohmann::json j = r.to_json();
+    EXPECT_EQ(eval::LongctxRecord::from_json(j).budget, r.budget);
+  }
+  const auto summaries = eval::summarize(result.records, options.runs, "full");
+  EXPECT_NEAR(summaries[0].stored_share, 1.0, 0.01);
+  EXPECT_NEAR(summaries[1].stored_share, 0.8, 0.01);
+  EXPECT_NEAR(summaries[2].stored_share, 0.8, 0.01);
+  EXPECT_THROW(eval::make_run_specs({"snapkv"}, {}, {}, {1.5}), Error);
+}
+
+TEST(MemoryShare, GenerateSolvesTheBudgetAndReportsTheStoredShare) {
+  const std::string model = recall_model_path();
+  std::string text;
+  for (int i = 0; i < 15; ++i) text += "the key is 42 and the lock is 7, remember the key. ";
+  const testing::CommandResult r = testing::run_protokv(fmt::format(
+      "generate -m {} -p '{}' --press pod:delta=0 --kv-memory-share 0.9 -n 2 --json", model, text));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--kv-memory-share 0.9: budget"), std::string::npos) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["config"]["kv_memory_share"], 0.9);
+  const double stored =
+      j["kv_bytes_after_prefill"].get<double>() / j["kv_bytes_full"].get<double>();
+  EXPECT_LE(stored, 0.9 + 1e-9);
+  EXPECT_GT(stored, 0.85);
+  const std::string generate = fmt::format("generate -m {} -p '{}'", model, text);
+  testing::expect_run_fails_with_one_line(
+      generate + " --press snapkv --kv-memory-share 0.5 --budget 8", "not both");
+  testing::expect_run_fails_with_one_line(generate + " --press snapkv --kv-memory-share 1.5",
+                                          "(0, 1]");
+  testing::expect_run_fails_with_one_line(generate + " --press clusterkv --kv-memory-share 0.5",
+                                          "out of reach");
+}
+
+}  // namespace
+}  // namespace protokv
