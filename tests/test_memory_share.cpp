@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "eval/fidelity.h"
 #include "eval/longctx_runner.h"
 #include "eval/memory_share.h"
 #include "protokv/engine.h"
@@ -176,6 +177,105 @@ TEST(MemoryShare, GenerateSolvesTheBudgetAndReportsTheStoredShare) {
                                           "(0, 1]");
   testing::expect_run_fails_with_one_line(generate + " --press clusterkv --kv-memory-share 0.5",
                                           "out of reach");
+}
+
+// eval fidelity --kv-memory-share: rows after the budgets' rows, each sample at its solved budget.
+TEST(MemoryShare, FidelityRowsAtASolvedBudgetMatchTheRowsAtThatBudget) {
+  const LoadedModel model = load_model(recall_model_path());
+  std::vector<eval::FidelitySample> samples(3);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    samples[i].prompt = testing::random_tokens(256, model.weights.config.vocab_size, 11 + i);
+    samples[i].prompt[0] = model.tokenizer->bos_id();
+    samples[i].origin = {{"seed", 11 + i}};
+  }
+  eval::FidelityOptions options;
+  options.presses = {"snapkv", "pod:delta=0", "clusterkv"};
+  options.budgets = {64};
+  options.memory_shares = {0.25, 0.8};
+  options.continuation = 4;
+  options.progress = false;
+  const eval::FidelityReport both = eval::run_fidelity(model.weights, samples, options);
+  ASSERT_EQ(both.rows.size(), 9u);
+  const auto row = [](const eval::FidelityReport& r, const std::string& press, double share) {
+    for (const auto& row : r.rows)
+      if (row.press == press && row.memory_share == share) return row;
+    ADD_FAILURE() << press << " @ m" << share << " missing";
+    return eval::FidelityRow();
+  };
+  const double full_bytes = both.reference.kv_bytes.mean();
+  // snapkv evicts to B = floor(0.25 * 256) = 64: the very numbers of the budget-64 row.
+  const eval::FidelityRow snap = row(both, "snapkv", 0.25);
+  ASSERT_TRUE(snap.error.empty()) << snap.error;
+  EXPECT_EQ(snap.budget, 0);
+  EXPECT_EQ(snap.solved_budget.mean(), 64.0);
+  EXPECT_EQ(snap.solved_budget.count(), 3);
+  EXPECT_EQ(snap.kl_samples, both.rows[0].kl_samples);
+  EXPECT_EQ(snap.recall.mean(), both.rows[0].recall.mean());
+  EXPECT_DOUBLE_EQ(snap.kv_bytes.mean() / full_bytes, 0.25);
+  // pod keeps every value: at 0.8 it stores the share within an entry per layer, with a budget
+  // below 0.8 * 256; 0.25 is out of reach, as is any share below 1 for clusterkv.
+  const eval::FidelityRow pod = row(both, "pod:delta=0", 0.8);
+  ASSERT_TRUE(pod.error.empty()) << pod.error;
+  EXPECT_LT(pod.solved_budget.mean(), 0.8 * 256);
+  EXPECT_NEAR(pod.kv_bytes.mean() / full_bytes, 0.8, 2.0 / 512.0);
+  EXPECT_LE(pod.kv_bytes.mean() / full_bytes, 0.8 + 1e-12);
+  EXPECT_FALSE(row(both, "pod:delta=0", 0.25).error.empty());
+  EXPECT_NE(row(both, "clusterkv", 0.8).error.find("100.0% of the full cache"), std::string::npos)
+      << row(both, "clusterkv", 0.8).error;
+
+  // Shares alone: the reference still records full's top-B for the solved budgets (recall).
+  options.budgets.clear();
+  options.presses = {"snapkv"};
+  const eval::FidelityReport shares_only = eval::run_fidelity(model.weights, samples, options);
+  ASSERT_EQ(shares_only.rows.size(), 2u);
+  EXPECT_EQ(shares_only.rows[0].recall.count(), 3);
+  EXPECT_EQ(shares_only.rows[0].recall.mean(), snap.recall.mean());
+  EXPECT_EQ(shares_only.rows[0].kl_samples, snap.kl_samples);
+
+  // Reported: JSON rows carry the share, the solved budget and the stored / attended shares; the
+  // table names the row by its share and the mean budget.
+  const nlohmann::json j = eval::to_json(both);
+  const auto& snap_json = j["results"][1];
+  EXPECT_EQ(snap_json["memory_share"], 0.25);
+  EXPECT_EQ(snap_json["solved_budget"], 64.0);
+  EXPECT_DOUBLE_EQ(snap_json["stored_share"].get<double>(), 0.25);
+  EXPECT_LE(snap_json["attended_share"].get<double>(), 0.26);
+  EXPECT_EQ(j["config"]["memory_shares"], nlohmann::json::array({0.25, 0.8}));
+  const std::string table = eval::render_table(both);
+  EXPECT_NE(table.find("m0.25 (B 64)"), std::string::npos) << table;
+  EXPECT_NE(table.find("25.0%"), std::string::npos) << table;
+}
+
+TEST(MemoryShare, FidelityCliTakesSharesAndResumesThem) {
+  const testing::TempDir dir;
+  const std::string base = fmt::format(
+      "eval fidelity --synthetic --press snapkv,pod:sinks=4 --prompt-len 64 --continuation 4 "
+      "--samples "
+      "2 --quiet --out {}",
+      dir.path().string());
+  // pod on the synthetic model stores at least 63% (every value, the lowest layers' keys).
+  const testing::CommandResult r = testing::run_protokv(base + " --kv-memory-share 0.7 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["results"][0]["solved_budget"], 44.0);  // snapkv: floor(0.7 * 64)
+  for (const auto& row : j["results"]) {
+    ASSERT_FALSE(row.contains("error")) << row.dump();
+    EXPECT_LE(row["stored_share"].get<double>(), 0.7 + 1e-12) << row["press"];
+    EXPECT_GT(row["stored_share"].get<double>(), 0.65) << row["press"];
+  }
+  const auto folder = std::filesystem::directory_iterator(dir.path())->path();
+  EXPECT_TRUE(std::filesystem::exists(folder / "kl_mean_vs_memory.svg"));
+  EXPECT_FALSE(std::filesystem::exists(folder / "kl_mean.svg"));  // no budget rows
+  // Resuming reads both samples back; another share is another configuration.
+  const testing::CommandResult again =
+      testing::run_protokv(base + " --kv-memory-share 0.7 --json --resume");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(nlohmann::json::parse(again.out)["results"][1]["kl_mean"], j["results"][1]["kl_mean"]);
+  testing::expect_run_fails_with_one_line(base + " --kv-memory-share 0.6 --resume",
+                                          "another configuration");
+  testing::expect_run_fails_with_one_line(base + " --kv-memory-share 1.5", "(0, 1]");
+  testing::expect_run_fails_with_one_line(base, "--kv-memory-share");
 }
 
 }  // namespace

@@ -38,6 +38,14 @@ def interval(diff, digits):
     return signed(diff["mean"], (hi - lo) / 2.0, digits)
 
 
+def point(r):
+    """The row's budget, or its memory share and mean solved budget (--kv-memory-share)."""
+    if r.get("memory_share"):
+        solved = r.get("solved_budget")
+        return f"m{r['memory_share']:g}" + (f" (B {solved:.0f})" if solved is not None else "")
+    return str(r["budget"])
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: fidelity_tables.py RESULTS_JSON")
@@ -55,12 +63,12 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "error" in r:
-            print(f"| {r['press']} | {r['budget']} | refused: {r['error']} | | | | | | |")
+            print(f"| {r['press']} | {point(r)} | refused: {r['error']} | | | | | | |")
             continue
         kv = f"{r['kv_bytes'] / MIB:.1f} MiB ({100.0 * r['kv_bytes'] / full_bytes:.0f}%)"
         p = r.get("paired", {})
         is_ref = r["press"] == reference
-        print(f"| {r['press']} | {r['budget']} | {kv} | {r['kl_mean']:.4f} | "
+        print(f"| {r['press']} | {point(r)} | {kv} | {r['kl_mean']:.4f} | "
               f"{'(reference)' if is_ref else interval(p.get('kl_mean_diff'), 4)} | "
               f"{r['top1']:.3f} | {'' if is_ref else interval(p.get('top1_diff'), 3)} | "
               f"{r['ppl']:.3f} | {r['recall']:.3f} |")
@@ -79,14 +87,14 @@ def main():
             continue
         fits = [x for x in refs if x["kv_bytes"] <= r["kv_bytes"] * SLACK]
         if not fits:
-            print(f"| {r['press']} | {r['budget']} | {r['kv_bytes'] / MIB:.1f} MiB | "
+            print(f"| {r['press']} | {point(r)} | {r['kv_bytes'] / MIB:.1f} MiB | "
                   f"(none stores as little) | | |")
             continue
         ref = fits[-1]
         kl = paired(r["per_sample"]["kl_mean"], ref["per_sample"]["kl_mean"])
         top1 = paired(r["per_sample"]["top1"], ref["per_sample"]["top1"])
-        print(f"| {r['press']} | {r['budget']} | {r['kv_bytes'] / MIB:.1f} MiB | "
-              f"B = {ref['budget']} ({ref['kv_bytes'] / MIB:.1f} MiB) | {signed(*kl, 4)} | "
+        print(f"| {r['press']} | {point(r)} | {r['kv_bytes'] / MIB:.1f} MiB | "
+              f"{'' if ref.get('memory_share') else 'B = '}{point(ref)} ({ref['kv_bytes'] / MIB:.1f} MiB) | {signed(*kl, 4)} | "
               f"{signed(*top1, 3)} |")
 
 

@@ -81,7 +81,8 @@ def _run_with_progress(progress: ProgressArg, label: str, call: Callable[[bool, 
 
 
 def fidelity(model: Any, text: str, presses: Sequence[Union[str, Press]],
-             budgets: Sequence[int], *, samples: int = 8, prompt_len: int = 512,
+             budgets: Sequence[int] = (), *, kv_memory_shares: Sequence[float] = (),
+             samples: int = 8, prompt_len: int = 512,
              continuation: int = 64, alloc: str = "", reference: str = "",
              attention_metrics: bool = True, share_prefill: bool = False,
              out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
@@ -90,7 +91,9 @@ def fidelity(model: Any, text: str, presses: Sequence[Union[str, Press]],
     ``samples`` prompts cut from ``text`` (``prompt_len`` tokens, then ``continuation`` tokens
     teacher-forced): KL, top-1 agreement, perplexity, attention error and recall, KV bytes, and
     paired differences with 95% intervals against ``reference`` (default: snapkv when given,
-    else the full cache). ``out`` writes ``fidelity_<model>_p<P>_c<M>_s<S>/`` there (results.json,
+    else the full cache). ``kv_memory_shares`` adds rows at equal memory: per sample and press,
+    the budget at which the press stores that share of the full cache's KV bytes (each row
+    reports ``stored_share`` and ``attended_share``). ``out`` writes ``fidelity_<model>_p<P>_c<M>_s<S>/`` there (results.json,
     config.json, plots, and samples.jsonl as each sample finishes), where ``resume=True``
     continues a stopped run; ``shard="I/N"`` runs every N-th sample only (the folder gets
     ``_shard<I>of<N>``; ``merge`` joins the N folders). Returns ``{"config": ...,
@@ -99,7 +102,8 @@ def fidelity(model: Any, text: str, presses: Sequence[Union[str, Press]],
     ``Model.session()``."""
     specs = [_spec(p, "fidelity") for p in presses]
     return _run_with_progress(progress, "eval fidelity", lambda on, callback: _core.eval_fidelity(
-        model._model, text, specs, [int(b) for b in budgets], alloc, int(samples),
+        model._model, text, specs, [int(b) for b in budgets],
+        [float(m) for m in kv_memory_shares], alloc, int(samples),
         int(prompt_len), int(continuation), reference, bool(attention_metrics),
         bool(share_prefill), os.fspath(out) if out is not None else "", bool(resume), str(shard),
         on, callback))

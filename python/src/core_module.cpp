@@ -442,20 +442,23 @@ eval::ProgressSink python_progress(nb::object callback) {
 // `protokv eval fidelity` on samples cut from `text`: the same report as the CLI's --json.
 nb::object eval_fidelity(const Model& model, const std::string& text,
                          const std::vector<std::string>& presses,
-                         const std::vector<int64_t>& budgets, const std::string& alloc, int samples,
-                         int64_t prompt_len, int64_t continuation, const std::string& reference,
-                         bool attention_metrics, bool share_prefill, const std::string& out,
-                         bool resume, const std::string& shard, bool progress,
-                         nb::object progress_callback) {
+                         const std::vector<int64_t>& budgets,
+                         const std::vector<double>& memory_shares, const std::string& alloc,
+                         int samples, int64_t prompt_len, int64_t continuation,
+                         const std::string& reference, bool attention_metrics, bool share_prefill,
+                         const std::string& out, bool resume, const std::string& shard,
+                         bool progress, nb::object progress_callback) {
   PROTOKV_CHECK(samples >= 1 && samples <= 10000, "samples must be in [1, 10000], got {}", samples);
   PROTOKV_CHECK(prompt_len >= 2, "prompt_len must be at least 2, got {}", prompt_len);
   PROTOKV_CHECK(continuation >= 1, "continuation must be at least 1, got {}", continuation);
-  PROTOKV_CHECK(!presses.empty() && !budgets.empty(), "give at least one press and one budget");
+  PROTOKV_CHECK(!presses.empty() && !(budgets.empty() && memory_shares.empty()),
+                "give at least one press and one budget or kv_memory_share");
   for (int64_t b : budgets) PROTOKV_CHECK(b > 0, "budgets must be > 0, got {}", b);
   PROTOKV_CHECK(!resume || !out.empty(), "resume=True needs out= (the folder to resume from)");
   eval::FidelityOptions options;
   options.presses = presses;
   options.budgets = budgets;
+  options.memory_shares = memory_shares;
   options.alloc = alloc;
   options.reference = reference;
   options.continuation = continuation;
@@ -660,9 +663,9 @@ NB_MODULE(_core, m) {
       "OpenBLAS's core type (the GEMM kernels it runs) and the better one for this CPU, or an "
       "empty string when its choice is as good (kernels/blas_core.h).");
 
-  m.def("eval_fidelity", &eval_fidelity, "model"_a, "text"_a, "presses"_a, "budgets"_a, "alloc"_a,
-        "samples"_a, "prompt_len"_a, "continuation"_a, "reference"_a, "attention_metrics"_a,
-        "share_prefill"_a, "out"_a, "resume"_a, "shard"_a, "progress"_a,
+  m.def("eval_fidelity", &eval_fidelity, "model"_a, "text"_a, "presses"_a, "budgets"_a,
+        "memory_shares"_a, "alloc"_a, "samples"_a, "prompt_len"_a, "continuation"_a, "reference"_a,
+        "attention_metrics"_a, "share_prefill"_a, "out"_a, "resume"_a, "shard"_a, "progress"_a,
         "progress_callback"_a.none());
   m.def("eval_merge", &eval_merge, "dirs"_a, "out"_a);
   m.def("eval_niah", &eval_niah, "model"_a, "run"_a, "lengths"_a, "depths"_a, "needle"_a,

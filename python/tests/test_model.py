@@ -316,6 +316,27 @@ def test_eval_fidelity_returns_the_clis_report(recall, recall_path, protokv_cli,
         protokv.eval.fidelity(recall, text, ["nope"], [16], samples=1, prompt_len=32)
 
 
+def test_eval_fidelity_at_equal_memory(recall):
+    # kv_memory_shares: per sample and press the budget that stores the share; snapkv evicts to
+    # floor(0.25 * 64) = 16 entries, so its row is the budget-16 row's numbers.
+    text = PROMPT * 30
+    out = protokv.eval.fidelity(recall, text, ["snapkv", "pod:delta=0"], [16],
+                                kv_memory_shares=[0.25, 0.9], samples=2, prompt_len=64,
+                                continuation=4)
+    rows = {(r["press"], r.get("memory_share")): r for r in out["results"]}
+    assert len(rows) == 6
+    snap_budget, snap_share = rows[("snapkv", None)], rows[("snapkv", 0.25)]
+    assert snap_share["budget"] is None and snap_share["solved_budget"] == 16
+    assert snap_share["per_sample"] == snap_budget["per_sample"]
+    assert snap_share["stored_share"] == pytest.approx(0.25)
+    pod = rows[("pod:delta=0", 0.9)]
+    assert 0.85 < pod["stored_share"] <= 0.9 + 1e-9 and pod["solved_budget"] < 0.9 * 64
+    assert "out of reach" in rows[("pod:delta=0", 0.25)]["error"]
+    assert out["config"]["memory_shares"] == [0.25, 0.9]
+    with pytest.raises(protokv.Error, match="budget or kv_memory_share"):
+        protokv.eval.fidelity(recall, text, ["snapkv"], samples=1)
+
+
 def test_kernel_variants_name_the_active_one():
     import os
 

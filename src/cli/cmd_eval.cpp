@@ -29,6 +29,7 @@ struct FidelityArgs {
   bool synthetic = false;
   std::vector<std::string> presses;
   std::string budgets;
+  std::string memory_shares;
   std::string alloc;
   std::string reference;
   std::string mode = "query-aware";
@@ -69,7 +70,11 @@ void run_fidelity_command(const FidelityArgs& args) {
                         options.presses.end(),
                 "--reference {} is not one of the presses given with --press (or full)",
                 args.reference);
-  options.budgets = eval::parse_positive_list(args.budgets, "--budget");
+  PROTOKV_CHECK(!args.budgets.empty() || !args.memory_shares.empty(),
+                "give --budget, --kv-memory-share or both");
+  if (!args.budgets.empty()) options.budgets = eval::parse_positive_list(args.budgets, "--budget");
+  if (!args.memory_shares.empty())
+    options.memory_shares = eval::parse_ratio_list(args.memory_shares, "--kv-memory-share");
   options.alloc = args.alloc;
   options.reference = args.reference;
   options.continuation = args.continuation;
@@ -163,8 +168,12 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--press", args->presses,
                   "comma-separated press specs, e.g. full,snapkv,protokv:prototypes=lsh")
       ->required();
-  cmd->add_option("--budget", args->budgets, "comma-separated budgets (entries per KV head)")
-      ->required();
+  cmd->add_option("--budget", args->budgets, "comma-separated budgets (entries per KV head)");
+  cmd->add_option("--kv-memory-share", args->memory_shares,
+                  "comma-separated shares in (0, 1] of the full cache's KV bytes: each sample's "
+                  "budget is solved per press so that it STORES that share (equal memory across "
+                  "presses; clusterkv, which stores everything, cannot reach one below 1; "
+                  "docs/longcontext.md); rows after the --budget ones");
   cmd->add_option("--alloc", args->alloc,
                   "budget allocator for scoring presses: uniform|pyramid|adakv");
   cmd->add_option("--reference", args->reference,
@@ -191,9 +200,10 @@ void register_eval(CLI::App& app) {
                 "only the copy and the compression)");
   cmd->add_flag(
       "--json", args->json,
-      "JSON on stdout: {config, full, results: [{press, budget, kl_mean, kl_max, top1, "
-      "ppl, attn_err[layer], recall, kv_bytes, compress_ms, samples, per_sample: {kl_mean, "
-      "top1}, paired: {reference, kl_mean_diff, top1_diff: {mean, se, ci95, samples}}, "
+      "JSON on stdout: {config, full, results: [{press, budget, memory_share, solved_budget, "
+      "kl_mean, kl_max, top1, ppl, attn_err[layer], recall, kv_bytes, stored_share, "
+      "attended_share, compress_ms, samples, per_sample: {kl_mean, top1}, paired: {reference, "
+      "kl_mean_diff, top1_diff: {mean, se, ci95, samples}}, "
       "protokv_diagnostics: [per layer], ...}]}");
   cmd->add_option("--out", args->out_dir,
                   "write DIR/fidelity_<model>_p<P>_c<M>_s<S>/ with results.json, config.json, "

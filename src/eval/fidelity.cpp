@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 
+#include "eval/memory_share.h"
 #include "eval/progress.h"
 #include "eval/report/table.h"
 #include "eval/results_file.h"
@@ -397,7 +398,8 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
 }
 
 // Adds one sample's metrics of a (press, budget) to its row.
-void add_run(FidelityRow& row, const RunMetrics& m, double ppl_full) {
+void add_run(FidelityRow& row, const RunMetrics& m, double ppl_full, int64_t budget) {
+  if (row.memory_share > 0.0) row.solved_budget.add(static_cast<double>(budget));
   row.kl_mean.add(m.kl_mean);
   row.kl_samples.push_back(m.kl_mean);
   row.top1_samples.push_back(m.top1);
@@ -422,21 +424,38 @@ void add_run(FidelityRow& row, const RunMetrics& m, double ppl_full) {
   row.decode_ms_per_token.add(m.decode_ms_per_token);
 }
 
-// The report's rows: press-major, budgets in the given order. `press_configs`: [{spec, config}].
+bool row_press_is_full(const nlohmann::json& press) {
+  return press.at("spec").get<std::string>() == "full";
+}
+
+// The report's rows: press-major; per press the budgets, then the memory shares, in the given
+// order. `press_configs`: [{spec, config}].
 std::vector<FidelityRow> make_rows(const nlohmann::json& press_configs,
-                                   const std::vector<int64_t>& budgets, int64_t n_layers) {
+                                   const std::vector<int64_t>& budgets,
+                                   const std::vector<double>& memory_shares, int64_t n_layers) {
   std::vector<FidelityRow> rows;
   for (const auto& press : press_configs) {
-    for (int64_t b : budgets) {
+    const auto add_row = [&](int64_t budget, double share) {
       FidelityRow row;
       row.press = press.at("spec").get<std::string>();
       row.press_config = press.at("config");
-      row.budget = b;
+      row.budget = budget;
+      row.memory_share = share;
       row.attn_err_layer.resize(static_cast<size_t>(n_layers));
       rows.push_back(std::move(row));
-    }
+    };
+    for (int64_t b : budgets) add_row(b, 0.0);
+    // The full cache is the 100% every share is measured against: no share rows of its own.
+    if (row_press_is_full(press)) continue;
+    for (double share : memory_shares) add_row(0, share);
   }
   return rows;
+}
+
+// "snapkv @ 128" or "snapkv @ m0.25": a row as the records and errors name it.
+std::string row_label(const std::string& press, int64_t budget, double memory_share) {
+  return memory_share > 0.0 ? fmt::format("{} @ m{:g}", press, memory_share)
+                            : fmt::format("{} @ {}", press, budget);
 }
 
 // Adds one sample's record (one line of the results file, computed now or read back when
@@ -455,9 +474,13 @@ void add_sample(FidelityReport& report, const nlohmann::json& record) {
   for (size_t r = 0; r < runs.size(); ++r) {
     FidelityRow& row = report.rows[r];
     const auto& run = runs[r];
-    PROTOKV_CHECK(run.at("press") == row.press && run.at("budget") == row.budget,
-                  "a sample record's run {} is {} @ {}, expected {} @ {}", r,
-                  run.at("press").dump(), run.at("budget").dump(), row.press, row.budget);
+    const auto press = run.at("press").get<std::string>();
+    const auto budget = run.at("budget").get<int64_t>();
+    const double share = run.value("memory_share", 0.0);
+    PROTOKV_CHECK(
+        press == row.press && share == row.memory_share && (share > 0.0 || budget == row.budget),
+        "a sample record's run {} is {}, expected {}", r, row_label(press, budget, share),
+        row_label(row.press, row.budget, row.memory_share));
     if (run.contains("error")) {
       row.error = run["error"].get<std::string>();
     } else if (run.contains("metrics")) {
@@ -465,7 +488,7 @@ void add_sample(FidelityReport& report, const nlohmann::json& record) {
       PROTOKV_CHECK(m.attn_err.empty() || m.attn_err.size() == row.attn_err_layer.size(),
                     "a sample record has attention errors for {} layers, the model has {}",
                     m.attn_err.size(), row.attn_err_layer.size());
-      add_run(row, m, ppl_full);
+      add_run(row, m, ppl_full, budget);
     }
   }
 }
@@ -477,14 +500,18 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
   const ModelConfig& config = weights.config;
   PROTOKV_CHECK(!samples.empty(), "no samples to evaluate");
   PROTOKV_CHECK(!options.presses.empty(), "give at least one press");
-  PROTOKV_CHECK(!options.budgets.empty(), "give at least one budget");
-  PROTOKV_CHECK(options.presses.size() * options.budgets.size() <= limits::kMaxEvalRuns,
-                "{} presses x {} budgets is more than {} runs", options.presses.size(),
-                options.budgets.size(), limits::kMaxEvalRuns);
+  const size_t points = options.budgets.size() + options.memory_shares.size();
+  PROTOKV_CHECK(points > 0, "give at least one budget or memory share");
+  PROTOKV_CHECK(options.presses.size() * points <= limits::kMaxEvalRuns,
+                "{} presses x {} budgets and memory shares is more than {} runs",
+                options.presses.size(), points, limits::kMaxEvalRuns);
   PROTOKV_CHECK(options.continuation >= 1, "continuation must be at least 1 token, got {}",
                 options.continuation);
   for (int64_t b : options.budgets) {
     PROTOKV_CHECK(b >= 1, "budget must be a positive number of entries, got {}", b);
+  }
+  for (double share : options.memory_shares) {
+    PROTOKV_CHECK(share > 0.0 && share <= 1.0, "memory share {} outside (0, 1]", share);
   }
   int64_t prompt_len = 0;
   for (const auto& s : samples) {
@@ -503,12 +530,13 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                 "prompt-len {} + continuation {} exceeds the model's context of {} tokens",
                 prompt_len, options.continuation, config.context_length);
 
-  std::vector<std::shared_ptr<const PressSpec>> presses;
+  std::map<std::string, std::shared_ptr<const PressSpec>> press_of;  // spec -> press
   nlohmann::json press_configs = nlohmann::json::array();
   for (const auto& spec : options.presses) {
     // `full` takes no allocator; every other press gets the requested one.
-    presses.push_back(PressSpec::parse(spec, spec == "full" ? "" : options.alloc));
-    press_configs.push_back({{"spec", spec}, {"config", presses.back()->config()}});
+    const auto press = PressSpec::parse(spec, spec == "full" ? "" : options.alloc);
+    press_of[spec] = press;
+    press_configs.push_back({{"spec", spec}, {"config", press->config()}});
   }
   // Recall needs the reference's top-B for the largest budget that really compresses.
   int64_t top_count = 0;
@@ -528,7 +556,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                               report.paired_reference) != options.presses.end(),
                 "reference press {} is not one of the presses compared (or full)",
                 report.paired_reference);
-  report.rows = make_rows(press_configs, options.budgets, config.n_layers);
+  report.rows = make_rows(press_configs, options.budgets, options.memory_shares, config.n_layers);
 
   // The results file (FidelityOptions::jsonl_path): one line per sample, checked against this
   // header when resuming.
@@ -548,6 +576,8 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                            {"samples", samples.size()},
                            {"greedy", samples.front().continuation.empty()},
                            {"attention_metrics", options.attention_metrics}};
+  // Only when given, so that results files written before memory shares existed still resume.
+  if (!options.memory_shares.empty()) header["memory_shares"] = options.memory_shares;
   const EvalShard& shard = options.shard;
   PROTOKV_CHECK(shard_sample_count(shard, static_cast<int64_t>(samples.size())) > 0,
                 "--shard {}: no sample falls to this shard ({} samples): use at most {} shards",
@@ -592,7 +622,31 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
     progress.set_detail(fmt::format("sample {}/{}: full", s + 1, samples.size()));
     const std::shared_ptr<const PrefilledPrompt> shared =
         options.share_prefill ? PrefilledPrompt::make(weights, sample.prompt) : nullptr;
-    const Reference ref = run_reference(weights, sample, options, top_count, shared.get());
+    std::shared_ptr<const PrefilledPrompt> trial;  // without share_prefill: the solver's own
+    // Each memory-share row's budget for this sample (or why the share is out of reach), solved
+    // before the reference run, which must record full's top-B for the largest of them too.
+    std::vector<int64_t> budgets(report.rows.size(), 0);
+    std::vector<std::string> unreachable(report.rows.size());
+    int64_t sample_top_count = top_count;
+    for (size_t r = 0; r < report.rows.size(); ++r) {
+      const FidelityRow& row = report.rows[r];
+      budgets[r] = row.budget;
+      if (row.memory_share <= 0.0) continue;
+      const auto prompt = [&]() -> const PrefilledPrompt& {
+        if (shared != nullptr) return *shared;
+        if (trial == nullptr) trial = PrefilledPrompt::make(weights, sample.prompt);
+        return *trial;
+      };
+      try {
+        budgets[r] = solve_memory_share(weights, press_of.at(row.press), prompt_len, prompt,
+                                        row.memory_share)
+                         .entries;
+        if (budgets[r] < prompt_len) sample_top_count = std::max(sample_top_count, budgets[r]);
+      } catch (const Error& e) {
+        unreachable[r] = e.what();
+      }
+    }
+    const Reference ref = run_reference(weights, sample, options, sample_top_count, shared.get());
     nlohmann::json record = {{"sample", s},
                              {"origin", sample.origin},
                              {"full",
@@ -604,25 +658,28 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                              {"runs", nlohmann::json::array()}};
     progress.advance(1);
 
-    size_t r = 0;
-    for (size_t p = 0; p < presses.size(); ++p) {
-      for (int64_t b : options.budgets) {
-        const FidelityRow& row = report.rows[r++];
-        progress.set_detail(
-            fmt::format("sample {}/{}: {} @ {}", s + 1, samples.size(), row.press, b));
-        nlohmann::json run = {{"press", row.press}, {"budget", b}};
-        if (row.error.empty()) {
-          try {
-            run["metrics"] =
-                to_json(run_press(weights, sample, ref, presses[p], b, options, shared.get()));
-          } catch (const Error& e) {
-            // The press refuses this budget (e.g. below its window): report, keep going.
-            run["error"] = e.what();
-          }
+    for (size_t r = 0; r < report.rows.size(); ++r) {
+      const FidelityRow& row = report.rows[r];
+      const int64_t b = budgets[r];
+      progress.set_detail(fmt::format("sample {}/{}: {}", s + 1, samples.size(),
+                                      row_label(row.press, b, row.memory_share)));
+      nlohmann::json run = {{"press", row.press}, {"budget", b}};
+      if (row.memory_share > 0.0) run["memory_share"] = row.memory_share;
+      if (!unreachable[r].empty()) {
+        run["error"] = unreachable[r];
+      } else {
+        // Every sample tries every row, even after a refusal: a shard's records must be those
+        // of the one run they are merged into.
+        try {
+          run["metrics"] = to_json(
+              run_press(weights, sample, ref, press_of.at(row.press), b, options, shared.get()));
+        } catch (const Error& e) {
+          // The press refuses this budget (e.g. below its window): report, keep going.
+          run["error"] = e.what();
         }
-        record["runs"].push_back(std::move(run));
-        progress.advance(1);
       }
+      record["runs"].push_back(std::move(run));
+      progress.advance(1);
     }
     add_sample(report, record);
     if (jsonl) jsonl->append(record);
@@ -652,8 +709,14 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
          "per layer: ||o - o~|| / ||o|| per query head (ProtoKV Eq. 2), mean over heads and over "
          "the continuation queries"},
         {"recall",
-         "share of full's top-B attended prompt positions (B = budget, per continuation query, "
-         "layer and query head) kept in that head's KV head after prefill; mean over all"},
+         "share of full's top-B attended prompt positions (B = budget, the solved one on a "
+         "memory-share row; per continuation query, layer and query head) kept in that head's KV "
+         "head after prefill; mean over all"},
+        {"memory_share",
+         "a memory-share row (--kv-memory-share S): per sample, the budget at which the press "
+         "stores S of the full cache's KV bytes (solved_budget: its mean, min, max)"},
+        {"stored_share", "kv_bytes / the full cache's kv_bytes"},
+        {"attended_share", "kv_bytes_attended / the full cache's kv_bytes"},
         {"kv_bytes", "keys + values held after prefill (exact)"},
         {"entries_stored",
          "cache entries after prefill, all layers and KV heads (mean over samples)"},
@@ -669,6 +732,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
       "per (press, budget): press minus reference on the same samples; mean, se = sample std / "
       "sqrt(n), ci95 = mean +- t(0.975, n-1) * se";
   if (options.share_prefill) report.config["share_prefill"] = true;
+  if (!options.memory_shares.empty()) report.config["memory_shares"] = options.memory_shares;
   if (shard.active()) report.config["shard"] = {{"index", shard.index}, {"count", shard.count}};
   return report;
 }
@@ -692,6 +756,7 @@ FidelityReport merge_fidelity_runs(const std::vector<std::string>& dirs,
     samples = c.at("samples").get<int64_t>();
     report.paired_reference = c.at("reference").get<std::string>();
     report.rows = make_rows(c.at("presses"), c.at("budgets").get<std::vector<int64_t>>(),
+                            c.value("memory_shares", std::vector<double>{}),
                             c.at("model_config").at("n_layers").get<int64_t>());
   } catch (const nlohmann::json::exception& e) {
     fail("{}/config.json: {}", first.dir, e.what());

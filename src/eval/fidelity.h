@@ -48,8 +48,12 @@ struct FidelitySample {
 struct FidelityOptions {
   std::vector<std::string> presses;  // specs: "snapkv", "protokv:prototypes=lsh", "full"
   std::vector<int64_t> budgets;      // entries per KV head per layer
-  std::string alloc;                 // allocator for scoring presses; empty: method default
-  int64_t continuation = 64;         // M: tokens teacher-forced after the prompt
+  // Equal-memory points (--kv-memory-share, eval/memory_share.h): per sample and press, the
+  // budget at which the press stores this share of the full cache's KV bytes; one row per share
+  // after the budgets' rows. Either list may be empty, not both.
+  std::vector<double> memory_shares;
+  std::string alloc;          // allocator for scoring presses; empty: method default
+  int64_t continuation = 64;  // M: tokens teacher-forced after the prompt
   // Press the paired differences are taken against: one of `presses`, or "full" (KL 0, top-1 1).
   // Empty: snapkv when it is among the presses, else full.
   std::string reference;
@@ -75,8 +79,10 @@ struct FidelityOptions {
 struct FidelityRow {
   std::string press;  // spec as given
   nlohmann::json press_config;
-  int64_t budget = 0;
-  std::string error;  // non-empty: the press refused this budget (nothing measured)
+  int64_t budget = 0;          // a budget row: its budget (0 on a memory-share row)
+  double memory_share = 0.0;   // a memory-share row: its share (0 on a budget row)
+  std::string error;           // non-empty: the press refused this budget (nothing measured)
+  RunningStats solved_budget;  // a memory-share row: the budget solved for each sample
   RunningStats kl_mean, top1, ppl, ppl_full, recall, attn_err_mean;
   RunningStats kv_bytes, compress_ms, prefill_ms, decode_ms_per_token;
   RunningStats kv_bytes_attended;  // per decode step; below kv_bytes for a recall press
@@ -98,8 +104,9 @@ struct FidelityReference {
 
 struct FidelityReport {
   nlohmann::json config;
-  std::string paired_reference;   // resolved reference of the paired differences: a press or "full"
-  std::vector<FidelityRow> rows;  // press-major, budgets in the given order
+  std::string paired_reference;  // resolved reference of the paired differences: a press or "full"
+  // Press-major; per press the budgets, then the memory shares, each in the given order.
+  std::vector<FidelityRow> rows;
   FidelityReference reference;
   std::vector<std::vector<int32_t>> continuations;  // the tokens actually forced, per sample
 };
@@ -156,8 +163,9 @@ std::string fidelity_title(const FidelityReport& report);
 FidelityReport merge_fidelity_runs(const std::vector<std::string>& dirs,
                                    const std::string& out_dir);
 
-// Writes results.json, config.json and one SVG per metric (metric vs budget, one line per
-// press) into `dir` (created). Returns the files written.
+// Writes results.json, config.json and per metric one SVG against the budget (budget rows, one
+// line per press: <metric>.svg) and one against the share of the full cache's KV bytes stored
+// (every row: <metric>_vs_memory.svg) into `dir` (created). Returns the files written.
 std::vector<std::string> write_report_dir(const FidelityReport& report, const std::string& dir);
 
 }  // namespace protokv::eval

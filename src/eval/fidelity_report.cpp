@@ -29,22 +29,38 @@ nlohmann::json number_or_null(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
 
-// The reference's per-sample KL and top-1 at `budget` ("full": KL 0, top-1 1 on every sample).
-bool reference_samples(const FidelityReport& report, int64_t budget, size_t count,
+// The reference's per-sample KL and top-1 at `row`'s budget or memory share ("full": KL 0, top-1 1
+// on every sample).
+bool reference_samples(const FidelityReport& report, const FidelityRow& row, size_t count,
                        std::vector<double>& kl, std::vector<double>& top1) {
   if (report.paired_reference == "full") {
     kl.assign(count, 0.0);
     top1.assign(count, 1.0);
     return true;
   }
-  for (const auto& row : report.rows) {
-    if (row.press == report.paired_reference && row.budget == budget && row.error.empty()) {
-      kl = row.kl_samples;
-      top1 = row.top1_samples;
+  for (const auto& ref : report.rows) {
+    if (ref.press == report.paired_reference && ref.budget == row.budget &&
+        ref.memory_share == row.memory_share && ref.error.empty()) {
+      kl = ref.kl_samples;
+      top1 = ref.top1_samples;
       return true;
     }
   }
   return false;
+}
+
+// A row's mean KV bytes stored after prefill (or attended per decode step) as a share of the full
+// cache's: the prompt length is the same for every sample, so is the full cache's size.
+double share_of_full(const FidelityReport& report, const RunningStats& bytes) {
+  if (bytes.count() == 0 || report.reference.kv_bytes.count() == 0) return kNaN;
+  return bytes.mean() / report.reference.kv_bytes.mean();
+}
+
+// "128", or "m0.25 (B 123)" for a memory-share row (B: the mean budget solved per sample).
+std::string format_point(const FidelityRow& row) {
+  if (row.memory_share <= 0.0) return fmt::format("{}", row.budget);
+  if (row.solved_budget.count() == 0) return fmt::format("m{:g}", row.memory_share);
+  return fmt::format("m{:g} (B {:.0f})", row.memory_share, row.solved_budget.mean());
 }
 
 struct RowPairs {
@@ -55,7 +71,7 @@ struct RowPairs {
 RowPairs row_pairs(const FidelityReport& report, const FidelityRow& row) {
   RowPairs out;
   std::vector<double> kl, top1;
-  if (!row.error.empty() || !reference_samples(report, row.budget, row.kl_samples.size(), kl, top1))
+  if (!row.error.empty() || !reference_samples(report, row, row.kl_samples.size(), kl, top1))
     return out;
   out.valid = true;
   out.kl = paired_difference(row.kl_samples, kl);
@@ -88,6 +104,10 @@ nlohmann::json to_json(const FidelityReport& report) {
                         {"press_config", row.press_config},
                         {"budget", row.budget},
                         {"samples", row.kl_mean.count()}};
+    if (row.memory_share > 0.0) {
+      r["memory_share"] = row.memory_share;
+      r["budget"] = nullptr;  // solved per sample: solved_budget
+    }
     if (!row.error.empty()) {
       r["error"] = row.error;
       results.push_back(std::move(r));
@@ -103,6 +123,13 @@ nlohmann::json to_json(const FidelityReport& report) {
     const auto spread = [](const RunningStats& s) {
       return s.count() > 0 ? number_or_null(s.stddev()) : nlohmann::json(nullptr);
     };
+    if (row.memory_share > 0.0) {
+      r["solved_budget"] = stat(row.solved_budget);
+      r["solved_budget_min"] = number_or_null(row.solved_budget.min());
+      r["solved_budget_max"] = number_or_null(row.solved_budget.max());
+    }
+    r["stored_share"] = number_or_null(share_of_full(report, row.kv_bytes));
+    r["attended_share"] = number_or_null(share_of_full(report, row.kv_bytes_attended));
     r["kl_mean"] = stat(row.kl_mean);
     r["kl_mean_std"] = spread(row.kl_mean);
     r["kl_mean_min"] = number_or_null(row.kl_mean.min());
@@ -185,10 +212,12 @@ std::string render_table(const FidelityReport& report) {
   table.add_column("recall");
   table.add_column("attn err");
   table.add_column("KV KiB");
+  table.add_column("stored");
+  table.add_column("attended");
   table.add_column("tok/entry");
   table.add_column("compress ms");
   for (const auto& row : report.rows) {
-    std::vector<std::string> cells = {row.press, fmt::format("{}", row.budget)};
+    std::vector<std::string> cells = {row.press, format_point(row)};
     if (!row.error.empty()) {
       cells.push_back("n/a: " + row.error);
       cells.resize(table.columns());
@@ -207,6 +236,11 @@ std::string render_table(const FidelityReport& report) {
     cells.push_back(format_metric(mean_or_nan(row.recall), 3));
     cells.push_back(format_metric(mean_or_nan(row.attn_err_mean), 3));
     cells.push_back(fmt::format("{:.1f}", row.kv_bytes.mean() / 1024.0));
+    const auto share = [](double x) {
+      return std::isnan(x) ? std::string("-") : fmt::format("{:.1f}%", 100.0 * x);
+    };
+    cells.push_back(share(share_of_full(report, row.kv_bytes)));
+    cells.push_back(share(share_of_full(report, row.kv_bytes_attended)));
     // Prompt tokens per stored entry: 1.00 unless the press merges (chelsea).
     cells.push_back(
         row.entries_stored.count() > 0 && row.entries_stored.mean() > 0.0
@@ -224,8 +258,10 @@ std::string render_table(const FidelityReport& report) {
   out += table.render();
   out += fmt::format(
       "dKL, d top-1: paired difference against {} on the same samples, ± half-width of the 95% "
-      "t interval; * = the interval excludes 0; tok/entry: prompt tokens per stored entry (> 1 "
-      "when entries are merged)\n",
+      "t interval; * = the interval excludes 0; stored / attended: KV bytes kept after prefill / "
+      "read per decode step, as a share of the full cache's; m<S> (B <b>): the budget solved per "
+      "sample to store the share S (mean b); tok/entry: prompt tokens per stored entry (> 1 when "
+      "entries are merged)\n",
       report.paired_reference);
   return out;
 }
@@ -293,29 +329,56 @@ std::vector<std::string> write_report_dir(const FidelityReport& report, const st
   const std::string subtitle =
       fmt::format(" (prompt {}, continuation {})", report.config.value("prompt_len", int64_t{0}),
                   report.config.value("continuation", int64_t{0}));
-  for (const auto& metric : kMetrics) {
-    LinePlot plot;
-    plot.title = std::string(metric.title) + subtitle;
-    plot.x_label = "budget (entries per KV head)";
-    plot.y_label = metric.y_label;
-    plot.log2_x = true;
+  // One point per row on a press's line: x from the row, or skipped (NaN).
+  const auto add_points = [&](LinePlot& plot, const Metric& metric,
+                              double (*x_of)(const FidelityReport&, const FidelityRow&)) {
     for (const auto& row : report.rows) {
+      const double x = x_of(report, row);
+      if (std::isnan(x)) continue;
       auto it = std::find_if(plot.series.begin(), plot.series.end(),
                              [&](const PlotSeries& s) { return s.name == row.press; });
       if (it == plot.series.end()) {
         plot.series.push_back({row.press, {}});
         it = plot.series.end() - 1;
       }
-      it->points.emplace_back(static_cast<double>(row.budget), metric.get(row));
+      it->points.emplace_back(x, metric.get(row));
     }
-    if (std::string(metric.file) == "ppl.svg" && report.reference.ppl.count() > 0) {
-      PlotSeries full{"full (reference)", {}};
-      for (int64_t b : report.config.value("budgets", std::vector<int64_t>{})) {
-        full.points.emplace_back(static_cast<double>(b), report.reference.ppl.mean());
+  };
+  const bool has_budget_rows =
+      std::any_of(report.rows.begin(), report.rows.end(),
+                  [](const FidelityRow& row) { return row.memory_share <= 0.0; });
+  for (const auto& metric : kMetrics) {
+    const std::string file = metric.file;
+    const std::string stem = file.substr(0, file.size() - 4);
+    const bool is_ppl = stem == "ppl";
+    if (has_budget_rows) {
+      LinePlot plot;
+      plot.title = std::string(metric.title) + subtitle;
+      plot.x_label = "budget (entries per KV head)";
+      plot.y_label = metric.y_label;
+      plot.log2_x = true;
+      add_points(plot, metric, [](const FidelityReport&, const FidelityRow& row) {
+        return row.memory_share > 0.0 ? kNaN : static_cast<double>(row.budget);
+      });
+      if (is_ppl && report.reference.ppl.count() > 0) {
+        PlotSeries full{"full (reference)", {}};
+        for (int64_t b : report.config.value("budgets", std::vector<int64_t>{})) {
+          full.points.emplace_back(static_cast<double>(b), report.reference.ppl.mean());
+        }
+        plot.series.push_back(std::move(full));
       }
-      plot.series.push_back(std::move(full));
+      write(file, render_svg(plot));
     }
-    write(metric.file, render_svg(plot));
+    // Equal memory: every row at the share of the full cache's KV bytes it stored.
+    LinePlot plot;
+    plot.title = std::string(metric.title) + subtitle;
+    plot.x_label = "KV bytes stored after prefill (% of the full cache)";
+    plot.x_ticks_at_data = false;
+    plot.y_label = metric.y_label;
+    add_points(plot, metric, [](const FidelityReport& r, const FidelityRow& row) {
+      return 100.0 * share_of_full(r, row.kv_bytes);
+    });
+    write(stem + "_vs_memory.svg", render_svg(plot));
   }
   return written;
 }

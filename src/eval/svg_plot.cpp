@@ -129,7 +129,7 @@ std::string render_svg(const LinePlot& plot) {
                        py(y) + 4, format_tick(y));
   }
   std::vector<double> x_ticks;
-  if (plot.log2_x || x_values.size() <= 8) {
+  if (plot.log2_x || (plot.x_ticks_at_data && x_values.size() <= 8)) {
     x_ticks.assign(x_values.begin(), x_values.end());
   } else {
     for (double x : nice_ticks(x_lo, x_hi, 6)) {

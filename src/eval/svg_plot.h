@@ -17,6 +17,9 @@ struct LinePlot {
   std::string x_label;
   std::string y_label;
   bool log2_x = false;  // budgets: ticks at the data's x values, spaced by log2
+  // Linear x: ticks at the data's x values when there are at most 8 of them (budgets, lengths),
+  // else evenly spaced round values; false: always the round values (measured shares).
+  bool x_ticks_at_data = true;
   std::vector<PlotSeries> series;
   int width = 640;
   int height = 400;
