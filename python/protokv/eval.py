@@ -189,23 +189,34 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
           ratios: Sequence[float] = (), *, kv_memory_shares: Sequence[float] = (),
           tasks: Sequence[str] = (),
           lengths: Sequence[int] = (), samples: int = 4, haystack: str = "", squad: str = "",
-          hotpotqa: str = "", seed: int = 42, alloc: str = "", mode: str = "query-aware",
-          reference: str = "full", limit: int = 0,
+          hotpotqa: str = "", seed: int = 42, alloc: str = "", mode: Optional[str] = None,
+          reference: Optional[str] = None, limit: int = 0,
           out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
           share_prefill: bool = False, batch_decode: bool = False, shard: str = "",
-          progress: ProgressArg = None) -> Dict[str, Any]:
+          protocol: str = "", progress: ProgressArg = None) -> Dict[str, Any]:
     """``protokv eval ruler``: RULER's synthetic tasks (default: the eleven; ``qa_1`` /
     ``qa_2`` with ``squad`` / ``hotpotqa`` file paths) at ``lengths`` (prompt + generated
     tokens; default from the model's context), ``samples`` per task and length, scored as
     RULER (x100 in the tables, [0, 1] in ``summary``). ``haystack`` is the essay text (RULER:
-    Paul Graham's essays; default: repeated noise). The result has ``summary``, ``per_task``,
-    ``per_task_paired`` (and ``per_length`` with several lengths).
+    Paul Graham's essays; default: repeated noise). ``mode`` defaults to ``"query-aware"``,
+    ``reference`` to ``"full"``. The result has ``summary``, ``per_task``, ``per_task_paired``
+    (and ``per_length`` with several lengths).
+    ``protocol="kvpress"`` is kvpress's leaderboard protocol (as ``--protocol kvpress``):
+    query-agnostic, 4096 tokens (or the model's context), compression ratios 0.25 / 0.5 / 0.75
+    / 0.875 (kept shares 0.75 .. 0.125) for every press, paired against the full cache (added
+    when missing); it fixes ``budgets``, ``ratios``, ``kv_memory_shares``, ``lengths``, ``mode``
+    and ``reference`` (an error when given). The result then also has
+    ``by_compression_ratio``: per press, per ratio, the score and its paired difference.
     """
-    return _longctx("ruler", presses, budgets, ratios, kv_memory_shares, alloc, mode, reference,
-                    limit, out, resume,
+    if not protocol:
+        mode = "query-aware" if mode is None else mode
+        reference = "full" if reference is None else reference
+    return _longctx("ruler", presses, budgets, ratios, kv_memory_shares, alloc, mode or "",
+                    reference or "", limit, out, resume,
                     share_prefill, batch_decode, shard, progress, lambda run: _core.eval_ruler(
                         model._model, run, list(tasks), [int(x) for x in lengths], int(samples),
-                        haystack, os.fspath(squad), os.fspath(hotpotqa), int(seed)))
+                        haystack, os.fspath(squad), os.fspath(hotpotqa), int(seed),
+                        str(protocol)))
 
 
 def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[PressArg] = ("full",),

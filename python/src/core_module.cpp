@@ -598,12 +598,47 @@ std::pair<nb::object, std::string> eval_niah(const Model& model, const nb::dict&
   return run_benchmark(model, longctx_run(run), b);
 }
 
-std::pair<nb::object, std::string> eval_ruler(const Model& model, const nb::dict& run,
+// ruler(protocol="kvpress"): the run's settings the protocol fixes must be left unset (empty
+// lists; mode and reference "", Python's None), then take the protocol's
+// (eval::KvpressRulerProtocol).
+void apply_kvpress_protocol(nb::dict& run, const std::vector<int64_t>& lengths) {
+  using P = eval::KvpressRulerProtocol;
+  for (const char* key : {"budgets", "ratios", "memory_shares"})
+    PROTOKV_CHECK(nb::len(nb::object(run[key])) == 0, "protocol='kvpress' fixes {} ({}): drop them",
+                  key, P::kFixes);
+  PROTOKV_CHECK(lengths.empty(), "protocol='kvpress' fixes lengths ({}): drop them", P::kFixes);
+  for (const char* key : {"mode", "reference"})
+    PROTOKV_CHECK(nb::cast<std::string>(run[key]).empty(),
+                  "protocol='kvpress' fixes {} ({}): drop it", key, P::kFixes);
+  run["mode"] = P::kMode;
+  run["reference"] = P::kReference;
+  run["ratios"] = std::vector<double>(std::begin(P::kKeptShares), std::end(P::kKeptShares));
+  // Python presses (PressHandle) stay where they are; the reference joins first when missing.
+  nb::list presses = nb::cast<nb::list>(run["presses"]);
+  bool has_full = false;
+  for (nb::handle p : presses)
+    has_full = has_full || (nb::isinstance<nb::str>(p) && nb::cast<std::string>(p) == "full");
+  if (!has_full) {
+    nb::list with_full;
+    with_full.append(P::kReference);
+    for (nb::handle p : presses) with_full.append(p);
+    run["presses"] = with_full;
+  }
+}
+
+std::pair<nb::object, std::string> eval_ruler(const Model& model, nb::dict run,
                                               const std::vector<std::string>& tasks,
                                               const std::vector<int64_t>& lengths, int samples,
                                               const std::string& haystack, const std::string& squad,
-                                              const std::string& hotpotqa, uint64_t seed) {
+                                              const std::string& hotpotqa, uint64_t seed,
+                                              const std::string& protocol) {
+  PROTOKV_CHECK(protocol.empty() || protocol == "kvpress",
+                "protocol: '{}' is not a known protocol (kvpress)", protocol);
   eval::RulerBenchmark b;
+  if (protocol == "kvpress") {
+    apply_kvpress_protocol(run, lengths);
+    b.kvpress_protocol = true;
+  }
   b.ruler.tasks = tasks;
   b.ruler.lengths = lengths;
   b.ruler.samples = samples;
@@ -671,7 +706,7 @@ NB_MODULE(_core, m) {
   m.def("eval_niah", &eval_niah, "model"_a, "run"_a, "lengths"_a, "depths"_a, "needle"_a,
         "question"_a, "max_new_tokens"_a, "samples"_a, "haystack"_a, "haystack_kind"_a, "seed"_a);
   m.def("eval_ruler", &eval_ruler, "model"_a, "run"_a, "tasks"_a, "lengths"_a, "samples"_a,
-        "haystack"_a, "squad"_a, "hotpotqa"_a, "seed"_a);
+        "haystack"_a, "squad"_a, "hotpotqa"_a, "seed"_a, "protocol"_a);
   m.def("eval_longbench", &eval_longbench, "model"_a, "run"_a, "data_dir"_a, "datasets"_a, "e"_a,
         "max_length"_a);
 

@@ -75,6 +75,27 @@ def test_niah_returns_the_clis_report(recall, recall_path, protokv_cli):
             [(s["run"], s["score"], s["kv_bytes"]) for s in py["summary"]])
 
 
+def test_ruler_kvpress_protocol_is_the_clis(recall, recall_path, protokv_cli):
+    # kvpress's leaderboard protocol: the same runs, report and by-ratio table as the CLI's.
+    ref = run_cli(protokv_cli, "eval", "ruler", "-m", recall_path, "--protocol", "kvpress",
+                  "--press", "snapkv", "--tasks", "niah_single_1", "--samples", "2")
+    py = protokv.eval.ruler(recall, ["snapkv"], protocol="kvpress", tasks=["niah_single_1"],
+                            samples=2, progress=False)
+    same_report(py, ref)
+    assert [s["run"] for s in py["summary"]] == [
+        "full", "snapkv@r0.75", "snapkv@r0.5", "snapkv@r0.25", "snapkv@r0.125"]
+    assert py["config"]["protocol"]["name"] == "kvpress"
+    assert py["config"]["mode"] == "query-agnostic"
+    assert set(py["by_compression_ratio"]["snapkv"]) == {"0.25", "0.5", "0.75", "0.875"}
+    for fixed in ({"budgets": [64]}, {"ratios": [0.5]}, {"kv_memory_shares": [0.5]},
+                  {"lengths": [512]}, {"mode": "query-agnostic"}, {"reference": "full"}):
+        with pytest.raises(protokv.Error, match="protocol='kvpress' fixes"):
+            protokv.eval.ruler(recall, ["snapkv"], protocol="kvpress", samples=1,
+                               progress=False, **fixed)
+    with pytest.raises(protokv.Error, match="not a known protocol"):
+        protokv.eval.ruler(recall, ["snapkv"], [64], protocol="nope", progress=False)
+
+
 def test_ruler_and_longbench_return_the_clis_reports(recall, recall_path, protokv_cli):
     args = ["--press", "full,streaming_llm", "--budget", "24"]
     ref = run_cli(protokv_cli, "eval", "ruler", "-m", recall_path, *args, "--tasks",

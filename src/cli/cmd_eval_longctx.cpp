@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // `protokv eval niah|ruler|longbench`: the long-context benchmarks of the papers, every
 // (press, budget) on the same samples (eval/longctx_runner.h).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -172,25 +175,19 @@ struct RulerArgs {
   eval::RulerBenchmark benchmark;
 };
 
-// kvpress's leaderboard protocol (its evaluation's defaults for RULER): 4096 tokens, the context
-// compressed before the question is seen (query_aware: false), compression ratios 0.25, 0.5,
-// 0.75 and 0.875 = the share of the context's KV pairs removed, so kept shares 0.75 .. 0.125;
-// paired against the full cache. The flags it fixes are refused, not silently overridden.
-constexpr const char* kKvpressKeptShares = "0.75,0.5,0.25,0.125";
-constexpr int64_t kKvpressLength = 4096;
-
+// kvpress's leaderboard protocol (eval::KvpressRulerProtocol): the flags it fixes are refused,
+// not silently overridden.
 void apply_kvpress_protocol(RulerArgs& args, const CLI::App& cmd) {
-  for (const char* flag : {"--mode", "--budget", "--ratio", "--lengths", "--reference"})
-    PROTOKV_CHECK(cmd.count(flag) == 0,
-                  "--protocol kvpress fixes {} (query-agnostic, 4096 tokens or the model's "
-                  "context, compression ratios 0.25/0.5/0.75/0.875 against full): drop it",
-                  flag);
-  args.common.mode = "query-agnostic";
-  args.common.ratios = kKvpressKeptShares;
-  args.common.reference = "full";
-  const std::vector<std::string> presses = eval::split_press_specs(args.common.presses);
-  if (std::find(presses.begin(), presses.end(), "full") == presses.end())
-    args.common.presses.insert(args.common.presses.begin(), "full");
+  using P = eval::KvpressRulerProtocol;
+  for (const char* flag :
+       {"--mode", "--budget", "--ratio", "--kv-memory-share", "--lengths", "--reference"})
+    PROTOKV_CHECK(cmd.count(flag) == 0, "--protocol kvpress fixes {} ({}): drop it", flag,
+                  P::kFixes);
+  args.common.mode = P::kMode;
+  args.common.ratios = fmt::format("{:g}", fmt::join(P::kKeptShares, ","));
+  args.common.reference = P::kReference;
+  args.common.presses = P::presses(eval::split_press_specs(args.common.presses));
+  args.benchmark.kvpress_protocol = true;
 }
 
 void run_ruler(RulerArgs& args, const CLI::App& cmd) {
@@ -207,16 +204,6 @@ void run_ruler(RulerArgs& args, const CLI::App& cmd) {
     b.essay_name = args.essay_file;
   }
   const LoadedModel model = load_model_from_options(args.common.model, /*require_tokenizer=*/true);
-  if (!args.protocol.empty()) {
-    b.ruler.lengths = {std::min<int64_t>(kKvpressLength, model.weights.config.context_length)};
-    run.config["protocol"] = {
-        {"name", "kvpress"},
-        {"what",
-         "kvpress's RULER leaderboard protocol: query-agnostic, 4096 tokens (or the model's "
-         "context when smaller), compression ratios 0.25/0.5/0.75/0.875 (share of the "
-         "context's KV pairs removed), RULER scoring, paired against full; the 11 synthetic "
-         "tasks (kvpress's set adds qa_1/qa_2: give --squad/--hotpotqa)"}};
-  }
   print_report(args.common, eval::run_ruler_benchmark(model, b, std::move(run)));
 }
 

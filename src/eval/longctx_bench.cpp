@@ -463,8 +463,58 @@ LongctxReport run_niah_benchmark(const LoadedModel& model, NiahBenchmark benchma
 
 // ---- ruler --------------------------------------------------------------------------------
 
+std::vector<std::string> KvpressRulerProtocol::presses(std::vector<std::string> given) {
+  if (std::find(given.begin(), given.end(), kReference) == given.end())
+    given.insert(given.begin(), kReference);
+  return given;
+}
+
+namespace {
+
+// RulerBenchmark::kvpress_protocol: checks that `run` was made as the protocol says (every
+// compressing run at one of its kept shares, each share for each press, full present, mode and
+// reference), resolves its length, and records it in the run's config.
+void apply_kvpress_protocol(const LoadedModel& model, RulerBenchmark& benchmark,
+                            LongctxBenchmarkRun& run) {
+  using P = KvpressRulerProtocol;
+  PROTOKV_CHECK(benchmark.ruler.lengths.empty(),
+                "the kvpress protocol fixes the length ({}): drop the lengths", P::kFixes);
+  benchmark.ruler.lengths = {std::min<int64_t>(P::kLength, model.weights.config.context_length)};
+  const LongctxOptions& o = run.options;
+  bool has_full = false;
+  std::map<std::string, std::vector<double>> shares;  // press -> kept shares, in order
+  for (const auto& spec : o.runs) {
+    if (!spec.compresses()) {
+      has_full = true;
+      continue;
+    }
+    PROTOKV_CHECK(spec.budget.is_set() && spec.budget.entries <= 0 && spec.memory_share <= 0.0,
+                  "the kvpress protocol runs compression ratios only, not {}", spec.label());
+    shares[spec.press].push_back(spec.budget.ratio);
+  }
+  const std::vector<double> expected(std::begin(P::kKeptShares), std::end(P::kKeptShares));
+  for (const auto& [press, kept] : shares)
+    PROTOKV_CHECK(kept == expected,
+                  "the kvpress protocol runs {} at kept shares 0.75, 0.5, 0.25, "
+                  "0.125 (compression ratios 0.25 .. 0.875)",
+                  press);
+  PROTOKV_CHECK(has_full && o.query_agnostic && o.reference == P::kReference,
+                "the kvpress protocol needs the full cache as the reference and query-agnostic "
+                "mode");
+  run.config["protocol"] = {
+      {"name", "kvpress"},
+      {"what",
+       "kvpress's RULER leaderboard protocol: query-agnostic, 4096 tokens (or the model's "
+       "context when smaller), compression ratios 0.25/0.5/0.75/0.875 (share of the "
+       "context's KV pairs removed), RULER scoring, paired against full; the 11 synthetic "
+       "tasks (kvpress's set adds qa_1/qa_2: give --squad/--hotpotqa)"}};
+}
+
+}  // namespace
+
 LongctxReport run_ruler_benchmark(const LoadedModel& model, RulerBenchmark benchmark,
                                   LongctxBenchmarkRun run) {
+  if (benchmark.kvpress_protocol) apply_kvpress_protocol(model, benchmark, run);
   prepare(model, "ruler", run);
   const Tokenizer& tok = *model.tokenizer;
   RulerOptions& o = benchmark.ruler;

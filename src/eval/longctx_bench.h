@@ -61,6 +61,29 @@ struct RulerBenchmark {
   RulerOptions ruler;      // tasks empty: the eleven synthetic (+ qa_1 / qa_2 when their data is
                            // given); lengths empty: the defaults for the model's context
   std::string essay_name;  // where ruler.essay_text came from, for the report
+  // kvpress's leaderboard protocol (KvpressRulerProtocol below): the run must have been made
+  // with its presses, kept shares, mode and reference; the length is resolved from the model's
+  // context (ruler.lengths must be empty) and config.protocol says what was run.
+  bool kvpress_protocol = false;
+};
+
+// kvpress's RULER leaderboard protocol (`eval ruler --protocol kvpress`, Python
+// `ruler(protocol="kvpress")`; its evaluation's defaults for RULER): 4096 tokens (or the model's
+// context when smaller), the context compressed before the question is seen (query_aware: false),
+// compression ratios 0.25, 0.5, 0.75 and 0.875 = the share of the context's KV pairs removed, so
+// protokv kept shares (ratios) 0.75 .. 0.125; every press paired against the full cache. The
+// settings it fixes are refused when given, not silently overridden.
+struct KvpressRulerProtocol {
+  static constexpr int64_t kLength = 4096;
+  static constexpr double kKeptShares[] = {0.75, 0.5, 0.25, 0.125};
+  static constexpr const char* kMode = "query-agnostic";
+  static constexpr const char* kReference = "full";
+  // For "<setting> fixed by the protocol: drop it" errors.
+  static constexpr const char* kFixes =
+      "query-agnostic, 4096 tokens or the model's context, compression ratios "
+      "0.25/0.5/0.75/0.875 against full";
+  // The presses with the reference `full` first (added when missing).
+  static std::vector<std::string> presses(std::vector<std::string> given);
 };
 LongctxReport run_ruler_benchmark(const LoadedModel& model, RulerBenchmark benchmark,
                                   LongctxBenchmarkRun run);
