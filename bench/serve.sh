@@ -5,15 +5,20 @@
 #
 #   bench/serve.sh [--model GGUF] [-t THREADS] [--prompt-tokens 4096] [--max-tokens 32]
 #                  [--clients 1,4,8] [--press snapkv] [--budget 256] [--kv-memory MiB]
+#                  [--hold-tokens 200] [--only throughput|capacity|turns]
 #
 # Part 1, throughput and latency: C concurrent clients (one streamed /v1/completions request
 # each, every prompt a different slice of Debian's licence texts, greedy, ignore_eos) against
 # llama-server (-np C, its default F16 cache), protokv with the full cache (F32), and protokv with
 # --press at --budget: aggregate generated tokens/s, p50/p95 time to first token and inter-token
 # latency (bench/serve_load.py).
-# Part 2, sessions at a fixed --kv-memory: from the KV bytes one request measures after prefill
-# (full, then the press) and the admission rule of docs/server.md, how many sessions fit; for
-# llama-server, its slots of full F16 cache at that memory (computed).
+# Part 2, sessions at a fixed --kv-memory, each generating --hold-tokens: computed from the KV
+# bytes one request measures after prefill (full, then the press) and the admission rule of
+# docs/server.md, then observed: that many clients plus two open long-lived streams at once, and
+# bench/serve_capacity.py reads /metrics until every admitted session streams and the rest wait
+# (the most sessions at once, the most bytes reserved against the cap, and whether disconnecting
+# released them all); for llama-server, its slots of full F16 cache at that memory (computed).
+# Part 3, a second chat turn over a long document with and without cache_prompt.
 # Needs tools/llama_cpp/build.sh (llama-server) and tools/fetch_models.sh (default model).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,7 +27,7 @@ CACHE=${PROTOKV_CACHE:-$HOME/.cache/protokv}
 PROTOKV=${PROTOKV:-$ROOT/build/protokv}
 LLAMA_SERVER=${LLAMA_SERVER:-$CACHE/llama.cpp-build/bin/llama-server}
 MODEL="" THREADS=2 PROMPT_TOKENS=4096 MAX_TOKENS=32 CLIENTS=1,4,8 PRESS=snapkv BUDGET=256
-KV_MEMORY=1024
+KV_MEMORY=1024 HOLD_TOKENS=200 ONLY=all
 while [[ $# -gt 0 ]]; do
   case $1 in
     --model) MODEL=$2; shift 2 ;;
@@ -33,10 +38,13 @@ while [[ $# -gt 0 ]]; do
     --press) PRESS=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
     --kv-memory) KV_MEMORY=$2; shift 2 ;;
+    --hold-tokens) HOLD_TOKENS=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
     *) echo "serve.sh: unknown argument $1" >&2; exit 1 ;;
   esac
 done
 [[ -n $MODEL ]] || MODEL=$("$ROOT/tools/fetch_models.sh" --quiet | head -1)
+[[ $ONLY =~ ^(all|throughput|capacity|turns)$ ]] || { echo "serve.sh: --only $ONLY" >&2; exit 1; }
 [[ -x $PROTOKV ]] || { echo "serve.sh: no protokv at $PROTOKV" >&2; exit 1; }
 [[ -x $LLAMA_SERVER ]] || { echo "serve.sh: no llama-server at $LLAMA_SERVER (tools/llama_cpp/build.sh)" >&2; exit 1; }
 TEXT=$CACHE/text/debian-licences.txt
@@ -84,7 +92,10 @@ row() { # name, JSON
 }
 per_slot=$((PROMPT_TOKENS + MAX_TOKENS + 256))
 
-echo "model $MODEL, $THREADS threads, prompts of ~$PROMPT_TOKENS tokens, $MAX_TOKENS generated each"
+echo "model $MODEL, $THREADS threads, prompts of ~$PROMPT_TOKENS tokens"
+if [[ $ONLY == all || $ONLY == throughput ]]; then
+echo
+echo "Throughput and latency, $MAX_TOKENS tokens generated per request:"
 echo
 echo "| server | clients | ok | prompt tokens | gen tokens/s | TTFT p50 s | TTFT p95 s | ITL p50 ms | ITL p95 ms |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -104,42 +115,62 @@ for c in "${client_counts[@]}"; do
   done
 done
 
+fi
+
+if [[ $ONLY == all || $ONLY == capacity ]]; then
 echo
-echo "Sessions that fit --kv-memory $KV_MEMORY MiB with prompts of ~$PROMPT_TOKENS tokens and $MAX_TOKENS generated:"
+echo "Sessions at --kv-memory $KV_MEMORY MiB, prompts of ~$PROMPT_TOKENS tokens, $HOLD_TOKENS generated each:"
 echo
 # protokv admits a request on the full cache of its prompt plus max_tokens (its transient bound),
 # then holds what its compressed cache measured after prefill plus room for its tokens: with one
-# prompt in prefill at a time, capacity = 1 + (cap - transient) / held. The held bytes are
-# measured (one request each); llama-server holds every slot's full F16 cache.
-echo "| server | KV bytes per session | sessions at $KV_MEMORY MiB |"
-echo "| --- | --- | --- |"
+# prompt in prefill at a time, capacity = 1 + (cap - transient) / held (computed from one
+# request's measured bytes). Observed: computed + 2 clients at once, each stream alive for
+# HOLD_TOKENS tokens, which must outlast the others' prefills (about 8 rounds per 4K prompt at
+# --ubatch 512) for all of them to be live together. llama-server holds every slot's full F16
+# cache (computed).
+echo "| server | KV bytes per session | computed | observed at once (clients) | peak reserved / cap | released on disconnect |"
+echo "| --- | --- | --- | --- | --- | --- |"
 for mode in full press; do
-  start_protokv "$mode"
-  body=$(python3 -c 'import json,sys; t=open(sys.argv[1],encoding="utf-8",errors="replace").read(); print(json.dumps({"prompt": t[:int(sys.argv[2])], "max_tokens": int(sys.argv[3]), "temperature": 0, "ignore_eos": True}))' "$TEXT" "$PROMPT_CHARS" "$MAX_TOKENS")
+  start_protokv "$mode" --kv-memory "$KV_MEMORY" --parallel 256 --queue 256
+  body=$(python3 -c 'import json,sys; t=open(sys.argv[1],encoding="utf-8",errors="replace").read(); print(json.dumps({"prompt": t[:int(sys.argv[2])], "max_tokens": int(sys.argv[3]), "temperature": 0, "ignore_eos": True}))' "$TEXT" "$PROMPT_CHARS" "$HOLD_TOKENS")
   response=$(curl -s "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
     -d "$body")
-  stop_server
-  python3 - "$name" "$response" "$KV_MEMORY" "$MAX_TOKENS" <<'PY'
+  computed=$(python3 - "$response" "$KV_MEMORY" "$HOLD_TOKENS" <<'PY'
 import json, sys
-name, r, mib, max_tokens = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+r, mib, max_tokens = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 kv, prompt = r["kv_compression"], r["usage"]["prompt_tokens"]
 per_token = kv["kv_bytes_full"] / prompt
 transient = kv["kv_bytes_full"] + per_token * max_tokens
 held = kv["kv_bytes"] + per_token * max_tokens
 cap = mib * 2**20
 n = 0 if transient > cap else 1 + int((cap - transient) // held)
-print(f"| {name} | {held / 2**20:.1f} MiB (after prefill {kv['kv_bytes'] / 2**20:.1f} MiB, full {kv['kv_bytes_full'] / 2**20:.1f} MiB) | {n} |")
+print(n, f"{held / 2**20:.1f} MiB (after prefill {kv['kv_bytes'] / 2**20:.1f} MiB, full {kv['kv_bytes_full'] / 2**20:.1f} MiB)")
+PY
+)
+  n=${computed%% *}
+  observed=$(python3 "$HERE/serve_capacity.py" --port "$PORT" --text "$TEXT" --clients $((n + 2)) \
+    --prompt-chars "$PROMPT_CHARS" --max-tokens "$HOLD_TOKENS")
+  stop_server
+  python3 - "$name" "$n" "${computed#* }" "$observed" <<'PY'
+import json, sys
+name, n, held, o = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+mib = lambda b: f"{b / 2**20:.1f}"
+print(f"| {name} | {held} | {n} | {o['sessions_at_once']} ({o['clients']}; {o['waiting']} waiting"
+      f"{'' if o['settled'] else ', not settled'}) | {mib(o['kv_bytes_reserved_peak'])} / "
+      f"{mib(o['kv_bytes_cap'])} MiB | {'yes' if o['released_after_disconnect'] else 'NO'} |")
 PY
 done
-python3 - "$MODEL" "$KV_MEMORY" "$per_slot" "$PROTOKV" <<'PY'
+python3 - "$MODEL" "$KV_MEMORY" "$((PROMPT_TOKENS + HOLD_TOKENS + 256))" "$PROTOKV" <<'PY'
 import re, subprocess, sys
 model, mib, per_slot, protokv = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 info = subprocess.run([protokv, "info", "-m", model], capture_output=True, text=True).stdout
 get = lambda key: int(re.search(rf"^{key}\s+(\d+)", info, re.M).group(1))
 per_token = get("layers") * get("kv heads") * get("head dim") * 2 * 2  # K and V, F16
-print(f"| llama-server (F16 cache, slots of {per_slot} tokens; every layer counted) | {per_token * per_slot / 2**20:.1f} MiB | {int(mib * 2**20 // (per_token * per_slot))} |")
+print(f"| llama-server (F16 cache, slots of {per_slot} tokens; every layer counted) | {per_token * per_slot / 2**20:.1f} MiB | {int(mib * 2**20 // (per_token * per_slot))} | (slots are allocated up front) | | |")
 PY
+fi
 
+if [[ $ONLY == all || $ONLY == turns ]]; then
 echo
 echo "Second turn over a ~$PROMPT_TOKENS-token document (chat; the first turn's reply, then a short question):"
 echo
@@ -170,3 +201,4 @@ print(f"| {name} | {r1['timings']['prompt_ms']:.0f} | {r2['timings']['prompt_ms'
 PY
   stop_server
 done
+fi

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
+#include "core/quant_blocks.h"
 #include "kernels/simd_features.h"
 #include "protokv/dtype.h"
 
@@ -130,6 +132,123 @@ struct Avx2Ops {
       acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales));
     }
     return hsum_epi32(acc);
+  }
+
+  // Q4_K, Q5_K and Q6_K weights against the K-quant int8 activation (quant_matvec.h's
+  // quantize_activation: a scale per 256 values, the int16 sum of each group of 16), unpacking the
+  // 4- and 6-bit values in registers as ggml's vec_dot_q4_K_q8_K / q6_K do, instead of through
+  // UnpackedBlock in memory (dot_quantized_row). Per block the two integer sums are exactly
+  // dot_quantized_row's (scaled_dot = sum_g scale[g] * (q_g . x_g), min_dot = sum_g min[g] *
+  // sum(x_g)) and the F32 combination is its expression, so only the compiler's contraction of
+  // that expression can tell the two apart.
+  static float dot_q4_K_q8_K(const BlockQ4_K* w, const int8_t* x, const float* x_scale,
+                             const int16_t* x_sums, int64_t n_blocks) {
+    return dot_k4_q8_K(w, x, x_scale, x_sums, n_blocks);
+  }
+  static float dot_q5_K_q8_K(const BlockQ5_K* w, const int8_t* x, const float* x_scale,
+                             const int16_t* x_sums, int64_t n_blocks) {
+    return dot_k4_q8_K(w, x, x_scale, x_sums, n_blocks);
+  }
+
+  // Q4_K and Q5_K: the same nibbles, scales and mins; Q5_K adds a fifth bit from qh.
+  template <class Block>
+  static float dot_k4_q8_K(const Block* w, const int8_t* x, const float* x_scale,
+                           const int16_t* x_sums, int64_t n_blocks) {
+    constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const Block& block = w[b];
+      const int8_t* xb = x + kQkK * b;
+      const int16_t* group_sums = x_sums + kQkK / 16 * b;
+      int scale[8];
+      int32_t min_dot = 0;
+      for (int sub = 0; sub < 8; ++sub) {  // sub-block = 32 values = groups 2 sub, 2 sub + 1
+        int min;
+        quant::k4_scale_min(block.scales, sub, scale[sub], min);
+        min_dot += min * (group_sums[2 * sub] + group_sums[2 * sub + 1]);
+      }
+      // Values 64 j .. 64 j + 31 are the low nibbles of qs[32 j ..], the next 32 the high ones;
+      // Q5_K: the fifth bit of value 64 j + 32 k + l is bit 2 j + k of qh[l].
+      [[maybe_unused]] __m256i qh;
+      if constexpr (kFifthBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh));
+      const auto fifth_bit = [&]([[maybe_unused]] int bit) {
+        if constexpr (kFifthBit) {
+          const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << bit));
+          return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mask), mask),
+                                  _mm256_set1_epi8(0x10));
+        } else {
+          return _mm256_setzero_si256();
+        }
+      };
+      __m256i acc = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i bits =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * j));
+        // q <= 31: maddubs's pair sums (<= 2 * 31 * 127) cannot saturate.
+        const __m256i low =
+            _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(bits, low4), fifth_bit(2 * j)),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 64 * j)));
+        const __m256i high = _mm256_maddubs_epi16(
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low4),
+                            fifth_bit(2 * j + 1)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 64 * j + 32)));
+        acc = _mm256_add_epi32(
+            acc, _mm256_madd_epi16(low, _mm256_set1_epi16(static_cast<int16_t>(scale[2 * j]))));
+        acc = _mm256_add_epi32(
+            acc,
+            _mm256_madd_epi16(high, _mm256_set1_epi16(static_cast<int16_t>(scale[2 * j + 1]))));
+      }
+      const int32_t scaled_dot = hsum_epi32(acc);
+      sum += x_scale[b] * (_cvtsh_ss(block.d) * static_cast<float>(scaled_dot) -
+                           _cvtsh_ss(block.dmin) * static_cast<float>(min_dot));
+    }
+    return sum;
+  }
+
+  static float dot_q6_K_q8_K(const BlockQ6_K* w, const int8_t* x, const float* x_scale,
+                             const int16_t* x_sums, int64_t n_blocks) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const BlockQ6_K& block = w[b];
+      const int8_t* xb = x + kQkK * b;
+      const int16_t* group_sums = x_sums + kQkK / 16 * b;
+      // Q6_K's offset 32 as a min: 32 * scale[g] (UnpackQ6_K).
+      int32_t min_dot = 0;
+      for (int g = 0; g < 16; ++g) min_dot += 32 * block.scales[g] * group_sums[g];
+      __m256i acc = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        // Value 128 h + 32 k + l: low nibble of ql[64 h + 32 (k % 2) + l] (high nibble for
+        // k >= 2), top bits 2k, 2k + 1 of qh[32 h + l], moved to bits 4 and 5 (the 16-bit shifts
+        // carry bits across bytes only into the positions the mask clears).
+        const auto* ql = block.ql + 64 * h;
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
+        const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
+                                              _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2)),
+                              _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                              _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2)),
+                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                              _mm256_and_si256(qh, top2)),
+                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2))};
+        for (int k = 0; k < 4; ++k) {
+          const int g = 8 * h + 2 * k;
+          // q <= 63: maddubs's pair sums (<= 2 * 63 * 127) cannot saturate.
+          const __m256i pairs = _mm256_maddubs_epi16(
+              q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 128 * h + 32 * k)));
+          const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(block.scales[g + 1]),
+                                                  _mm_set1_epi16(block.scales[g]));
+          acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales));
+        }
+      }
+      const int32_t scaled_dot = hsum_epi32(acc);
+      const float d = _cvtsh_ss(block.d);
+      sum += x_scale[b] * (d * static_cast<float>(scaled_dot) - d * static_cast<float>(min_dot));
+    }
+    return sum;
   }
 
   // sum over i of q_i x_i for 32 int8 pairs as 8 int32 lanes: the sign of x moves onto |q| so

@@ -116,6 +116,21 @@ struct Avx512Ops {
     return Avx2Ops::dot_q_groups(q, x, scale, n);
   }
 
+  // Q4_K / Q5_K / Q6_K against the K-quant activation: the AVX2 kernels (see dot_q_groups for
+  // why not a 512-bit one).
+  static float dot_q4_K_q8_K(const BlockQ4_K* w, const int8_t* x, const float* x_scale,
+                             const int16_t* x_sums, int64_t n_blocks) {
+    return Avx2Ops::dot_q4_K_q8_K(w, x, x_scale, x_sums, n_blocks);
+  }
+  static float dot_q5_K_q8_K(const BlockQ5_K* w, const int8_t* x, const float* x_scale,
+                             const int16_t* x_sums, int64_t n_blocks) {
+    return Avx2Ops::dot_q5_K_q8_K(w, x, x_scale, x_sums, n_blocks);
+  }
+  static float dot_q6_K_q8_K(const BlockQ6_K* w, const int8_t* x, const float* x_scale,
+                             const int16_t* x_sums, int64_t n_blocks) {
+    return Avx2Ops::dot_q6_K_q8_K(w, x, x_scale, x_sums, n_blocks);
+  }
+
   // Q8_0 weights against int8 activations (see Avx2Ops::dot_q8_0_int8); with VNNI one
   // vpdpbusd replaces maddubs + madd.
   static float dot_q8_0_int8(const BlockQ8_0* w, const int8_t* x, const float* x_scale,
