@@ -134,7 +134,7 @@ struct Avx2Ops {
     return hsum_epi32(acc);
   }
 
-  // Q4_K, Q5_K and Q6_K weights against the K-quant int8 activation (quant_matvec.h's
+  // K-quant weights (Q2_K ... Q6_K) against the K-quant int8 activation (quant_matvec.h's
   // quantize_activation: a scale per 256 values, the int16 sum of each group of 16), unpacking the
   // 4- and 6-bit values in registers as ggml's vec_dot_q4_K_q8_K / q6_K do, instead of through
   // UnpackedBlock in memory (dot_quantized_row). Per block the two integer sums are exactly
@@ -202,6 +202,72 @@ struct Avx2Ops {
       const int32_t scaled_dot = hsum_epi32(acc);
       sum += x_scale[b] * (_cvtsh_ss(block.d) * static_cast<float>(scaled_dot) -
                            _cvtsh_ss(block.dmin) * static_cast<float>(min_dot));
+    }
+    return sum;
+  }
+
+  static float dot_q2_K_q8_K(const BlockQ2_K* w, const int8_t* x, const float* x_scale,
+                             const int16_t* x_sums, int64_t n_blocks) {
+    return dot_k2_q8_K(w, x, x_scale, x_sums, n_blocks);
+  }
+  static float dot_q3_K_q8_K(const BlockQ3_K* w, const int8_t* x, const float* x_scale,
+                             const int16_t* x_sums, int64_t n_blocks) {
+    return dot_k2_q8_K(w, x, x_scale, x_sums, n_blocks);
+  }
+
+  // Q2_K and Q3_K: value 128 h + 32 j + l has its low two bits at bits 2j, 2j + 1 of
+  // qs[32 h + l]; Q3_K adds a third from bit 4 h + j of hmask[l] (quant q - 4, offset 4 as a
+  // min of 4 * scale, UnpackQ3_K); Q2_K has a 4-bit scale and min per group of 16.
+  template <class Block>
+  static float dot_k2_q8_K(const Block* w, const int8_t* x, const float* x_scale,
+                           const int16_t* x_sums, int64_t n_blocks) {
+    constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
+    const __m256i low2 = _mm256_set1_epi8(3);
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const Block& block = w[b];
+      const int8_t* xb = x + kQkK * b;
+      const int16_t* group_sums = x_sums + kQkK / 16 * b;
+      int16_t scale[16];
+      int32_t min_dot = 0;
+      for (int g = 0; g < 16; ++g) {
+        int min;
+        if constexpr (kQ3) {
+          scale[g] = static_cast<int16_t>(quant::q3k_scale(block.scales, g));
+          min = 4 * scale[g];
+        } else {
+          scale[g] = static_cast<int16_t>(block.scales[g] & 0x0f);
+          min = block.scales[g] >> 4;
+        }
+        min_dot += min * group_sums[g];
+      }
+      [[maybe_unused]] __m256i hmask;
+      if constexpr (kQ3) hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.hmask));
+      __m256i acc = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i bits =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * h));
+        for (int j = 0; j < 4; ++j) {
+          __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), low2);
+          if constexpr (kQ3) {
+            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * h + j)));
+            q = _mm256_or_si256(
+                q, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit),
+                                    _mm256_set1_epi8(4)));
+          }
+          const int g = 8 * h + 2 * j;
+          const __m256i pairs = _mm256_maddubs_epi16(
+              q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 128 * h + 32 * j)));
+          acc = _mm256_add_epi32(
+              acc, _mm256_madd_epi16(pairs, _mm256_set_m128i(_mm_set1_epi16(scale[g + 1]),
+                                                             _mm_set1_epi16(scale[g]))));
+        }
+      }
+      const int32_t scaled_dot = hsum_epi32(acc);
+      const float d = _cvtsh_ss(block.d);
+      float m = d;
+      if constexpr (!kQ3) m = _cvtsh_ss(block.dmin);
+      sum += x_scale[b] * (d * static_cast<float>(scaled_dot) - m * static_cast<float>(min_dot));
     }
     return sum;
   }

@@ -110,12 +110,14 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
           return;
       }
     }
+    case DType::Q2_K:
+    case DType::Q3_K:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
-      // The K-quants of Q4_K_M / Q5_K_M files, unpacked in registers where the instruction set
-      // has a kernel for them (the same integer sums as the generic path below;
-      // bench/bench_kernels.cpp BM_Matvec); the portable build takes the generic path.
+      // The K-quants, unpacked in registers where the instruction set has kernels for them (the
+      // same integer sums as the generic path below; bench/bench_kernels.cpp BM_Matvec); the
+      // portable build takes the generic path.
       if constexpr (requires { &Ops::dot_q4_K_q8_K; }) {
         const int64_t n_blocks = cols / kQkK;
         std::vector<QuantizedActivation>& xq = activation_scratch(n);
@@ -125,7 +127,15 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
             return dot(row, xq[i].q.data(), xq[i].scale.data(), xq[i].sums.data(), n_blocks);
           });
         };
-        if (w.type == DType::Q4_K)
+        if (w.type == DType::Q2_K)
+          rows_with([](const void* row, auto... rest) {
+            return Ops::dot_q2_K_q8_K(static_cast<const BlockQ2_K*>(row), rest...);
+          });
+        else if (w.type == DType::Q3_K)
+          rows_with([](const void* row, auto... rest) {
+            return Ops::dot_q3_K_q8_K(static_cast<const BlockQ3_K*>(row), rest...);
+          });
+        else if (w.type == DType::Q4_K)
           rows_with([](const void* row, auto... rest) {
             return Ops::dot_q4_K_q8_K(static_cast<const BlockQ4_K*>(row), rest...);
           });
@@ -140,7 +150,7 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
         return;
       }
       [[fallthrough]];
-    default:  // K-quants
+    default:  // K-quants, portable build
       with_unpacker(w.type, [&](auto unpack) {
         using Unpack = decltype(unpack);
         const int64_t n_blocks = cols / Unpack::kValues;
