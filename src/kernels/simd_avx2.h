@@ -136,185 +136,163 @@ struct Avx2Ops {
 
   // K-quant weights (Q2_K ... Q6_K) against the K-quant int8 activation (quant_matvec.h's
   // quantize_activation: a scale per 256 values, the int16 sum of each group of 16), unpacking the
-  // 4- and 6-bit values in registers as ggml's vec_dot_q4_K_q8_K / q6_K do, instead of through
+  // 2- to 6-bit values in registers as ggml's vec_dot_q*_K_q8_K do, instead of through
   // UnpackedBlock in memory (dot_quantized_row). Per block the two integer sums are exactly
   // dot_quantized_row's (scaled_dot = sum_g scale[g] * (q_g . x_g), min_dot = sum_g min[g] *
   // sum(x_g)) and the F32 combination is its expression, so only the compiler's contraction of
   // that expression can tell the two apart.
-  static float dot_q4_K_q8_K(const BlockQ4_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return dot_k4_q8_K(w, x, x_scale, x_sums, n_blocks);
-  }
-  static float dot_q5_K_q8_K(const BlockQ5_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return dot_k4_q8_K(w, x, x_scale, x_sums, n_blocks);
-  }
-
-  // Q4_K and Q5_K: the same nibbles, scales and mins; Q5_K adds a fifth bit from qh.
   template <class Block>
-  static float dot_k4_q8_K(const Block* w, const int8_t* x, const float* x_scale,
-                           const int16_t* x_sums, int64_t n_blocks) {
-    constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
+  static float dot_kquant_q8_K(const Block* w, const int8_t* x, const float* x_scale,
+                               const int16_t* x_sums, int64_t n_blocks) {
     float sum = 0.0f;
     for (int64_t b = 0; b < n_blocks; ++b) {
-      const Block& block = w[b];
-      const int8_t* xb = x + kQkK * b;
-      const int16_t* group_sums = x_sums + kQkK / 16 * b;
-      int scale[8];
-      int32_t min_dot = 0;
-      for (int sub = 0; sub < 8; ++sub) {  // sub-block = 32 values = groups 2 sub, 2 sub + 1
-        int min;
-        quant::k4_scale_min(block.scales, sub, scale[sub], min);
-        min_dot += min * (group_sums[2 * sub] + group_sums[2 * sub + 1]);
-      }
-      // Values 64 j .. 64 j + 31 are the low nibbles of qs[32 j ..], the next 32 the high ones;
-      // Q5_K: the fifth bit of value 64 j + 32 k + l is bit 2 j + k of qh[l].
-      [[maybe_unused]] __m256i qh;
-      if constexpr (kFifthBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh));
-      const auto fifth_bit = [&]([[maybe_unused]] int bit) {
-        if constexpr (kFifthBit) {
-          const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << bit));
-          return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mask), mask),
-                                  _mm256_set1_epi8(0x10));
-        } else {
-          return _mm256_setzero_si256();
-        }
-      };
-      __m256i acc = _mm256_setzero_si256();
-      for (int j = 0; j < 4; ++j) {
-        const __m256i bits =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * j));
-        // q <= 31: maddubs's pair sums (<= 2 * 31 * 127) cannot saturate.
-        const __m256i low =
-            _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(bits, low4), fifth_bit(2 * j)),
-                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 64 * j)));
-        const __m256i high = _mm256_maddubs_epi16(
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low4),
-                            fifth_bit(2 * j + 1)),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 64 * j + 32)));
-        acc = _mm256_add_epi32(
-            acc, _mm256_madd_epi16(low, _mm256_set1_epi16(static_cast<int16_t>(scale[2 * j]))));
-        acc = _mm256_add_epi32(
-            acc,
-            _mm256_madd_epi16(high, _mm256_set1_epi16(static_cast<int16_t>(scale[2 * j + 1]))));
-      }
-      const int32_t scaled_dot = hsum_epi32(acc);
-      sum += x_scale[b] * (_cvtsh_ss(block.d) * static_cast<float>(scaled_dot) -
-                           _cvtsh_ss(block.dmin) * static_cast<float>(min_dot));
+      const KBlockSums s = kquant_block_sums(w[b], x + kQkK * b, x_sums + kQkK / 16 * b);
+      sum += x_scale[b] *
+             (s.d * static_cast<float>(s.scaled_dot) - s.m * static_cast<float>(s.min_dot));
     }
     return sum;
   }
 
-  static float dot_q2_K_q8_K(const BlockQ2_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return dot_k2_q8_K(w, x, x_scale, x_sums, n_blocks);
+  // One K-quant block against its 256 activations: the integer sums and the block's d and m.
+  struct KBlockSums {
+    int32_t scaled_dot = 0, min_dot = 0;
+    float d = 0.0f, m = 0.0f;
+  };
+
+  // sum_g scale[g] * (q_g . x_g) for 32 quants q (<= 63: maddubs's pair sums, <= 2 * 63 * 127,
+  // cannot saturate) of groups g and g + 1, added to acc.
+  static __m256i add_two_groups(__m256i acc, __m256i q, const int8_t* x, int16_t scale_g,
+                                int16_t scale_next) {
+    const __m256i pairs =
+        _mm256_maddubs_epi16(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+    return _mm256_add_epi32(
+        acc, _mm256_madd_epi16(
+                 pairs, _mm256_set_m128i(_mm_set1_epi16(scale_next), _mm_set1_epi16(scale_g))));
   }
-  static float dot_q3_K_q8_K(const BlockQ3_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return dot_k2_q8_K(w, x, x_scale, x_sums, n_blocks);
+
+  // 0x10 (Q5_K's fifth bit) or 0x04 (Q3_K's third) in each byte of `bits` whose bit `bit` is set.
+  static __m256i bit_as(__m256i bits, int bit, char value) {
+    const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << bit));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask),
+                            _mm256_set1_epi8(value));
+  }
+
+  // Q4_K and Q5_K: value 64 j + l (l < 32) is the low nibble of qs[32 j + l], value 64 j + 32 + l
+  // its high nibble; Q5_K's fifth bit of value 64 j + 32 k + l is bit 2 j + k of qh[l]. Eight
+  // 6-bit scales and mins per 32 values (quant::k4_scale_min).
+  template <class Block>
+  static KBlockSums k4_block_sums(const Block& block, const int8_t* x, const int16_t* group_sums) {
+    constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
+    KBlockSums s;
+    int16_t scale[16];
+    for (int sub = 0; sub < 8; ++sub) {
+      int sub_scale, min;
+      quant::k4_scale_min(block.scales, sub, sub_scale, min);
+      scale[2 * sub] = scale[2 * sub + 1] = static_cast<int16_t>(sub_scale);
+      s.min_dot += min * (group_sums[2 * sub] + group_sums[2 * sub + 1]);
+    }
+    [[maybe_unused]] __m256i qh;
+    if constexpr (kFifthBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh));
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * j));
+      __m256i low = _mm256_and_si256(bits, low4);
+      __m256i high = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+      if constexpr (kFifthBit) {
+        low = _mm256_or_si256(low, bit_as(qh, 2 * j, 0x10));
+        high = _mm256_or_si256(high, bit_as(qh, 2 * j + 1, 0x10));
+      }
+      acc = add_two_groups(acc, low, x + 64 * j, scale[4 * j], scale[4 * j + 1]);
+      acc = add_two_groups(acc, high, x + 64 * j + 32, scale[4 * j + 2], scale[4 * j + 3]);
+    }
+    s.scaled_dot = hsum_epi32(acc);
+    s.d = _cvtsh_ss(block.d);
+    s.m = _cvtsh_ss(block.dmin);
+    return s;
+  }
+  static KBlockSums kquant_block_sums(const BlockQ4_K& b, const int8_t* x, const int16_t* sums) {
+    return k4_block_sums(b, x, sums);
+  }
+  static KBlockSums kquant_block_sums(const BlockQ5_K& b, const int8_t* x, const int16_t* sums) {
+    return k4_block_sums(b, x, sums);
   }
 
   // Q2_K and Q3_K: value 128 h + 32 j + l has its low two bits at bits 2j, 2j + 1 of
-  // qs[32 h + l]; Q3_K adds a third from bit 4 h + j of hmask[l] (quant q - 4, offset 4 as a
-  // min of 4 * scale, UnpackQ3_K); Q2_K has a 4-bit scale and min per group of 16.
+  // qs[32 h + l]; Q3_K adds a third from bit 4 h + j of hmask[l] (quant q - 4: offset 4 as a min
+  // of 4 * scale, UnpackQ3_K); Q2_K has a 4-bit scale and min per group of 16.
   template <class Block>
-  static float dot_k2_q8_K(const Block* w, const int8_t* x, const float* x_scale,
-                           const int16_t* x_sums, int64_t n_blocks) {
+  static KBlockSums k2_block_sums(const Block& block, const int8_t* x, const int16_t* group_sums) {
     constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
-    const __m256i low2 = _mm256_set1_epi8(3);
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const Block& block = w[b];
-      const int8_t* xb = x + kQkK * b;
-      const int16_t* group_sums = x_sums + kQkK / 16 * b;
-      int16_t scale[16];
-      int32_t min_dot = 0;
-      for (int g = 0; g < 16; ++g) {
-        int min;
-        if constexpr (kQ3) {
-          scale[g] = static_cast<int16_t>(quant::q3k_scale(block.scales, g));
-          min = 4 * scale[g];
-        } else {
-          scale[g] = static_cast<int16_t>(block.scales[g] & 0x0f);
-          min = block.scales[g] >> 4;
-        }
-        min_dot += min * group_sums[g];
+    KBlockSums s;
+    int16_t scale[16];
+    for (int g = 0; g < 16; ++g) {
+      int min;
+      if constexpr (kQ3) {
+        scale[g] = static_cast<int16_t>(quant::q3k_scale(block.scales, g));
+        min = 4 * scale[g];
+      } else {
+        scale[g] = static_cast<int16_t>(block.scales[g] & 0x0f);
+        min = block.scales[g] >> 4;
       }
-      [[maybe_unused]] __m256i hmask;
-      if constexpr (kQ3) hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.hmask));
-      __m256i acc = _mm256_setzero_si256();
-      for (int h = 0; h < 2; ++h) {
-        const __m256i bits =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * h));
-        for (int j = 0; j < 4; ++j) {
-          __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), low2);
-          if constexpr (kQ3) {
-            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * h + j)));
-            q = _mm256_or_si256(
-                q, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit),
-                                    _mm256_set1_epi8(4)));
-          }
-          const int g = 8 * h + 2 * j;
-          const __m256i pairs = _mm256_maddubs_epi16(
-              q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 128 * h + 32 * j)));
-          acc = _mm256_add_epi32(
-              acc, _mm256_madd_epi16(pairs, _mm256_set_m128i(_mm_set1_epi16(scale[g + 1]),
-                                                             _mm_set1_epi16(scale[g]))));
-        }
-      }
-      const int32_t scaled_dot = hsum_epi32(acc);
-      const float d = _cvtsh_ss(block.d);
-      float m = d;
-      if constexpr (!kQ3) m = _cvtsh_ss(block.dmin);
-      sum += x_scale[b] * (d * static_cast<float>(scaled_dot) - m * static_cast<float>(min_dot));
+      s.min_dot += min * group_sums[g];
     }
-    return sum;
+    [[maybe_unused]] __m256i hmask;
+    if constexpr (kQ3) hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.hmask));
+    const __m256i low2 = _mm256_set1_epi8(3);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), low2);
+        if constexpr (kQ3) q = _mm256_or_si256(q, bit_as(hmask, 4 * h + j, 0x04));
+        const int g = 8 * h + 2 * j;
+        acc = add_two_groups(acc, q, x + 128 * h + 32 * j, scale[g], scale[g + 1]);
+      }
+    }
+    s.scaled_dot = hsum_epi32(acc);
+    s.d = s.m = _cvtsh_ss(block.d);
+    if constexpr (!kQ3) s.m = _cvtsh_ss(block.dmin);
+    return s;
+  }
+  static KBlockSums kquant_block_sums(const BlockQ2_K& b, const int8_t* x, const int16_t* sums) {
+    return k2_block_sums(b, x, sums);
+  }
+  static KBlockSums kquant_block_sums(const BlockQ3_K& b, const int8_t* x, const int16_t* sums) {
+    return k2_block_sums(b, x, sums);
   }
 
-  static float dot_q6_K_q8_K(const BlockQ6_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
+  // Q6_K: value 128 h + 32 k + l has its low nibble in ql[64 h + 32 (k % 2) + l] (the high
+  // nibble for k >= 2) and its top bits at bits 2k, 2k + 1 of qh[32 h + l], moved to bits 4 and 5
+  // (the 16-bit shifts carry bits across bytes only into positions the mask clears); a signed
+  // 8-bit scale per 16 values, offset 32 as a min of 32 * scale (UnpackQ6_K).
+  static KBlockSums kquant_block_sums(const BlockQ6_K& block, const int8_t* x,
+                                      const int16_t* group_sums) {
+    KBlockSums s;
+    for (int g = 0; g < 16; ++g) s.min_dot += 32 * block.scales[g] * group_sums[g];
     const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const BlockQ6_K& block = w[b];
-      const int8_t* xb = x + kQkK * b;
-      const int16_t* group_sums = x_sums + kQkK / 16 * b;
-      // Q6_K's offset 32 as a min: 32 * scale[g] (UnpackQ6_K).
-      int32_t min_dot = 0;
-      for (int g = 0; g < 16; ++g) min_dot += 32 * block.scales[g] * group_sums[g];
-      __m256i acc = _mm256_setzero_si256();
-      for (int h = 0; h < 2; ++h) {
-        // Value 128 h + 32 k + l: low nibble of ql[64 h + 32 (k % 2) + l] (high nibble for
-        // k >= 2), top bits 2k, 2k + 1 of qh[32 h + l], moved to bits 4 and 5 (the 16-bit shifts
-        // carry bits across bytes only into the positions the mask clears).
-        const auto* ql = block.ql + 64 * h;
-        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
-        const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
-                                              _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2)),
-                              _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                                              _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2)),
-                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                              _mm256_and_si256(qh, top2)),
-                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2))};
-        for (int k = 0; k < 4; ++k) {
-          const int g = 8 * h + 2 * k;
-          // q <= 63: maddubs's pair sums (<= 2 * 63 * 127) cannot saturate.
-          const __m256i pairs = _mm256_maddubs_epi16(
-              q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 128 * h + 32 * k)));
-          const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(block.scales[g + 1]),
-                                                  _mm_set1_epi16(block.scales[g]));
-          acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales));
-        }
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const auto* ql = block.ql + 64 * h;
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
+      const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
+                                            _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2)),
+                            _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                            _mm256_and_si256(qh, top2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2))};
+      for (int k = 0; k < 4; ++k) {
+        const int g = 8 * h + 2 * k;
+        acc = add_two_groups(acc, q[k], x + 128 * h + 32 * k, block.scales[g], block.scales[g + 1]);
       }
-      const int32_t scaled_dot = hsum_epi32(acc);
-      const float d = _cvtsh_ss(block.d);
-      sum += x_scale[b] * (d * static_cast<float>(scaled_dot) - d * static_cast<float>(min_dot));
     }
-    return sum;
+    s.scaled_dot = hsum_epi32(acc);
+    s.d = s.m = _cvtsh_ss(block.d);
+    return s;
   }
 
   // sum over i of q_i x_i for 32 int8 pairs as 8 int32 lanes: the sign of x moves onto |q| so

@@ -118,25 +118,10 @@ struct Avx512Ops {
 
   // The K-quants against the K-quant activation: the AVX2 kernels (see dot_q_groups for why not
   // a 512-bit one).
-  static float dot_q2_K_q8_K(const BlockQ2_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return Avx2Ops::dot_q2_K_q8_K(w, x, x_scale, x_sums, n_blocks);
-  }
-  static float dot_q3_K_q8_K(const BlockQ3_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return Avx2Ops::dot_q3_K_q8_K(w, x, x_scale, x_sums, n_blocks);
-  }
-  static float dot_q4_K_q8_K(const BlockQ4_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return Avx2Ops::dot_q4_K_q8_K(w, x, x_scale, x_sums, n_blocks);
-  }
-  static float dot_q5_K_q8_K(const BlockQ5_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return Avx2Ops::dot_q5_K_q8_K(w, x, x_scale, x_sums, n_blocks);
-  }
-  static float dot_q6_K_q8_K(const BlockQ6_K* w, const int8_t* x, const float* x_scale,
-                             const int16_t* x_sums, int64_t n_blocks) {
-    return Avx2Ops::dot_q6_K_q8_K(w, x, x_scale, x_sums, n_blocks);
+  template <class Block>
+  static float dot_kquant_q8_K(const Block* w, const int8_t* x, const float* x_scale,
+                               const int16_t* x_sums, int64_t n_blocks) {
+    return Avx2Ops::dot_kquant_q8_K(w, x, x_scale, x_sums, n_blocks);
   }
 
   // Q8_0 weights against int8 activations (see Avx2Ops::dot_q8_0_int8); with VNNI one

@@ -118,35 +118,20 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
       // The K-quants, unpacked in registers where the instruction set has kernels for them (the
       // same integer sums as the generic path below; bench/bench_kernels.cpp BM_Matvec); the
       // portable build takes the generic path.
-      if constexpr (requires { &Ops::dot_q4_K_q8_K; }) {
+      if constexpr (requires { &Ops::template dot_kquant_q8_K<BlockQ4_K>; }) {
         const int64_t n_blocks = cols / kQkK;
         std::vector<QuantizedActivation>& xq = activation_scratch(n);
         for (int64_t i = 0; i < n; ++i) quantize_activation(x_row(i), cols, kQkK, xq[i]);
-        const auto rows_with = [&](auto dot) {
-          for_each_row(w, n, y, [&](const void* row, int64_t i) {
-            return dot(row, xq[i].q.data(), xq[i].scale.data(), xq[i].sums.data(), n_blocks);
-          });
-        };
-        if (w.type == DType::Q2_K)
-          rows_with([](const void* row, auto... rest) {
-            return Ops::dot_q2_K_q8_K(static_cast<const BlockQ2_K*>(row), rest...);
-          });
-        else if (w.type == DType::Q3_K)
-          rows_with([](const void* row, auto... rest) {
-            return Ops::dot_q3_K_q8_K(static_cast<const BlockQ3_K*>(row), rest...);
-          });
-        else if (w.type == DType::Q4_K)
-          rows_with([](const void* row, auto... rest) {
-            return Ops::dot_q4_K_q8_K(static_cast<const BlockQ4_K*>(row), rest...);
-          });
-        else if (w.type == DType::Q5_K)
-          rows_with([](const void* row, auto... rest) {
-            return Ops::dot_q5_K_q8_K(static_cast<const BlockQ5_K*>(row), rest...);
-          });
-        else
-          rows_with([](const void* row, auto... rest) {
-            return Ops::dot_q6_K_q8_K(static_cast<const BlockQ6_K*>(row), rest...);
-          });
+        with_unpacker(w.type, [&](auto unpack) {  // only for its block type
+          using Unpack = decltype(unpack);
+          if constexpr (Unpack::kValues == kQkK) {  // instantiated for the K-quants only
+            for_each_row(w, n, y, [&](const void* row, int64_t i) {
+              return Ops::dot_kquant_q8_K(static_cast<const typename Unpack::Block*>(row),
+                                          xq[i].q.data(), xq[i].scale.data(), xq[i].sums.data(),
+                                          n_blocks);
+            });
+          }
+        });
         return;
       }
       [[fallthrough]];
