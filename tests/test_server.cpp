@@ -602,11 +602,28 @@ TEST(ServerHttp, LongPromptIsPrefilledBetweenTheDecodeStepsOfOthers) {
            "application/json");
   });
   ASSERT_TRUE(ts.wait_for([](const SchedulerStats& s) { return s.prefilling_sessions == 1; }));
+  // The running stream must get a token while the other prompt is still in prefill. Read the
+  // count first, the scheduler's state after: a new token with the prefill still running then
+  // arrived during it. Polled (bounded) rather than after a fixed sleep: one round takes far
+  // longer under ASan on a loaded machine than the 100 ms this test once waited.
   const int before = received;
-  std::this_thread::sleep_for(100ms);
-  const SchedulerStats during = ts.server().stats();
-  EXPECT_EQ(during.prefilling_sessions, 1u) << "the prompt went in too fast to observe";
-  EXPECT_GT(received.load(), before) << "the running stream stalled during the other's prefill";
+  bool interleaved = false, prefill_ended = false;
+  for (const auto deadline = std::chrono::steady_clock::now() + 20s;
+       std::chrono::steady_clock::now() < deadline;) {
+    const int now = received;
+    const SchedulerStats s = ts.server().stats();
+    if (s.prefilling_sessions != 1) {
+      prefill_ended = true;
+      break;
+    }
+    if (now > before) {
+      interleaved = true;
+      break;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  EXPECT_FALSE(prefill_ended) << "the prompt went in before the running stream got a token";
+  EXPECT_TRUE(interleaved) << "the running stream stalled during the other's prefill";
   prefilling.join();
   decoding.join();
 }
