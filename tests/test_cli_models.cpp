@@ -127,7 +127,7 @@ TEST(CliMakeModel, ArchitecturesAndRopeScalingShowInInfo) {
   expect_one_line_error(run_protokv("make-model --rope-scaling-factor 2" + shape + out),
                         "--rope-scaling-factor needs --rope-scaling linear");
   expect_one_line_error(run_protokv("make-model --head-dim 32" + shape + out),
-                        "only qwen3 and gemma3 have wider or narrower heads");
+                        "only qwen3, gemma3 have wider or narrower heads");
   expect_one_line_error(run_protokv("make-model --arch qwen3 --head-dim 15" + shape + out),
                         "head dimension 15 must be even");
 }

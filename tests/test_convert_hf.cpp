@@ -566,6 +566,35 @@ TEST(ConvertHf, Qwen3WritesQkNormsAndHeadDim) {
   }
 }
 
+// Every Hugging Face class of the architecture registry (model/tensor_table.h) converts to its
+// GGUF architecture with the logits of the in-memory model, so a new registry row is covered here.
+TEST(ConvertHf, EveryRegisteredClassConvertsToItsArchitecture) {
+  TempDir tmp;
+  std::set<std::string> converted;
+  for (const Architecture& a : architectures()) {
+    for (const std::string_view hf_class : a.hf_classes) {
+      SCOPED_TRACE(std::string(hf_class));
+      ModelConfig c = small_config();
+      c.architecture = std::string(a.name);
+      set_architecture_constants(c);
+      const ModelWeights w = random_model_weights(c, 31);
+      CheckpointOptions o = a.rope_neox ? qwen_options(std::string(hf_class)) : CheckpointOptions{};
+      o.hf_arch = std::string(hf_class);
+      const fs::path dir = tmp / std::string(hf_class);
+      write_checkpoint(w, dir, o);
+      const auto out = dir / "out.gguf";
+      const auto got = converted_logits(dir, DType::F32, out);
+      EXPECT_EQ(GgufFile::open(out.string()).get_string("general.architecture"), a.name);
+      EXPECT_EQ(got, reference_logits(w, DType::F32, dir));
+      converted.insert(std::string(hf_class));
+    }
+  }
+  // The classes `protokv convert --help` has always named are all registered.
+  for (const char* hf_class :
+       {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+    EXPECT_EQ(converted.count(hf_class), 1u) << hf_class;
+}
+
 // --- corrupt safetensors ------------------------------------------------------------------------
 
 TEST(Safetensors, ReadsTensorsAndIgnoresMetadata) {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "protokv/dtype.h"
@@ -11,6 +13,66 @@
 
 namespace protokv {
 namespace {
+
+// The registry against ggml's own type table (ggml.c type_traits: blck_size, type_size), written
+// out here independently: id, name, values per block, bytes per block.
+TEST(DType, RegistryMatchesGgmlsTypeTable) {
+  struct Ggml {
+    uint32_t id;
+    const char* name;
+    int64_t block_values;
+    size_t block_bytes;
+  };
+  const Ggml ggml[] = {{0, "f32", 1, 4},       {1, "f16", 1, 2},       {30, "bf16", 1, 2},
+                       {8, "q8_0", 32, 34},    {2, "q4_0", 32, 18},    {3, "q4_1", 32, 20},
+                       {6, "q5_0", 32, 22},    {7, "q5_1", 32, 24},    {10, "q2_K", 256, 84},
+                       {11, "q3_K", 256, 110}, {12, "q4_K", 256, 144}, {13, "q5_K", 256, 176},
+                       {14, "q6_K", 256, 210}};
+  ASSERT_EQ(dtype_registry().size(), std::size(ggml));
+  for (const Ggml& g : ggml) {
+    SCOPED_TRACE(g.name);
+    const DTypeTraits* t = find_dtype_traits(g.id);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->name, g.name);
+    EXPECT_EQ(t->block_values, g.block_values);
+    EXPECT_EQ(t->block_bytes, g.block_bytes);
+    EXPECT_EQ(t->k_quant, g.block_values == 256);
+    EXPECT_EQ(dtype_from_name(g.name), t->type);
+    EXPECT_EQ(dtype_row_bytes(t->type, 2 * g.block_values), 2 * g.block_bytes);
+  }
+  EXPECT_FALSE(dtype_supported(9));  // q8_1: ggml's, not a weight type protokv reads
+  EXPECT_EQ(find_dtype_traits(9), nullptr);
+  EXPECT_EQ(dtype_names(/*writable_only=*/true), "f32, f16, bf16, q8_0, q4_0, q4_K");
+  EXPECT_THROW(dtype_from_name("iq2_xxs"), Error);
+  // llama_ftype ids of the writable types (llama.h: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2,
+  // MOSTLY_Q8_0 7, MOSTLY_Q4_K_S 14, MOSTLY_BF16 32).
+  const std::pair<DType, uint32_t> file_types[] = {{DType::F32, 0},   {DType::F16, 1},
+                                                   {DType::Q4_0, 2},  {DType::Q8_0, 7},
+                                                   {DType::Q4_K, 14}, {DType::BF16, 32}};
+  for (const auto& [type, file_type] : file_types)
+    EXPECT_EQ(dtype_traits(type).file_type, file_type);
+}
+
+// Every writable type quantises and dequantises back within its own resolution.
+TEST(DType, WritableTypesRoundTripThroughTheRegistry) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(512), back(512);
+  for (float& v : x) v = normal(rng);
+  for (const DTypeTraits& t : dtype_registry()) {
+    if (!t.writable()) {
+      EXPECT_THROW(quantize_row(t.type, x.data(), back.data(), 0), Error) << t.name;
+      continue;
+    }
+    SCOPED_TRACE(std::string(t.name));
+    std::vector<uint8_t> bytes(dtype_row_bytes(t.type, 512));
+    quantize_row(t.type, x.data(), bytes.data(), 512);
+    dequantize_row(t.type, bytes.data(), back.data(), 512);
+    double err = 0.0;
+    for (size_t i = 0; i < x.size(); ++i) err = std::max(err, double{std::fabs(x[i] - back[i])});
+    EXPECT_LT(err, t.block_values == 1 ? 0.02 : 0.6);
+  }
+}
 
 TEST(DType, F16RoundTripsExactlyRepresentableValues) {
   for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f}) {

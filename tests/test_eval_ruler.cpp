@@ -221,7 +221,7 @@ TEST(RulerCli, KvpressProtocolGivesTheScoreByCompressionRatio) {
   EXPECT_NE(r.err.find("wrote"), std::string::npos);
   for (const char* fixed : {"--mode query-aware", "--budget 64", "--ratio 0.5", "--lengths 256"})
     testing::expect_run_fails_with_one_line("eval ruler " + model + " --protocol kvpress " + fixed,
-                                            "--protocol kvpress fixes");
+                                            "the kvpress protocol fixes --");
   testing::expect_run_fails_with_one_line("eval ruler " + model + " --protocol nope",
                                           "not a known protocol");
 }

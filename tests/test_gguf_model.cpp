@@ -127,7 +127,7 @@ TEST(RandomModel, EveryTypeStoresTheQuantisedF32Values) {
       EXPECT_NE(notes[0].find("blk.0.ffn_down.weight"), std::string::npos) << notes[0];
       EXPECT_EQ(file.find_tensor("blk.1.ffn_down.weight")->type, DType::F16);
       EXPECT_EQ(file.find_tensor("blk.1.ffn_up.weight")->type, DType::Q8_0);
-      EXPECT_EQ(file.get_int(std::string(names::kFileType)), names::kFileTypeMostlyQ8_0);
+      EXPECT_EQ(file.get_int(std::string(names::kFileType)), 7);  // LLAMA_FTYPE_MOSTLY_Q8_0
       EXPECT_EQ(file.get_int(std::string(names::kQuantizationVersion)), 2);
     } else {
       EXPECT_TRUE(notes.empty());

@@ -3,6 +3,8 @@
 // Element types of weight tensors. Values are the GGML type ids so GGUF files map 1:1.
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <string_view>
 
 namespace protokv {
@@ -91,6 +93,32 @@ struct BlockQ6_K {
   uint16_t d;
 };
 static_assert(sizeof(BlockQ6_K) == 210);
+
+// Everything about a weight type that is not its block layout, one row per type (ggml's
+// type_traits idea): the registry in core/dtype.cpp. The functions below read it, and so do the
+// loaders, exporters and the CLI's type lists; the kernels dispatch on the block layouts through
+// quant::with_unpacker (core/quant_blocks.h). Adding a type: its DType id and block struct here,
+// its row in dtype.cpp, its unpacker in quant_blocks.h (docs/DESIGN.md §4, "Adding a weight type").
+struct DTypeTraits {
+  DType type;
+  std::string_view name;  // llama.cpp's: "f32", "q4_0", "q4_K", ...
+  int64_t block_values;   // 1 for plain types, 32 for legacy quants, 256 for K-quants
+  size_t block_bytes;
+  bool k_quant;  // super-blocks of 256 values with sub-block scales
+  void (*dequantize)(const void* src, float* dst, int64_t n);
+  // Null when protokv has no quantiser for it (it reads such files, llama-quantize writes them).
+  void (*quantize)(const float* src, void* dst, int64_t n);
+  uint32_t file_type;  // llama_ftype ("general.file_type") of a file mostly of this type
+  bool writable() const { return quantize != nullptr; }
+};
+// Every supported type, in the order messages list them.
+std::span<const DTypeTraits> dtype_registry();
+// The row of a GGML type id; null for one protokv cannot compute with.
+const DTypeTraits* find_dtype_traits(uint32_t ggml_type);
+// The row of `type`; throws Error for an id outside the registry.
+const DTypeTraits& dtype_traits(DType type);
+// "f32, f16, bf16, q8_0, ..." (only the types quantize_row writes with `writable_only`).
+std::string dtype_names(bool writable_only = false);
 
 // True for the GGML type ids protokv can compute with.
 bool dtype_supported(uint32_t ggml_type);

@@ -603,13 +603,13 @@ std::pair<nb::object, std::string> eval_niah(const Model& model, const nb::dict&
 // (eval::KvpressRulerProtocol).
 void apply_kvpress_protocol(nb::dict& run, const std::vector<int64_t>& lengths) {
   using P = eval::KvpressRulerProtocol;
+  std::vector<std::string> given;
   for (const char* key : {"budgets", "ratios", "memory_shares"})
-    PROTOKV_CHECK(nb::len(nb::object(run[key])) == 0, "protocol='kvpress' fixes {} ({}): drop them",
-                  key, P::kFixes);
-  PROTOKV_CHECK(lengths.empty(), "protocol='kvpress' fixes lengths ({}): drop them", P::kFixes);
+    if (nb::len(nb::object(run[key])) > 0) given.emplace_back(key);
+  if (!lengths.empty()) given.emplace_back("lengths");
   for (const char* key : {"mode", "reference"})
-    PROTOKV_CHECK(nb::cast<std::string>(run[key]).empty(),
-                  "protocol='kvpress' fixes {} ({}): drop it", key, P::kFixes);
+    if (!nb::cast<std::string>(run[key]).empty()) given.emplace_back(key);
+  P::refuse_given(given);
   run["mode"] = P::kMode;
   run["reference"] = P::kReference;
   run["ratios"] = std::vector<double>(std::begin(P::kKeptShares), std::end(P::kKeptShares));

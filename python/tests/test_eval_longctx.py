@@ -89,7 +89,7 @@ def test_ruler_kvpress_protocol_is_the_clis(recall, recall_path, protokv_cli):
     assert set(py["by_compression_ratio"]["snapkv"]) == {"0.25", "0.5", "0.75", "0.875"}
     for fixed in ({"budgets": [64]}, {"ratios": [0.5]}, {"kv_memory_shares": [0.5]},
                   {"lengths": [512]}, {"mode": "query-agnostic"}, {"reference": "full"}):
-        with pytest.raises(protokv.Error, match="protocol='kvpress' fixes"):
+        with pytest.raises(protokv.Error, match="the kvpress protocol fixes"):
             protokv.eval.ruler(recall, ["snapkv"], protocol="kvpress", samples=1,
                                progress=False, **fixed)
     with pytest.raises(protokv.Error, match="not a known protocol"):

@@ -10,6 +10,7 @@
 #include "core/units.h"
 #include "model/gguf_export.h"
 #include "model/hf_convert.h"
+#include "model/tensor_table.h"
 #include "protokv/error.h"
 #include "protokv/model.h"
 #include "protokv/threads.h"
@@ -80,11 +81,13 @@ void register_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
   auto* cmd = app.add_subcommand(
       "convert",
-      "Convert a llama2.c checkpoint (with its tokenizer.bin), a GGUF model, or a Hugging Face "
-      "checkpoint folder (Llama, Mistral, Qwen2, Qwen3: config.json, model.safetensors or "
-      "model.safetensors.index.json, tokenizer.json) to a GGUF file that llama.cpp also loads. "
-      "Norm vectors stay f32; with q8_0, matrices whose rows are not a multiple of 32 are "
-      "stored as f16 instead (listed on stderr), as llama.cpp does.");
+      fmt::format(
+          "Convert a llama2.c checkpoint (with its tokenizer.bin), a GGUF model, or a Hugging "
+          "Face checkpoint folder ({}: config.json, model.safetensors or "
+          "model.safetensors.index.json, tokenizer.json) to a GGUF file that llama.cpp also "
+          "loads. Norm vectors stay f32; with q8_0, matrices whose rows are not a multiple of 32 "
+          "are stored as f16 instead (listed on stderr), as llama.cpp does.",
+          supported_architectures(/*hf_classes=*/true)));
   cmd->add_option("input", o->input,
                   "llama2.c checkpoint (.bin), GGUF model, or Hugging Face checkpoint folder")
       ->required();
@@ -93,8 +96,9 @@ void register_convert(CLI::App& app) {
                   "model's own tokenizer)");
   cmd->add_option("-o,--output", o->output, "GGUF file to write")->required();
   cmd->add_option("--type", o->type,
-                  "Type of the weight matrices: f32, f16, bf16, q8_0, q4_0 or q4_K (q4_0/q4_K: a "
-                  "simple reference quantiser, not llama-quantize's)")
+                  fmt::format("Type of the weight matrices: {} (q4_0/q4_K: a simple reference "
+                              "quantiser, not llama-quantize's)",
+                              dtype_names(/*writable_only=*/true)))
       ->capture_default_str();
   cmd->add_option("--name", o->name,
                   "general.name (default: the input file's stem or folder's name)");

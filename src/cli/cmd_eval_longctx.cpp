@@ -179,10 +179,11 @@ struct RulerArgs {
 // not silently overridden.
 void apply_kvpress_protocol(RulerArgs& args, const CLI::App& cmd) {
   using P = eval::KvpressRulerProtocol;
+  std::vector<std::string> given;
   for (const char* flag :
        {"--mode", "--budget", "--ratio", "--kv-memory-share", "--lengths", "--reference"})
-    PROTOKV_CHECK(cmd.count(flag) == 0, "--protocol kvpress fixes {} ({}): drop it", flag,
-                  P::kFixes);
+    if (cmd.count(flag) > 0) given.emplace_back(flag);
+  P::refuse_given(given);
   args.common.mode = P::kMode;
   args.common.ratios = fmt::format("{:g}", fmt::join(P::kKeptShares, ","));
   args.common.reference = P::kReference;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// `protokv make-model`: a random-weight llama, qwen2 or qwen3 model of any shape, as a standard
-// GGUF file in llama.cpp's conventions.
+// `protokv make-model`: a random-weight model of any architecture protokv runs (the registry of
+// model/tensor_table.h) and any shape, as a standard GGUF file in llama.cpp's conventions.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 
@@ -53,15 +54,17 @@ void run_make_model(const MakeModelOptions& o) {
   c.architecture = o.arch;
   c.dim = o.dim;
   set_architecture_constants(c);  // also rejects an unknown architecture
+  const Architecture& arch = architecture(o.arch);
   c.shared_classifier = o.tied;
   c.explicit_head_dim = o.head_dim;
-  const bool free_head_dim = o.arch == "qwen3" || o.arch == "gemma3";
-  PROTOKV_CHECK(o.head_dim == 0 || free_head_dim || o.dim == o.heads * o.head_dim,
+  PROTOKV_CHECK(o.head_dim == 0 || arch.free_head_dim || o.dim == o.heads * o.head_dim,
                 "--head-dim {} x --heads {} must equal --dim {} for {} (llama.cpp's shapes); "
-                "only qwen3 and gemma3 have wider or narrower heads",
-                o.head_dim, o.heads, o.dim, o.arch);
-  PROTOKV_CHECK(o.sliding_window == 0 || o.arch == "gemma3",
-                "--sliding-window is for --arch gemma3, not {}", o.arch);
+                "only {} have wider or narrower heads",
+                o.head_dim, o.heads, o.dim, o.arch,
+                architectures_with(&Architecture::free_head_dim));
+  PROTOKV_CHECK(o.sliding_window == 0 || arch.sliding_window,
+                "--sliding-window is for --arch {}, not {}",
+                architectures_with(&Architecture::sliding_window), o.arch);
   PROTOKV_CHECK(o.sliding_window >= 0 && o.swa_period >= 0,
                 "--sliding-window and --swa-period must be >= 0");
   if (o.sliding_window > 0) {
@@ -69,7 +72,8 @@ void run_make_model(const MakeModelOptions& o) {
     c.local_layers = sliding_window_pattern(o.layers, o.swa_period);
   }
   if (o.rope_scaling == "llama3") {
-    PROTOKV_CHECK(o.arch == "llama", "--rope-scaling llama3 is for --arch llama, not {}", o.arch);
+    PROTOKV_CHECK(arch.rope_freq_factors, "--rope-scaling llama3 is for --arch {}, not {}",
+                  architectures_with(&Architecture::rope_freq_factors), o.arch);
     PROTOKV_CHECK(o.rope_scaling_factor == 0.0f,
                   "--rope-scaling llama3 writes Llama 3.1's factors (factor 8); "
                   "--rope-scaling-factor does not apply");
@@ -115,18 +119,20 @@ void register_make_model(CLI::App& app) {
   auto o = std::make_shared<MakeModelOptions>();
   auto* cmd = app.add_subcommand(
       "make-model",
-      "Write a random-weight llama, qwen2, qwen3 or gemma3 model of any shape as a standard GGUF "
-      "file "
-      "(also loadable by llama.cpp), with a synthetic byte-fallback vocabulary: <unk> <s> </s>, "
+      "Write a random-weight model of any shape as a standard GGUF file (also loadable by "
+      "llama.cpp), with a synthetic byte-fallback vocabulary: <unk> <s> </s>, "
       "256 byte "
       "tokens, then pieces such as \"\u2581the\". Weights are approximately normal with standard "
       "deviation 1/sqrt(fan_in) (deterministic for a seed, whatever the thread count); norms are "
       "1. Synthetic: for tests and benchmarks, its text is meaningless.");
-  cmd->add_option("--arch", o->arch,
-                  "Architecture, in llama.cpp's GGUF conventions: llama (Meta-order RoPE), qwen2 "
-                  "(q/k/v biases, NeoX RoPE), qwen3 (per-head q/k RMSNorm, NeoX RoPE) or gemma3 "
-                  "(q/k norms, post-norms, GeGLU, embeddings x sqrt(dim), sliding-window layers "
-                  "with --sliding-window)")
+  std::vector<std::string> arch_help;
+  for (const Architecture& a : architectures())
+    arch_help.push_back(fmt::format("{} ({})", a.name, a.summary));
+  cmd->add_option(
+         "--arch", o->arch,
+         fmt::format("Architecture, in llama.cpp's GGUF conventions: {} (the "
+                     "sliding-window layers of {} with --sliding-window)",
+                     fmt::join(arch_help, ", "), architectures_with(&Architecture::sliding_window)))
       ->capture_default_str();
   cmd->add_option("--dim", o->dim, "Embedding width")->required();
   cmd->add_option("--layers", o->layers, "Transformer blocks")->required();
@@ -136,8 +142,9 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--vocab", o->vocab, "Vocabulary size (at least 259)")->required();
   cmd->add_option("--ctx", o->ctx, "Context length")->capture_default_str();
   cmd->add_option("--head-dim", o->head_dim,
-                  "Per-head width written as attention.key_length (default: dim / heads; other "
-                  "values for qwen3 only)");
+                  fmt::format("Per-head width written as attention.key_length (default: dim / "
+                              "heads; other values for {} only)",
+                              architectures_with(&Architecture::free_head_dim)));
   cmd->add_option("--sliding-window", o->sliding_window,
                   "gemma3: tokens a local layer attends to (0: every layer global)");
   cmd->add_option("--swa-period", o->swa_period,
@@ -155,9 +162,10 @@ void register_make_model(CLI::App& app) {
                 "Tie the output layer to the token embedding (no output.weight)");
   cmd->add_option("--norm-eps", o->norm_eps, "RMSNorm epsilon")->capture_default_str();
   cmd->add_option("--type", o->type,
-                  "Type of the weight matrices: f32, f16, bf16, q8_0, q4_0 or q4_K (rows not a "
-                  "multiple of the block size, 32 or 256 for q4_K, fall back to f16; q4_0/q4_K "
-                  "use a simple reference quantiser, not llama-quantize's)")
+                  fmt::format("Type of the weight matrices: {} (rows not a multiple of the "
+                              "block size, 32 or 256 for q4_K, fall back to f16; q4_0/q4_K use a "
+                              "simple reference quantiser, not llama-quantize's)",
+                              dtype_names(/*writable_only=*/true)))
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   cmd->add_option("--name", o->name, "general.name")->capture_default_str();

@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "protokv/dtype.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/quant_blocks.h"
@@ -12,133 +16,156 @@
 
 namespace protokv {
 
-bool dtype_supported(uint32_t ggml_type) {
-  switch (static_cast<DType>(ggml_type)) {
-    case DType::F32:
-    case DType::F16:
-    case DType::Q8_0:
-    case DType::BF16:
-    case DType::Q4_0:
-    case DType::Q4_1:
-    case DType::Q5_0:
-    case DType::Q5_1:
-    case DType::Q2_K:
-    case DType::Q3_K:
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::Q6_K:
-      return true;
+namespace {
+
+// ---- per-type row conversions (the traits table's function pointers) ----
+
+void copy_f32(const void* src, void* dst, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+}
+void dequantize_f32(const void* src, float* dst, int64_t n) {
+  copy_f32(src, dst, n);
+}
+void quantize_f32(const float* src, void* dst, int64_t n) {
+  copy_f32(src, dst, n);
+}
+void dequantize_f16(const void* src, float* dst, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+}
+void quantize_f16(const float* src, void* dst, int64_t n) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
+}
+void dequantize_bf16(const void* src, float* dst, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+}
+void quantize_bf16(const float* src, void* dst, int64_t n) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
+}
+void dequantize_q8_0(const void* src, float* dst, int64_t n) {
+  const auto* blocks = static_cast<const BlockQ8_0*>(src);
+  for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
+    const float scale = f16_to_f32(blocks[b].scale);
+    for (int j = 0; j < kQ8BlockSize; ++j) dst[b * kQ8BlockSize + j] = scale * blocks[b].quants[j];
   }
-  return false;
+}
+// Same rounding as ggml's reference quantize_row_q8_0: scale = amax / 127.
+void quantize_q8_0(const float* src, void* dst, int64_t n) {
+  auto* blocks = static_cast<BlockQ8_0*>(dst);
+  for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
+    const float* x = src + b * kQ8BlockSize;
+    float amax = 0.0f;
+    for (int j = 0; j < kQ8BlockSize; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float scale = amax / 127.0f;
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    blocks[b].scale = f32_to_f16(scale);
+    for (int j = 0; j < kQ8BlockSize; ++j)
+      blocks[b].quants[j] = static_cast<int8_t>(std::lround(x[j] * inv));
+  }
+}
+// Every block format with an unpacker (quant_blocks.h) dequantises through it.
+template <class Unpack>
+void dequantize_unpacked(const void* src, float* dst, int64_t n) {
+  quant::dequantize_blocks<Unpack>(src, dst, n / Unpack::kValues);
+}
+void quantize_q4_0(const float* src, void* dst, int64_t n);
+void quantize_q4_k(const float* src, void* dst, int64_t n);
+
+template <class Unpack>
+constexpr size_t kBlockBytes = sizeof(typename Unpack::Block);
+
+// llama_ftype ids ("general.file_type") of a file whose matrices are mostly of one type.
+constexpr uint32_t kFileTypeAllF32 = 0, kFileTypeMostlyF16 = 1, kFileTypeMostlyQ4_0 = 2,
+                   kFileTypeMostlyQ8_0 = 7, kFileTypeMostlyQ4_K_S = 14, kFileTypeMostlyBF16 = 32;
+
+// The registry: one row per weight type (dtype.h's DTypeTraits), in the order messages list them.
+// clang-format off
+constexpr DTypeTraits kDTypes[] = {
+  // type        name    block values  block bytes                  K-quant dequantise                              quantise        file type
+  {DType::F32,  "f32",  1,            4,                           false, dequantize_f32,                          quantize_f32,   kFileTypeAllF32},
+  {DType::F16,  "f16",  1,            2,                           false, dequantize_f16,                          quantize_f16,   kFileTypeMostlyF16},
+  {DType::BF16, "bf16", 1,            2,                           false, dequantize_bf16,                         quantize_bf16,  kFileTypeMostlyBF16},
+  {DType::Q8_0, "q8_0", kQ8BlockSize, sizeof(BlockQ8_0),           false, dequantize_q8_0,                         quantize_q8_0,  kFileTypeMostlyQ8_0},
+  {DType::Q4_0, "q4_0", kQ4BlockSize, kBlockBytes<quant::UnpackQ4_0>, false, dequantize_unpacked<quant::UnpackQ4_0>, quantize_q4_0, kFileTypeMostlyQ4_0},
+  {DType::Q4_1, "q4_1", kQ4BlockSize, kBlockBytes<quant::UnpackQ4_1>, false, dequantize_unpacked<quant::UnpackQ4_1>, nullptr,       0},
+  {DType::Q5_0, "q5_0", kQ4BlockSize, kBlockBytes<quant::UnpackQ5_0>, false, dequantize_unpacked<quant::UnpackQ5_0>, nullptr,       0},
+  {DType::Q5_1, "q5_1", kQ4BlockSize, kBlockBytes<quant::UnpackQ5_1>, false, dequantize_unpacked<quant::UnpackQ5_1>, nullptr,       0},
+  {DType::Q2_K, "q2_K", kQkK,         kBlockBytes<quant::UnpackQ2_K>, true,  dequantize_unpacked<quant::UnpackQ2_K>, nullptr,       0},
+  {DType::Q3_K, "q3_K", kQkK,         kBlockBytes<quant::UnpackQ3_K>, true,  dequantize_unpacked<quant::UnpackQ3_K>, nullptr,       0},
+  {DType::Q4_K, "q4_K", kQkK,         kBlockBytes<quant::UnpackQ4_K>, true,  dequantize_unpacked<quant::UnpackQ4_K>, quantize_q4_k, kFileTypeMostlyQ4_K_S},
+  {DType::Q5_K, "q5_K", kQkK,         kBlockBytes<quant::UnpackQ5_K>, true,  dequantize_unpacked<quant::UnpackQ5_K>, nullptr,       0},
+  {DType::Q6_K, "q6_K", kQkK,         kBlockBytes<quant::UnpackQ6_K>, true,  dequantize_unpacked<quant::UnpackQ6_K>, nullptr,       0},
+};
+// clang-format on
+
+}  // namespace
+
+std::span<const DTypeTraits> dtype_registry() {
+  return kDTypes;
+}
+
+const DTypeTraits* find_dtype_traits(uint32_t ggml_type) {
+  for (const DTypeTraits& t : kDTypes)
+    if (static_cast<uint32_t>(t.type) == ggml_type) return &t;
+  return nullptr;
+}
+
+const DTypeTraits& dtype_traits(DType type) {
+  const DTypeTraits* t = find_dtype_traits(static_cast<uint32_t>(type));
+  PROTOKV_CHECK(t != nullptr, "unknown tensor type id {}", static_cast<uint32_t>(type));
+  return *t;
+}
+
+std::string dtype_names(bool writable_only) {
+  std::vector<std::string_view> names;
+  for (const DTypeTraits& t : kDTypes)
+    if (!writable_only || t.writable()) names.push_back(t.name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+bool dtype_supported(uint32_t ggml_type) {
+  return find_dtype_traits(ggml_type) != nullptr;
 }
 
 std::string_view dtype_name(DType type) {
-  switch (type) {
-    case DType::F32:
-      return "f32";
-    case DType::F16:
-      return "f16";
-    case DType::Q8_0:
-      return "q8_0";
-    case DType::BF16:
-      return "bf16";
-    case DType::Q4_0:
-      return "q4_0";
-    case DType::Q4_1:
-      return "q4_1";
-    case DType::Q5_0:
-      return "q5_0";
-    case DType::Q5_1:
-      return "q5_1";
-    case DType::Q2_K:
-      return "q2_K";
-    case DType::Q3_K:
-      return "q3_K";
-    case DType::Q4_K:
-      return "q4_K";
-    case DType::Q5_K:
-      return "q5_K";
-    case DType::Q6_K:
-      return "q6_K";
-  }
-  return "unknown";
+  const DTypeTraits* t = find_dtype_traits(static_cast<uint32_t>(type));
+  return t != nullptr ? t->name : "unknown";
 }
 
-namespace {
-constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
-                               DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                               DType::Q4_K, DType::Q5_K, DType::Q6_K};
-}  // namespace
-
 DType dtype_from_name(std::string_view name) {
-  for (DType type : kAllTypes) {
-    const std::string_view known = dtype_name(type);
-    if (name.size() != known.size()) continue;
+  for (const DTypeTraits& t : kDTypes) {
+    if (name.size() != t.name.size()) continue;
     bool same = true;  // the K-quants' capital K may be typed either way
     for (size_t i = 0; i < name.size(); ++i)
       same = same && std::tolower(static_cast<unsigned char>(name[i])) ==
-                         std::tolower(static_cast<unsigned char>(known[i]));
-    if (same) return type;
+                         std::tolower(static_cast<unsigned char>(t.name[i]));
+    if (same) return t.type;
   }
-  fail(
-      "unknown tensor type '{}' (expected f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, "
-      "q3_K, q4_K, q5_K or q6_K)",
-      name);
+  fail("unknown tensor type '{}' (expected one of {})", name, dtype_names());
 }
 
 bool dtype_quantizable(DType type) {
-  return type == DType::F32 || type == DType::F16 || type == DType::BF16 || type == DType::Q8_0 ||
-         type == DType::Q4_0 || type == DType::Q4_K;
+  const DTypeTraits* t = find_dtype_traits(static_cast<uint32_t>(type));
+  return t != nullptr && t->writable();
 }
 
 bool dtype_is_k_quant(DType type) {
-  return type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K ||
-         type == DType::Q6_K;
+  const DTypeTraits* t = find_dtype_traits(static_cast<uint32_t>(type));
+  return t != nullptr && t->k_quant;
 }
 
 int64_t dtype_block_size(DType type) {
-  if (dtype_is_k_quant(type)) return kQkK;
-  switch (type) {
-    case DType::Q8_0:
-    case DType::Q4_0:
-    case DType::Q4_1:
-    case DType::Q5_0:
-    case DType::Q5_1:
-      return kQ8BlockSize;
-    default:
-      return 1;
-  }
+  const DTypeTraits* t = find_dtype_traits(static_cast<uint32_t>(type));
+  return t != nullptr ? t->block_values : 1;
 }
 
 size_t dtype_row_bytes(DType type, int64_t n) {
-  switch (type) {
-    case DType::F32:
-      return static_cast<size_t>(n) * 4;
-    case DType::F16:
-    case DType::BF16:
-      return static_cast<size_t>(n) * 2;
-    case DType::Q8_0:
-      return static_cast<size_t>(n / kQ8BlockSize) * sizeof(BlockQ8_0);
-    case DType::Q4_0:
-      return static_cast<size_t>(n / kQ4BlockSize) * sizeof(BlockQ4_0);
-    case DType::Q4_1:
-      return static_cast<size_t>(n / kQ4BlockSize) * sizeof(BlockQ4_1);
-    case DType::Q5_0:
-      return static_cast<size_t>(n / kQ4BlockSize) * sizeof(BlockQ5_0);
-    case DType::Q5_1:
-      return static_cast<size_t>(n / kQ4BlockSize) * sizeof(BlockQ5_1);
-    case DType::Q2_K:
-      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ2_K);
-    case DType::Q3_K:
-      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ3_K);
-    case DType::Q4_K:
-      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ4_K);
-    case DType::Q5_K:
-      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ5_K);
-    case DType::Q6_K:
-      return static_cast<size_t>(n / kQkK) * sizeof(BlockQ6_K);
-  }
-  return 0;
+  const DTypeTraits* t = find_dtype_traits(static_cast<uint32_t>(type));
+  if (t == nullptr) return 0;
+  return static_cast<size_t>(n / t->block_values) * t->block_bytes;
 }
 
 float f16_to_f32(uint16_t h) {
@@ -215,45 +242,13 @@ uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
-void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
-  switch (type) {
-    case DType::F32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-      return;
-    case DType::F16: {
-      const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
-      return;
-    }
-    case DType::BF16: {
-      const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
-      return;
-    }
-    case DType::Q8_0: {
-      const auto* blocks = static_cast<const BlockQ8_0*>(src);
-      for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
-        const float scale = f16_to_f32(blocks[b].scale);
-        for (int j = 0; j < kQ8BlockSize; ++j)
-          dst[b * kQ8BlockSize + j] = scale * blocks[b].quants[j];
-      }
-      return;
-    }
-    default:
-      quant::with_unpacker(type, [&](auto unpack) {
-        using Unpack = decltype(unpack);
-        quant::dequantize_blocks<Unpack>(src, dst, n / Unpack::kValues);
-      });
-      return;
-  }
-}
-
 namespace {
 
 // Simple reference quantisers for Q4_0 and Q4_K (round to nearest, scales from the block range;
 // NOT byte-identical to llama-quantize, whose Q4_K search for scales is more elaborate). They
 // write valid ggml blocks, so any reader decodes them the same way.
-void quantize_row_q4_0(const float* x, BlockQ4_0* blocks, int64_t n) {
+void quantize_q4_0(const float* x, void* dst, int64_t n) {
+  auto* blocks = static_cast<BlockQ4_0*>(dst);
   for (int64_t b = 0; b < n / kQ4BlockSize; ++b) {
     const float* xb = x + b * kQ4BlockSize;
     float extreme = 0.0f;  // the value of largest magnitude, sign kept: it maps to -8
@@ -270,7 +265,8 @@ void quantize_row_q4_0(const float* x, BlockQ4_0* blocks, int64_t n) {
   }
 }
 
-void quantize_row_q4_k(const float* x, BlockQ4_K* blocks, int64_t n) {
+void quantize_q4_k(const float* x, void* dst, int64_t n) {
+  auto* blocks = static_cast<BlockQ4_K*>(dst);
   for (int64_t b = 0; b < n / kQkK; ++b) {
     const float* xb = x + b * kQkK;
     float scales[8], mins[8];  // value = scale * q - min per sub-block of 32
@@ -330,48 +326,18 @@ void quantize_row_q4_k(const float* x, BlockQ4_K* blocks, int64_t n) {
 
 }  // namespace
 
+void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
+  dtype_traits(type).dequantize(src, dst, n);
+}
+
 void quantize_row(DType type, const float* src, void* dst, int64_t n) {
-  switch (type) {
-    case DType::F32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-      return;
-    case DType::F16: {
-      auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
-      return;
-    }
-    case DType::BF16: {
-      auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
-      return;
-    }
-    case DType::Q8_0: {
-      // Same rounding as ggml's reference quantize_row_q8_0: scale = amax / 127.
-      auto* blocks = static_cast<BlockQ8_0*>(dst);
-      for (int64_t b = 0; b < n / kQ8BlockSize; ++b) {
-        const float* x = src + b * kQ8BlockSize;
-        float amax = 0.0f;
-        for (int j = 0; j < kQ8BlockSize; ++j) amax = std::max(amax, std::fabs(x[j]));
-        const float scale = amax / 127.0f;
-        const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-        blocks[b].scale = f32_to_f16(scale);
-        for (int j = 0; j < kQ8BlockSize; ++j)
-          blocks[b].quants[j] = static_cast<int8_t>(std::lround(x[j] * inv));
-      }
-      return;
-    }
-    case DType::Q4_0:
-      quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
-      return;
-    case DType::Q4_K:
-      quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n);
-      return;
-    default:
-      fail(
-          "quantising to {} is not implemented (protokv reads {} files; quantise with "
-          "llama-quantize)",
-          dtype_name(type), dtype_name(type));
-  }
+  const DTypeTraits& t = dtype_traits(type);
+  if (!t.writable())
+    fail(
+        "quantising to {} is not implemented (protokv reads {} files; quantise with "
+        "llama-quantize)",
+        t.name, t.name);
+  t.quantize(src, dst, n);
 }
 
 }  // namespace protokv

@@ -469,6 +469,11 @@ std::vector<std::string> KvpressRulerProtocol::presses(std::vector<std::string> 
   return given;
 }
 
+void KvpressRulerProtocol::refuse_given(const std::vector<std::string>& given) {
+  PROTOKV_CHECK(given.empty(), "the kvpress protocol fixes {} ({}): drop it", given.front(),
+                kFixes);
+}
+
 namespace {
 
 // RulerBenchmark::kvpress_protocol: checks that `run` was made as the protocol says (every

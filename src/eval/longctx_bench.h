@@ -84,6 +84,9 @@ struct KvpressRulerProtocol {
       "0.25/0.5/0.75/0.875 against full";
   // The presses with the reference `full` first (added when missing).
   static std::vector<std::string> presses(std::vector<std::string> given);
+  // Fails on the first of the settings a front end says were given (flag or keyword names) that
+  // the protocol fixes: they are refused, not silently overridden.
+  static void refuse_given(const std::vector<std::string>& given);
 };
 LongctxReport run_ruler_benchmark(const LoadedModel& model, RulerBenchmark benchmark,
                                   LongctxBenchmarkRun run);

@@ -159,6 +159,19 @@ struct Avx2Ops {
     float d = 0.0f, m = 0.0f;
   };
 
+  // The unpacking each K-quant block type needs (the pairs share one routine with a flag).
+  template <class Block>
+  static KBlockSums kquant_block_sums(const Block& block, const int8_t* x, const int16_t* sums) {
+    if constexpr (std::is_same_v<Block, BlockQ4_K> || std::is_same_v<Block, BlockQ5_K>) {
+      return k4_block_sums(block, x, sums);
+    } else if constexpr (std::is_same_v<Block, BlockQ2_K> || std::is_same_v<Block, BlockQ3_K>) {
+      return k2_block_sums(block, x, sums);
+    } else {
+      static_assert(std::is_same_v<Block, BlockQ6_K>, "not a K-quant block");
+      return q6_block_sums(block, x, sums);
+    }
+  }
+
   // sum_g scale[g] * (q_g . x_g) for 32 quants q (<= 63: maddubs's pair sums, <= 2 * 63 * 127,
   // cannot saturate) of groups g and g + 1, added to acc.
   static __m256i add_two_groups(__m256i acc, __m256i q, const int8_t* x, int16_t scale_g,
@@ -211,12 +224,6 @@ struct Avx2Ops {
     s.m = _cvtsh_ss(block.dmin);
     return s;
   }
-  static KBlockSums kquant_block_sums(const BlockQ4_K& b, const int8_t* x, const int16_t* sums) {
-    return k4_block_sums(b, x, sums);
-  }
-  static KBlockSums kquant_block_sums(const BlockQ5_K& b, const int8_t* x, const int16_t* sums) {
-    return k4_block_sums(b, x, sums);
-  }
 
   // Q2_K and Q3_K: value 128 h + 32 j + l has its low two bits at bits 2j, 2j + 1 of
   // qs[32 h + l]; Q3_K adds a third from bit 4 h + j of hmask[l] (quant q - 4: offset 4 as a min
@@ -255,19 +262,13 @@ struct Avx2Ops {
     if constexpr (!kQ3) s.m = _cvtsh_ss(block.dmin);
     return s;
   }
-  static KBlockSums kquant_block_sums(const BlockQ2_K& b, const int8_t* x, const int16_t* sums) {
-    return k2_block_sums(b, x, sums);
-  }
-  static KBlockSums kquant_block_sums(const BlockQ3_K& b, const int8_t* x, const int16_t* sums) {
-    return k2_block_sums(b, x, sums);
-  }
 
   // Q6_K: value 128 h + 32 k + l has its low nibble in ql[64 h + 32 (k % 2) + l] (the high
   // nibble for k >= 2) and its top bits at bits 2k, 2k + 1 of qh[32 h + l], moved to bits 4 and 5
   // (the 16-bit shifts carry bits across bytes only into positions the mask clears); a signed
   // 8-bit scale per 16 values, offset 32 as a min of 32 * scale (UnpackQ6_K).
-  static KBlockSums kquant_block_sums(const BlockQ6_K& block, const int8_t* x,
-                                      const int16_t* group_sums) {
+  static KBlockSums q6_block_sums(const BlockQ6_K& block, const int8_t* x,
+                                  const int16_t* group_sums) {
     KBlockSums s;
     for (int g = 0; g < 16; ++g) s.min_dot += 32 * block.scales[g] * group_sums[g];
     const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);

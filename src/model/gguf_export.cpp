@@ -14,26 +14,6 @@ namespace {
 
 namespace names = gguf_names;
 
-uint32_t file_type_of(DType requested) {
-  switch (requested) {
-    case DType::F32:
-      return names::kFileTypeAllF32;
-    case DType::F16:
-      return names::kFileTypeMostlyF16;
-    case DType::BF16:
-      return names::kFileTypeMostlyBF16;
-    case DType::Q8_0:
-      return names::kFileTypeMostlyQ8_0;
-    case DType::Q4_0:
-      return names::kFileTypeMostlyQ4_0;
-    case DType::Q4_K:
-      return names::kFileTypeMostlyQ4_K_S;
-    default:  // no quantiser for the other types: set_llama_metadata rejects them
-      break;
-  }
-  return names::kFileTypeAllF32;
-}
-
 std::vector<int64_t> gguf_dims(const TensorSpec& spec) {
   if (spec.is_vector()) return {spec.cols};
   return {spec.cols, spec.rows};
@@ -108,7 +88,7 @@ void set_llama_metadata(GgufWriter& w, const ModelConfig& c, DType requested,
   w.set_string(std::string(names::kArchitecture), arch);
   w.set_string(std::string(names::kName), name);
   w.set_u32(std::string(gguf_container::kAlignment), gguf_container::kDefaultAlignment);
-  w.set_u32(std::string(names::kFileType), file_type_of(requested));
+  w.set_u32(std::string(names::kFileType), dtype_traits(requested).file_type);
   if (dtype_block_size(requested) > 1) {
     w.set_u32(std::string(names::kQuantizationVersion), names::kQuantizationVersionValue);
   }

@@ -90,7 +90,7 @@ void read_gemma3_config(const GgufFile& file, const ConfigReader& r, ModelConfig
 ModelConfig read_config(const GgufFile& file) {
   const auto arch = file.get_string(std::string(names::kArchitecture));
   if (!arch) fail("GGUF file has no {} key: not a model", names::kArchitecture);
-  tensor_table(*arch);  // throws, naming the architecture, unless it is llama, qwen2 or qwen3
+  const Architecture& architecture_row = architecture(*arch);  // throws for any other
   ConfigReader r{file, *arch};
   ModelConfig c;
   c.architecture = *arch;
@@ -105,7 +105,7 @@ ModelConfig read_config(const GgufFile& file) {
   if (!eps) fail("GGUF model lacks required key {}", names::arch_key(*arch, names::kRmsNormEps));
   c.norm_eps = static_cast<float>(*eps);
   // llama.cpp's rope type of the architecture: NORM (adjacent pairs) for llama, NEOX for Qwen.
-  c.rope_neox = architecture_rope_neox(*arch);
+  c.rope_neox = architecture_row.rope_neox;
 
   // Head width: attention.key_length when present (Qwen3), else dim / n_heads, as llama.cpp.
   const std::string key_length_key = names::arch_key(*arch, names::kKeyLength);
@@ -120,8 +120,8 @@ ModelConfig read_config(const GgufFile& file) {
                   "head count {} ({}) does not divide embedding length {} and there is no {}",
                   c.n_heads, names::arch_key(*arch, names::kHeadCount), c.dim, key_length_key);
   }
-  if (*arch == names::kArchQwen2) {  // llama.cpp's qwen2 shapes attn_q/attn_output [dim, dim]
-    PROTOKV_CHECK(c.n_heads * c.head_dim() == c.dim, "qwen2 needs {} x head dimension {} = {}",
+  if (architecture_row.q_spans_dim) {  // e.g. llama.cpp's qwen2: attn_q/attn_output [dim, dim]
+    PROTOKV_CHECK(c.n_heads * c.head_dim() == c.dim, "{} needs {} x head dimension {} = {}", *arch,
                   names::arch_key(*arch, names::kHeadCount), c.head_dim(),
                   names::arch_key(*arch, names::kEmbeddingLength));
   }
@@ -157,9 +157,9 @@ ModelConfig read_config(const GgufFile& file) {
     PROTOKV_CHECK(*attn_factor == 1.0, "{} = {} is not supported (only 1)",
                   names::arch_key(*arch, names::kRopeScalingAttnFactor), *attn_factor);
   }
-  if (*arch == names::kArchGemma3) read_gemma3_config(file, r, c);
+  if (architecture_row.sliding_window) read_gemma3_config(file, r, c);
   c.rope_freq_factors = file.find_tensor(std::string(names::kRopeFreqs)) != nullptr;
-  PROTOKV_CHECK(!c.rope_freq_factors || *arch == names::kArchLlama,
+  PROTOKV_CHECK(!c.rope_freq_factors || architecture_row.rope_freq_factors,
                 "tensor {} is not used by architecture '{}'", names::kRopeFreqs, *arch);
   return c;
 }

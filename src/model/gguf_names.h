@@ -20,13 +20,7 @@ inline constexpr std::string_view kQuantizationVersion = "general.quantization_v
 // ggml's current quantisation format version (written with quantised files, as llama.cpp does).
 inline constexpr uint32_t kQuantizationVersionValue = 2;
 
-// llama_ftype values of general.file_type (what most tensors are stored as).
-inline constexpr uint32_t kFileTypeAllF32 = 0;
-inline constexpr uint32_t kFileTypeMostlyF16 = 1;
-inline constexpr uint32_t kFileTypeMostlyQ8_0 = 7;
-inline constexpr uint32_t kFileTypeMostlyQ4_0 = 2;
-inline constexpr uint32_t kFileTypeMostlyQ4_K_S = 14;  // every matrix q4_K
-inline constexpr uint32_t kFileTypeMostlyBF16 = 32;
+// general.file_type's llama_ftype values are DTypeTraits::file_type (protokv/dtype.h).
 
 // --- architectures ----------------------------------------------------------------------------
 inline constexpr std::string_view kArchLlama = "llama";

@@ -43,21 +43,6 @@ using nlohmann::json;
 // Keys of llama.cpp's gguf-py this converter writes beyond the exporter's.
 constexpr std::string_view kTokenizerPadId = "tokenizer.ggml.padding_token_id";
 
-// Hugging Face architectures and the GGUF architecture llama.cpp's converter writes for them.
-struct HfArchitecture {
-  std::string_view hf_name;
-  std::string_view gguf_arch;
-  // Llama's converter permutes Q/K rows from Hugging Face's rotate-half (NeoX) order back to
-  // Meta's interleaved pairs (LlamaModel.permute); Qwen keeps NeoX order and RoPE runs NeoX-style.
-  bool undo_qk_permute;
-};
-constexpr HfArchitecture kHfArchitectures[] = {
-    {"LlamaForCausalLM", names::kArchLlama, true},
-    {"MistralForCausalLM", names::kArchLlama, true},
-    {"Qwen2ForCausalLM", names::kArchQwen2, false},
-    {"Qwen3ForCausalLM", names::kArchQwen3, false},
-};
-
 // GGUF tensor name (as in the tensor table, "{}" for the layer) -> Hugging Face name
 // (gguf-py tensor_mapping.py for these architectures).
 constexpr std::pair<std::string_view, std::string_view> kHfNames[] = {
@@ -80,7 +65,7 @@ constexpr std::pair<std::string_view, std::string_view> kHfNames[] = {
     {"blk.{}.ffn_down.weight", "model.layers.{}.mlp.down_proj.weight"},
 };
 
-// Tensors whose rows are permuted for undo_qk_permute architectures (weights and biases alike).
+// Tensors whose rows are permuted for hf_undo_qk_permute architectures (weights and biases alike).
 bool is_rope_permuted(std::string_view gguf_name) {
   return gguf_name == "blk.{}.attn_q.weight" || gguf_name == "blk.{}.attn_q.bias" ||
          gguf_name == "blk.{}.attn_k.weight" || gguf_name == "blk.{}.attn_k.bias";
@@ -173,7 +158,8 @@ std::vector<float> llama3_rope_factors(const Llama3RopeScaling& s, float theta, 
 }
 
 struct HfModel {
-  const HfArchitecture* arch = nullptr;
+  const Architecture* arch = nullptr;  // the GGUF architecture of its Hugging Face class
+  std::string hf_class;                // config.json's "architectures"[0]
   ModelConfig config;
   std::optional<Llama3RopeScaling> llama3_rope;
   bool tie_word_embeddings = false;
@@ -190,13 +176,13 @@ HfModel read_config(const fs::path& dir) {
                 "{}: \"architectures\" must list one architecture", c.path);
   const std::string hf_arch = root["architectures"][0].get<std::string>();
   HfModel m;
-  for (const HfArchitecture& a : kHfArchitectures) {
-    if (a.hf_name == hf_arch) m.arch = &a;
+  for (const Architecture& a : architectures()) {
+    if (std::find(a.hf_classes.begin(), a.hf_classes.end(), hf_arch) != a.hf_classes.end())
+      m.arch = &a;
   }
-  PROTOKV_CHECK(m.arch != nullptr,
-                "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
-                c.path, hf_arch);
+  PROTOKV_CHECK(m.arch != nullptr, "{}: unsupported architecture '{}' (supported: {})", c.path,
+                hf_arch, supported_architectures(/*hf_classes=*/true));
+  m.hf_class = hf_arch;
   if (root.contains("hidden_act")) {
     PROTOKV_CHECK(root["hidden_act"] == "silu", "{}: unsupported hidden_act {} (only silu)", c.path,
                   root["hidden_act"].dump());
@@ -205,7 +191,7 @@ HfModel read_config(const fs::path& dir) {
                 "{}: sliding-window attention (use_sliding_window) is not supported", c.path);
 
   ModelConfig& mc = m.config;
-  mc.architecture = std::string(m.arch->gguf_arch);
+  mc.architecture = std::string(m.arch->name);
   mc.dim = c.positive_int("hidden_size");
   mc.hidden_dim = c.positive_int("intermediate_size");
   mc.n_layers = c.positive_int("num_hidden_layers");
@@ -214,7 +200,7 @@ HfModel read_config(const fs::path& dir) {
   mc.vocab_size = c.positive_int("vocab_size");
   mc.context_length = c.positive_int("max_position_embeddings");
   mc.norm_eps = static_cast<float>(c.float_or(root, "rms_norm_eps", 1e-6));
-  mc.rope_neox = !m.arch->undo_qk_permute;
+  mc.rope_neox = m.arch->rope_neox;
   if (root.contains("head_dim") && !root["head_dim"].is_null()) {
     // Written as attention.key_length / value_length, as llama.cpp's converter does (Qwen3:
     // head_dim 128 with hidden 1024 and 16 heads).
@@ -463,7 +449,7 @@ HfConvertResult convert_hf_checkpoint(const std::string& dir_string, const std::
   write_vocabulary(writer, dir, model);
 
   HfConvertResult result;
-  result.hf_architecture = std::string(model.arch->hf_name);
+  result.hf_architecture = model.hf_class;
   std::set<std::string> used;
   std::vector<TensorSpec> specs = tensor_specs(config, /*with_optional=*/true);
   for (const TensorSpec& spec : specs) {
@@ -488,7 +474,7 @@ HfConvertResult convert_hf_checkpoint(const std::string& dir_string, const std::
     if (src == nullptr) {
       // Qwen2 always has q/k/v biases (llama.cpp requires them for arch qwen2).
       const bool required =
-          spec.required() || (config.architecture == names::kArchQwen2 && spec.is_vector() &&
+          spec.required() || (model.arch->hf_biases_required && spec.is_vector() &&
                               spec.entry->gguf_name.ends_with(".bias"));
       PROTOKV_CHECK(!required, "{}: checkpoint lacks tensor {} (GGUF {})", dir_string, *hf_name,
                     spec.name);
@@ -501,9 +487,10 @@ HfConvertResult convert_hf_checkpoint(const std::string& dir_string, const std::
     PROTOKV_CHECK(src->shape == expected, "{}: tensor {} has shape [{}], config.json needs [{}]",
                   dir_string, *hf_name, fmt::join(src->shape, ", "), fmt::join(expected, ", "));
     const DType type = storage_type(spec, options.type);
-    const int64_t head_dim = model.arch->undo_qk_permute && is_rope_permuted(spec.entry->gguf_name)
-                                 ? config.head_dim()
-                                 : 0;
+    const int64_t head_dim =
+        model.arch->hf_undo_qk_permute && is_rope_permuted(spec.entry->gguf_name)
+            ? config.head_dim()
+            : 0;
     std::vector<int64_t> dims = spec.is_vector() ? std::vector<int64_t>{spec.cols}
                                                  : std::vector<int64_t>{spec.cols, spec.rows};
     writer.add_tensor(spec.name, std::move(dims), type,

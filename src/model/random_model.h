@@ -18,7 +18,7 @@ namespace protokv {
 class Tokenizer;
 
 struct RandomModelOptions {
-  ModelConfig config;  // llama, qwen2 or qwen3; shared_classifier and rope_freq_factors honoured
+  ModelConfig config;  // any registered architecture; shared_classifier, rope_freq_factors honoured
   DType type = DType::F32;
   uint64_t seed = 0;
   std::string name = "protokv-random";

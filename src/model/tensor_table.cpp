@@ -2,6 +2,7 @@
 #include "model/tensor_table.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -135,25 +136,84 @@ const TensorEntry kGemma3[] = {
 #undef PROTOKV_UNBIASED_ATTENTION_TENSORS
 // clang-format on
 
+constexpr std::string_view kLlamaHfClasses[] = {"LlamaForCausalLM", "MistralForCausalLM"};
+constexpr std::string_view kQwen2HfClasses[] = {"Qwen2ForCausalLM"};
+constexpr std::string_view kQwen3HfClasses[] = {"Qwen3ForCausalLM"};
+
+// The registry (tensor_table.h's Architecture). Gemma 3 has no Hugging Face converter (its
+// checkpoints store norms as w, GGUF as 1 + w, and use GeGLU): its GGUF files load directly.
+const Architecture kArchitectures[] = {
+    {.name = gguf_names::kArchLlama,
+     .summary = "Meta-order RoPE, optional q/k/v biases, Llama 3.x rope_freqs",
+     .tensors = kLlama,
+     .rope_freq_factors = true,
+     .hf_classes = kLlamaHfClasses,
+     .hf_undo_qk_permute = true},
+    {.name = gguf_names::kArchQwen2,
+     .summary = "q/k/v biases, NeoX RoPE",
+     .tensors = kQwen2,
+     .rope_neox = true,
+     .q_spans_dim = true,
+     .hf_classes = kQwen2HfClasses,
+     .hf_biases_required = true},
+    {.name = gguf_names::kArchQwen3,
+     .summary = "per-head q/k RMSNorm, NeoX RoPE, free head width",
+     .tensors = kQwen3,
+     .rope_neox = true,
+     .free_head_dim = true,
+     .hf_classes = kQwen3HfClasses},
+    {.name = gguf_names::kArchGemma3,
+     .summary = "q/k norms, post-norms, GeGLU, embeddings x sqrt(dim), sliding-window layers",
+     .tensors = kGemma3,
+     .rope_neox = true,
+     .free_head_dim = true,
+     .sliding_window = true,
+     .scaled_embedding_geglu = true},
+};
+
 }  // namespace
 
-std::span<const TensorEntry> tensor_table(std::string_view architecture) {
-  if (architecture == gguf_names::kArchLlama) return kLlama;
-  if (architecture == gguf_names::kArchQwen2) return kQwen2;
-  if (architecture == gguf_names::kArchQwen3) return kQwen3;
-  if (architecture == gguf_names::kArchGemma3) return kGemma3;
-  fail("unsupported model architecture '{}' (supported: llama, qwen2, qwen3, gemma3)",
-       architecture);
+std::span<const Architecture> architectures() {
+  return kArchitectures;
 }
 
-bool architecture_rope_neox(std::string_view architecture) {
-  tensor_table(architecture);  // throws for an unsupported architecture
-  return architecture != gguf_names::kArchLlama;
+std::string supported_architectures(bool hf_classes) {
+  std::vector<std::string_view> names;
+  for (const Architecture& a : kArchitectures) {
+    if (hf_classes) {
+      names.insert(names.end(), a.hf_classes.begin(), a.hf_classes.end());
+    } else {
+      names.push_back(a.name);
+    }
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+std::string architectures_with(bool Architecture::*flag) {
+  std::vector<std::string_view> names;
+  for (const Architecture& a : kArchitectures)
+    if (a.*flag) names.push_back(a.name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+const Architecture& architecture(std::string_view name) {
+  for (const Architecture& a : kArchitectures)
+    if (a.name == name) return a;
+  fail("unsupported model architecture '{}' (supported: {})", name, supported_architectures());
+}
+
+std::span<const TensorEntry> tensor_table(std::string_view architecture_name) {
+  return architecture(architecture_name).tensors;
+}
+
+bool architecture_rope_neox(std::string_view architecture_name) {
+  return architecture(architecture_name).rope_neox;
 }
 
 void set_architecture_constants(ModelConfig& config) {
-  config.rope_neox = architecture_rope_neox(config.architecture);
-  if (config.architecture == gguf_names::kArchGemma3) {
+  const Architecture& arch = architecture(config.architecture);
+  config.rope_neox = arch.rope_neox;
+  if (arch.scaled_embedding_geglu) {
     config.embedding_scale = std::sqrt(static_cast<float>(config.dim));
     config.ffn_activation = FfnActivation::kGeluTanh;
   }

@@ -56,16 +56,50 @@ struct TensorEntry {
   const float* LayerWeights::*layer_vector = nullptr;
 };
 
-// The table of `architecture`, in GGUF file order (globals, then each block). Throws Error for an
-// architecture protokv cannot run.
+// One row per architecture protokv runs (docs/DESIGN.md §3.1, "Adding an architecture"): every
+// fact about it that is not read from a file. The GGUF loader, the exporter, the Hugging Face
+// converter, make-model and their error messages all read this registry, so an architecture is
+// one row here plus its tensor table.
+struct Architecture {
+  std::string_view name{};                 // GGUF general.architecture
+  std::string_view summary{};              // what sets it apart, for --help
+  std::span<const TensorEntry> tensors{};  // in GGUF file order (globals, then each block)
+  // NeoX RoPE pairs (i, i + n_rot/2) rather than Meta's adjacent pairs (llama.cpp's
+  // llama_model_rope_type: NORM for llama, NEOX for the others).
+  bool rope_neox = false;
+  // The head width may differ from dim / n_heads (attention.key_length); when false,
+  // n_heads x head_dim must equal dim, as llama.cpp's shapes of that architecture assume.
+  bool free_head_dim = false;
+  bool q_spans_dim = false;             // attn_q / attn_output are [dim, dim] (llama.cpp's qwen2)
+  bool rope_freq_factors = false;       // rope_freqs.weight (Llama 3.x "llama3" scaling) is allowed
+  bool sliding_window = false;          // interleaved local (sliding-window) and global layers
+  bool scaled_embedding_geglu = false;  // embeddings x sqrt(dim) and a GeGLU FFN (Gemma)
+  // Hugging Face classes converted to it (`protokv convert`); empty: no converter.
+  std::span<const std::string_view> hf_classes{};
+  // The Llama converter's Q/K row permutation (LlamaModel.permute) from Hugging Face's
+  // rotate-half order back to Meta's pairs; NeoX architectures keep Hugging Face's order.
+  bool hf_undo_qk_permute = false;
+  bool hf_biases_required = false;  // q/k/v biases are always in its checkpoints (Qwen2)
+};
+
+// Every architecture, in the order messages list them.
+std::span<const Architecture> architectures();
+// The row of `name`; throws Error naming the supported ones for any other.
+const Architecture& architecture(std::string_view name);
+// "llama, qwen2, qwen3, gemma3" (or the Hugging Face classes): for messages and --help.
+std::string supported_architectures(bool hf_classes = false);
+// The names of the architectures with `flag` set ("qwen3, gemma3"), for messages.
+std::string architectures_with(bool Architecture::*flag);
+
+// The tensor table of `architecture` (Architecture::tensors). Throws Error for an architecture
+// protokv cannot run.
 std::span<const TensorEntry> tensor_table(std::string_view architecture);
 
-// Whether `architecture`'s GGUF tensors expect NeoX RoPE pairs (i, i + n_rot/2) rather than
-// Meta's adjacent pairs (llama.cpp's llama_model_rope_type: NORM for llama, NEOX for qwen2/3).
+// Architecture::rope_neox of `architecture`.
 bool architecture_rope_neox(std::string_view architecture);
 
 // Sets what `config.architecture` fixes rather than stores in GGUF, from the config's shape:
-// rope_neox, and for gemma3 the embedding scale sqrt(dim) and GeGLU. Throws Error for an
+// rope_neox, and for Gemma the embedding scale sqrt(dim) and GeGLU. Throws Error for an
 // unsupported architecture.
 void set_architecture_constants(ModelConfig& config);
 
