@@ -74,7 +74,8 @@ if [[ $WHAT == all || $WHAT == niah-gemma ]]; then
     --lengths 4096,16384,32000 --depths 0,50,100 -t "$THREADS" --share-prefill --batch-decode
 fi
 if [[ $WHAT == all || $WHAT == ruler ]]; then
-  for mode in query-aware query-agnostic; do
+  # RULER_MODES="query-agnostic" runs one mode (a finished mode's run would only re-render it).
+  for mode in ${RULER_MODES:-query-aware query-agnostic}; do
     run "ruler_smollm2_$mode" . eval ruler -m "$SMOLLM2" --press "$PRESSES" --budget 64,256 \
       --lengths 4096 --samples 20 --haystack "$TEXT" --mode "$mode" -t "$THREADS" \
       --share-prefill --batch-decode
