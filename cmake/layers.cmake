@@ -22,7 +22,7 @@ set(PROTOKV_LAYER_USES_eval core io kernels tokenizer cache press model)
 set(PROTOKV_LAYER_USES_server core:api io:api kernels:api tokenizer:api cache:api press:api
                               model:api)
 # Each public header (or folder of them) of include/protokv/ by the layer that implements it.
-set(PROTOKV_PUBLIC_core dtype.h error.h limits.h memory.h tensor.h threads.h timer.h)
+set(PROTOKV_PUBLIC_core dtype.h error.h json_keys.h limits.h memory.h tensor.h threads.h timer.h)
 set(PROTOKV_PUBLIC_io gguf.h)
 set(PROTOKV_PUBLIC_kernels key_segment.h)
 set(PROTOKV_PUBLIC_tokenizer tokenizer.h)

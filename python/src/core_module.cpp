@@ -28,6 +28,7 @@
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/generate.h"
+#include "protokv/json_keys.h"
 #include "protokv/model.h"
 #include "protokv/press/allocator.h"
 #include "protokv/press/options.h"
@@ -357,8 +358,8 @@ nb::dict prefill_stats_dict(const PrefillStats& p) {
   d["n_tokens"] = p.n_tokens;
   d["prefill_ms"] = p.prefill_ms;
   d["compress_ms"] = p.compress_ms;
-  d["peak_kv_bytes"] = p.peak_kv_bytes;
-  d["kv_bytes"] = p.kv_bytes;
+  d[json_keys::kPeakKvBytes] = p.peak_kv_bytes;
+  d[json_keys::kKvBytes] = p.kv_bytes;
   d["decode_attended_kv_bytes"] = p.decode_attended_kv_bytes;
   return d;
 }

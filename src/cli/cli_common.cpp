@@ -11,9 +11,12 @@
 
 namespace protokv::cli {
 
+CLI::Option* add_model_path_option(CLI::App& cmd, std::string& model_path) {
+  return cmd.add_option("-m,--model", model_path, "Model file: GGUF or llama2.c checkpoint (.bin)");
+}
+
 void add_model_options(CLI::App& cmd, ModelOptions& options) {
-  cmd.add_option("-m,--model", options.model_path, "Model file: GGUF or llama2.c checkpoint (.bin)")
-      ->required();
+  add_model_path_option(cmd, options.model_path)->required();
   cmd.add_option("-z,--tokenizer", options.tokenizer_path,
                  "llama2.c tokenizer.bin (default: the tokenizer stored in a GGUF model)");
   cmd.add_option("-t,--threads", options.threads, "Threads (default: all hardware threads)");

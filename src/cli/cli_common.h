@@ -36,6 +36,8 @@ struct ModelOptions {
   int threads = 0;             // <= 0: all hardware threads
 };
 void add_model_options(CLI::App& cmd, ModelOptions& options);
+// -m/--model alone, for commands with their own tokenizer and thread flags; one help text.
+CLI::Option* add_model_path_option(CLI::App& cmd, std::string& model_path);
 // Applies the thread count, then loads the model. With `require_tokenizer`, fails unless -z or
 // the model file provides a tokenizer (and checks it fits the model's vocabulary).
 LoadedModel load_model_from_options(const ModelOptions& options, bool require_tokenizer);

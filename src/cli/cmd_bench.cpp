@@ -33,6 +33,7 @@
 #include "model/tensor_table.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
+#include "protokv/json_keys.h"
 #include "protokv/sampler.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
@@ -195,8 +196,8 @@ void run_e2e(const E2eOptions& o) {
       j["prefill_fraction_of_sgemm"] = prefill_gflops(r) / ref.sgemm_gflops;
       j["compress_ms"] = r.compress_ms;
       j["compress_share_of_prefill"] = r.compress_ms / r.prefill_ms;
-      j["kv_bytes_after_prefill"] = r.kv_bytes_after_prefill;
-      j["kv_bytes_peak_prefill"] = r.kv_bytes_peak_prefill;
+      j[json_keys::kKvBytesAfterPrefill] = r.kv_bytes_after_prefill;
+      j[json_keys::kKvBytesPeakPrefill] = r.kv_bytes_peak_prefill;
       j["decode_steps"] = r.decode_steps;
       j["decode_ms_per_token"] =
           r.decode_steps > 0 ? nlohmann::json(r.decode_ms_per_token) : nlohmann::json(nullptr);

@@ -160,7 +160,7 @@ void register_eval(CLI::App& app) {
       "head after prefill), KV bytes, compression ms. Prompts: -f TEXT (cut at evenly spread "
       "offsets, one per sample, continuation = the text's own), the model's own sampled text "
       "(default), or --synthetic. Mode: query-aware only (the whole prompt is compressed).");
-  cmd->add_option("-m,--model", args->model, "GGUF file or llama2.c checkpoint");
+  add_model_path_option(*cmd, args->model);
   cmd->add_option("-z,--tokenizer", args->tokenizer, "llama2.c tokenizer.bin (for -f)");
   cmd->add_option("-f,--file", args->text, "UTF-8 text to cut prompts and continuations from");
   cmd->add_flag("--synthetic", args->synthetic,

@@ -16,6 +16,7 @@
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/generate.h"
+#include "protokv/json_keys.h"
 #include "protokv/memory.h"
 #include "protokv/sampler.h"
 #include "protokv/threads.h"
@@ -202,14 +203,14 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     out["decode_ms_per_token"] =
         decode_steps > 0 ? nlohmann::json(ms_per_token) : nlohmann::json(nullptr);
     out["decode_steps"] = decode_steps;
-    out["kv_bytes_after_prefill"] = prefill.kv_bytes;
-    out["kv_bytes_peak_prefill"] = prefill.peak_kv_bytes;
-    out["kv_bytes_end"] = kv_end;
+    out[json_keys::kKvBytesAfterPrefill] = prefill.kv_bytes;
+    out[json_keys::kKvBytesPeakPrefill] = prefill.peak_kv_bytes;
+    out[json_keys::kKvBytesEnd] = kv_end;
     // What the full cache would hold after the prompt: kv_bytes_after_prefill over it is the
     // stored share (--kv-memory-share's target).
-    out["kv_bytes_full"] = full_kv_bytes(model.weights.config, prompt_tokens);
+    out[json_keys::kKvBytesFull] = full_kv_bytes(model.weights.config, prompt_tokens);
     // What the last decode step's attention read (less than stored with a recall press).
-    out["kv_bytes_attended_last_step"] =
+    out[json_keys::kKvBytesAttendedLastStep] =
         decode_steps > 0 ? nlohmann::json(session.prefill_stats().decode_attended_kv_bytes)
                          : nlohmann::json(nullptr);
     if (o.kv_positions) {

@@ -184,8 +184,7 @@ void register_info(CLI::App& app) {
   auto options = std::make_shared<InfoOptions>();
   auto* cmd = app.add_subcommand(
       "info", "Show a model's architecture, shapes, tensor types, size and tokenizer");
-  cmd->add_option("-m,--model", options->model_path, "GGUF file or llama2.c checkpoint")
-      ->required();
+  add_model_path_option(*cmd, options->model_path)->required();
   cmd->add_option("--tokenizer", options->tokenizer_path,
                   "llama2.c tokenizer.bin (llama2.c checkpoints carry none)");
   cmd->add_flag("--json", options->json, "Print one JSON object instead of text");

@@ -12,6 +12,7 @@
 #include "eval/report/table.h"
 #include "eval/synthetic.h"
 #include "protokv/error.h"
+#include "protokv/json_keys.h"
 #include "protokv/press_spec.h"
 #include "protokv/threads.h"
 #include "protokv/timer.h"
@@ -180,7 +181,7 @@ nlohmann::json to_json(const CompressBenchReport& report) {
                        {"ratio_to_snapkv", r.ratio_to_snapkv},
                        {"min_ratio_to_snapkv", r.min_ratio_to_snapkv},
                        {"kept_entries", r.kept_entries},
-                       {"kv_bytes", r.kv_bytes},
+                       {json_keys::kKvBytes, r.kv_bytes},
                        {"times_ms", r.times_ms},
                        {"cpu_min_ms", r.cpu_min_ms},
                        {"cpu_median_ms", r.cpu_median_ms},

@@ -15,6 +15,7 @@
 #include "eval/report/table.h"
 #include "press/entry.h"
 #include "protokv/error.h"
+#include "protokv/json_keys.h"
 #include "protokv/model.h"
 #include "protokv/threads.h"
 #include "protokv/tokenizer.h"
@@ -470,8 +471,8 @@ nlohmann::json recall_demo_json(const RecallDemoReport& report) {
       j["answer"] = row.answer;
       j["prediction"] = r.prediction;
       j["correct"] = row.correct;
-      j["kv_bytes"] = r.kv_bytes;
-      j["attended_kv_bytes"] = r.attended_kv_bytes;
+      j[json_keys::kKvBytes] = r.kv_bytes;
+      j[json_keys::kAttendedKvBytes] = r.attended_kv_bytes;
       j["compress_ms"] = r.compress_ms;
       j["prefill_ms"] = r.prefill_ms;
       j["decode_ms_per_token"] = decode_ms_per_token(r);

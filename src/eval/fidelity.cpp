@@ -18,6 +18,7 @@
 #include "eval/synthetic.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
+#include "protokv/json_keys.h"
 #include "protokv/limits.h"
 #include "protokv/press/scoring_press.h"
 #include "protokv/press_spec.h"
@@ -251,10 +252,10 @@ nlohmann::json to_json(const RunMetrics& m) {
           {"ppl", exact(m.ppl)},
           {"recall", exact(m.recall)},
           {"attn_err", attn},
-          {"kv_bytes", m.kv_bytes},
+          {json_keys::kKvBytes, m.kv_bytes},
           {"entries", m.entries},
           {"tokens_represented", m.tokens_represented},
-          {"kv_bytes_attended", exact(m.kv_bytes_attended)},
+          {json_keys::kKvBytesAttended, exact(m.kv_bytes_attended)},
           {"compress_ms", exact(m.compress_ms)},
           {"prefill_ms", exact(m.prefill_ms)},
           {"decode_ms_per_token", exact(m.decode_ms_per_token)},
@@ -269,10 +270,10 @@ RunMetrics run_metrics_from_json(const nlohmann::json& j) {
   m.ppl = exact_double(j.at("ppl"));
   m.recall = exact_double(j.at("recall"));
   for (const auto& e : j.at("attn_err")) m.attn_err.push_back(exact_double(e));
-  m.kv_bytes = j.at("kv_bytes").get<size_t>();
+  m.kv_bytes = j.at(json_keys::kKvBytes).get<size_t>();
   m.entries = j.at("entries").get<int64_t>();
   m.tokens_represented = j.at("tokens_represented").get<int64_t>();
-  m.kv_bytes_attended = exact_double(j.at("kv_bytes_attended"));
+  m.kv_bytes_attended = exact_double(j.at(json_keys::kKvBytesAttended));
   m.compress_ms = exact_double(j.at("compress_ms"));
   m.prefill_ms = exact_double(j.at("prefill_ms"));
   m.decode_ms_per_token = exact_double(j.at("decode_ms_per_token"));
@@ -465,7 +466,7 @@ void add_sample(FidelityReport& report, const nlohmann::json& record) {
   const double ppl_full = exact_double(full.at("ppl"));
   report.continuations.push_back(full.at("continuation").get<std::vector<int32_t>>());
   report.reference.ppl.add(ppl_full);
-  report.reference.kv_bytes.add(exact_double(full.at("kv_bytes")));
+  report.reference.kv_bytes.add(exact_double(full.at(json_keys::kKvBytes)));
   report.reference.prefill_ms.add(exact_double(full.at("prefill_ms")));
   report.reference.decode_ms_per_token.add(exact_double(full.at("decode_ms_per_token")));
   const auto& runs = record.at("runs");
@@ -652,7 +653,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                              {"full",
                               {{"continuation", ref.continuation},
                                {"ppl", exact(ref.ppl)},
-                               {"kv_bytes", ref.kv_bytes},
+                               {json_keys::kKvBytes, ref.kv_bytes},
                                {"prefill_ms", exact(ref.prefill_ms)},
                                {"decode_ms_per_token", exact(ref.decode_ms_per_token)}}},
                              {"runs", nlohmann::json::array()}};
@@ -715,9 +716,9 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
         {"memory_share",
          "a memory-share row (--kv-memory-share S): per sample, the budget at which the press "
          "stores S of the full cache's KV bytes (solved_budget: its mean, min, max)"},
-        {"stored_share", "kv_bytes / the full cache's kv_bytes"},
-        {"attended_share", "kv_bytes_attended / the full cache's kv_bytes"},
-        {"kv_bytes", "keys + values held after prefill (exact)"},
+        {json_keys::kStoredShare, "kv_bytes / the full cache's kv_bytes"},
+        {json_keys::kAttendedShare, "kv_bytes_attended / the full cache's kv_bytes"},
+        {json_keys::kKvBytes, "keys + values held after prefill (exact)"},
         {"entries_stored",
          "cache entries after prefill, all layers and KV heads (mean over samples)"},
         {"tokens_represented",

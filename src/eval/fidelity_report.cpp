@@ -12,6 +12,7 @@
 #include "eval/report/table.h"
 #include "eval/svg_plot.h"
 #include "protokv/error.h"
+#include "protokv/json_keys.h"
 
 namespace protokv::eval {
 namespace {
@@ -128,8 +129,8 @@ nlohmann::json to_json(const FidelityReport& report) {
       r["solved_budget_min"] = number_or_null(row.solved_budget.min());
       r["solved_budget_max"] = number_or_null(row.solved_budget.max());
     }
-    r["stored_share"] = number_or_null(share_of_full(report, row.kv_bytes));
-    r["attended_share"] = number_or_null(share_of_full(report, row.kv_bytes_attended));
+    r[json_keys::kStoredShare] = number_or_null(share_of_full(report, row.kv_bytes));
+    r[json_keys::kAttendedShare] = number_or_null(share_of_full(report, row.kv_bytes_attended));
     r["kl_mean"] = stat(row.kl_mean);
     r["kl_mean_std"] = spread(row.kl_mean);
     r["kl_mean_min"] = number_or_null(row.kl_mean.min());
@@ -144,8 +145,8 @@ nlohmann::json to_json(const FidelityReport& report) {
     r["attn_err_mean"] = stat(row.attn_err_mean);
     r["recall"] = stat(row.recall);
     r["recall_std"] = spread(row.recall);
-    r["kv_bytes"] = stat(row.kv_bytes);
-    r["kv_bytes_attended"] = stat(row.kv_bytes_attended);
+    r[json_keys::kKvBytes] = stat(row.kv_bytes);
+    r[json_keys::kKvBytesAttended] = stat(row.kv_bytes_attended);
     r["entries_stored"] = stat(row.entries_stored);
     r["tokens_represented"] = stat(row.tokens_represented);
     r["compress_ms"] = stat(row.compress_ms);
@@ -174,7 +175,7 @@ nlohmann::json to_json(const FidelityReport& report) {
     results.push_back(std::move(r));
   }
   nlohmann::json reference = {{"ppl", report.reference.ppl.mean()},
-                              {"kv_bytes", report.reference.kv_bytes.mean()},
+                              {json_keys::kKvBytes, report.reference.kv_bytes.mean()},
                               {"prefill_ms", report.reference.prefill_ms.mean()},
                               {"decode_ms_per_token", report.reference.decode_ms_per_token.mean()}};
   return {{"config", report.config}, {"full", reference}, {"results", results}};

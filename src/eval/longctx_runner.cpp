@@ -22,6 +22,7 @@
 #include "eval/results_file.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
+#include "protokv/json_keys.h"
 #include "protokv/press_spec.h"
 #include "protokv/sampler.h"
 #include "protokv/timer.h"
@@ -98,10 +99,10 @@ nlohmann::json LongctxRecord::to_json() const {
   j["compress_ms"] = compress_ms;
   j["prefill_ms"] = prefill_ms;
   j["decode_ms"] = decode_ms;
-  j["kv_bytes"] = kv_bytes;
-  j["peak_kv_bytes"] = peak_kv_bytes;
-  j["attended_kv_bytes"] = attended_kv_bytes;
-  if (full_kv_bytes > 0) j["full_kv_bytes"] = full_kv_bytes;
+  j[json_keys::kKvBytes] = kv_bytes;
+  j[json_keys::kPeakKvBytes] = peak_kv_bytes;
+  j[json_keys::kAttendedKvBytes] = attended_kv_bytes;
+  if (full_kv_bytes > 0) j[json_keys::kFullKvBytes] = full_kv_bytes;
   if (budget > 0) j["budget"] = budget;
   j["meta"] = meta;
   return j;
@@ -120,10 +121,10 @@ LongctxRecord LongctxRecord::from_json(const nlohmann::json& j) {
   r.compress_ms = j.value("compress_ms", 0.0);
   r.prefill_ms = j.value("prefill_ms", 0.0);
   r.decode_ms = j.value("decode_ms", 0.0);
-  r.kv_bytes = j.value("kv_bytes", size_t{0});
-  r.peak_kv_bytes = j.value("peak_kv_bytes", size_t{0});
-  r.attended_kv_bytes = j.value("attended_kv_bytes", size_t{0});
-  r.full_kv_bytes = j.value("full_kv_bytes", size_t{0});
+  r.kv_bytes = j.value(json_keys::kKvBytes, size_t{0});
+  r.peak_kv_bytes = j.value(json_keys::kPeakKvBytes, size_t{0});
+  r.attended_kv_bytes = j.value(json_keys::kAttendedKvBytes, size_t{0});
+  r.full_kv_bytes = j.value(json_keys::kFullKvBytes, size_t{0});
   r.budget = j.value("budget", int64_t{0});
   r.meta = j.value("meta", nlohmann::json::object());
   r.resumed = true;
@@ -142,10 +143,10 @@ nlohmann::json LongctxSummary::to_json() const {
     j["diff_ci95"] = diff_ci95;
   }
   j["compress_ms"] = compress_ms;
-  j["kv_bytes"] = kv_bytes;
-  j["peak_kv_bytes"] = peak_kv_bytes;
-  if (!std::isnan(stored_share)) j["stored_share"] = stored_share;
-  if (!std::isnan(attended_share)) j["attended_share"] = attended_share;
+  j[json_keys::kKvBytes] = kv_bytes;
+  j[json_keys::kPeakKvBytes] = peak_kv_bytes;
+  if (!std::isnan(stored_share)) j[json_keys::kStoredShare] = stored_share;
+  if (!std::isnan(attended_share)) j[json_keys::kAttendedShare] = attended_share;
   return j;
 }
 

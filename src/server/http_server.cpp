@@ -12,6 +12,7 @@
 
 #include "protokv/error.h"
 #include "protokv/generate.h"
+#include "protokv/json_keys.h"
 #include "protokv/limits.h"
 #include "protokv/tokenizer.h"
 
@@ -293,9 +294,9 @@ struct Server::Impl {
 
   json compression_json(const Job& job, const Job::Outcome& o) const {
     json j = {{"press", job.session.press ? job.session.press->text() : "full"},
-              {"kv_bytes", o.prefill.kv_bytes},
-              {"kv_bytes_full", o.kv_bytes_full},
-              {"kv_bytes_end", o.kv_bytes_end},
+              {json_keys::kKvBytes, o.prefill.kv_bytes},
+              {json_keys::kKvBytesFull, o.kv_bytes_full},
+              {json_keys::kKvBytesEnd, o.kv_bytes_end},
               {"compress_ms", o.prefill.compress_ms}};
     j["budget"] = job.session.press ? json(job.session.budget.to_string()) : json(nullptr);
     return j;
