@@ -4,10 +4,14 @@
 // and the README's methods table has a row for every registered press.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
+#include <ranges>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "protokv/press_registry.h"
 
@@ -23,13 +27,30 @@ std::string read_repo_file(const std::string& relative) {
   return ss.str();
 }
 
-TEST(PressDocs, MarkdownTableHasOneRowPerPress) {
-  const std::string table = press_markdown_table();
-  size_t rows = 0;
-  for (size_t at = table.find('\n'); at != std::string::npos; at = table.find('\n', at + 1)) ++rows;
-  EXPECT_EQ(rows, press_names().size() + 2);  // header and separator
-  for (const auto& name : press_names())
-    EXPECT_NE(table.find("| `" + name + "` |"), std::string::npos) << name;
+TEST(PressDocs, MarkdownTablesHaveOneRowPerPressAndPerOption) {
+  const std::string tables = press_markdown_table();
+  const size_t blank = tables.find("\n\n");
+  ASSERT_NE(blank, std::string::npos);
+  const auto count_rows = [](std::string_view text) {
+    size_t rows = 0;
+    for (const std::string_view line :
+         std::views::split(text, '\n') |
+             std::views::transform([](auto r) { return std::string_view(r.begin(), r.end()); }))
+      rows += line.starts_with("| ");
+    return rows;
+  };
+  const std::string_view methods = std::string_view(tables).substr(0, blank);
+  EXPECT_EQ(count_rows(methods), press_names().size() + 2);  // and the header and separator
+  size_t options = 0;
+  for (const auto& name : press_names()) {
+    EXPECT_NE(methods.find("| `" + name + "` |"), std::string::npos) << name;
+    for (const auto& spec : press_option_specs(name)) {
+      EXPECT_NE(tables.find(fmt::format("| `{}` | `{}` | ", name, spec.key)), std::string::npos)
+          << name << " " << spec.key;
+      ++options;
+    }
+  }
+  EXPECT_EQ(count_rows(std::string_view(tables).substr(blank)), options + 2);
 }
 
 TEST(PressDocs, MethodsTableMatchesPressTable) {

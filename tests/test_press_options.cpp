@@ -2,12 +2,14 @@
 // Press creation by name: option parsing, defaults recorded in config(), and every way a user can
 // get it wrong (unknown press/option, bad value, contradictory options, too small a budget).
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "protokv/error.h"
+#include "protokv/press/options.h"
 #include "protokv/press_registry.h"
 #include "test_press_util.h"
 
@@ -34,6 +36,126 @@ TEST(PressOptions, EveryRegisteredNameBuildsAndIsDocumented) {
     EXPECT_EQ(press->config()["name"], name);
     EXPECT_NE(help.find(name), std::string::npos) << name;
   }
+}
+
+// A value every row accepts by type (a range bound, a listed choice), so that giving it reaches
+// the getter that reads the row.
+std::string accepted_value(const press::OptionSpec& spec) {
+  switch (spec.kind) {
+    case press::OptionKind::Int:
+      return std::to_string(static_cast<int64_t>(spec.max));
+    case press::OptionKind::Double:
+      return fmt::format("{}", spec.max);
+    case press::OptionKind::Seed:
+    case press::OptionKind::Bool:
+      return "1";
+    case press::OptionKind::Choice:
+      return std::string(spec.choices.back());
+    case press::OptionKind::Text:
+      break;
+  }
+  return "/nonexistent/profile.json";
+}
+
+// Every row of every schema is read by its press: giving it alone is accepted or refused for a
+// reason (a contradiction, a missing file, a rule on the value), never as an unknown option;
+// and the schema declares every option a press reads (or the getter throws).
+TEST(PressOptionSchema, EveryDeclaredOptionIsReadByItsPress) {
+  for (const auto& name : press_names()) {
+    const auto schema = press_option_specs(name);
+    for (const press::OptionSpec& spec : schema) {
+      const std::string given = fmt::format("{}:{}={}", name, spec.key, accepted_value(spec));
+      const std::string error = error_of(given);
+      EXPECT_EQ(error.find("unknown option"), std::string::npos) << given << ": " << error;
+      EXPECT_EQ(error.find("does not declare"), std::string::npos) << given << ": " << error;
+    }
+    for (size_t i = 0; i < schema.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        EXPECT_NE(schema[i].key, schema[j].key)
+            << name << " declares " << schema[i].key << " twice";
+  }
+}
+
+// The config() of a press made with no options records the schema's defaults: the default in
+// --help and the docs is the one the press runs with.
+TEST(PressOptionSchema, ConfigOfTheDefaultPressHoldsTheSchemaDefaults) {
+  size_t compared = 0;
+  for (const auto& name : press_names()) {
+    const nlohmann::json config = make_press(name)->config();
+    for (const press::OptionSpec& spec : press_option_specs(name)) {
+      if (!spec.derived.empty() || !config.contains(spec.key)) continue;
+      const nlohmann::json& value = config[std::string(spec.key)];
+      switch (spec.kind) {
+        case press::OptionKind::Choice:
+        case press::OptionKind::Text:
+          EXPECT_EQ(value.get<std::string>(), spec.word) << name << " " << spec.key;
+          break;
+        case press::OptionKind::Bool:
+          EXPECT_EQ(value.get<bool>(), spec.number != 0.0) << name << " " << spec.key;
+          break;
+        default:
+          EXPECT_DOUBLE_EQ(value.get<double>(), spec.number) << name << " " << spec.key;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 50u);
+}
+
+TEST(PressOptionSchema, ReaderTakesDefaultsAndRangesFromTheRows) {
+  const std::vector<press::OptionSpec> schema = {
+      press::int_option("window", 8, 1, 16, "w"),
+      press::double_option("floor", 0.25, 0.0, 1.0, "f"),
+      press::choice_option("pool_type", "max", {"max", "avg"}, "p"),
+      press::derived(press::int_option("recent", 0, 1, 100, "r"), "B/2"),
+  };
+  press::OptionReader defaults("test", "", schema);
+  EXPECT_EQ(defaults.get_int("window"), 8);
+  EXPECT_DOUBLE_EQ(defaults.get_double("floor"), 0.25);
+  EXPECT_EQ(defaults.get_choice("pool_type"), "max");
+  EXPECT_EQ(defaults.get_int("recent", 42), 42);       // a derived default is the press's value
+  EXPECT_THROW(defaults.get_int("recent"), Error);     // ... and it must pass one
+  EXPECT_THROW(defaults.get_int("pool"), Error);       // not declared
+  EXPECT_THROW(defaults.get_double("window"), Error);  // declared as another type
+
+  press::OptionReader given("test", "window=16,floor=1,pool_type=avg,recent=7", schema);
+  EXPECT_EQ(given.get_int("window"), 16);
+  EXPECT_DOUBLE_EQ(given.get_double("floor"), 1.0);
+  EXPECT_EQ(given.get_choice("pool_type"), "avg");
+  EXPECT_EQ(given.get_int("recent", 42), 7);
+
+  press::OptionReader too_big("test", "window=17", schema);
+  EXPECT_THROW(
+      {
+        try {
+          too_big.get_int("window");
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("out of range [1, 16]"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  press::OptionReader not_listed("test", "pool_type=min", schema);
+  EXPECT_THROW(not_listed.get_choice("pool_type"), Error);
+
+  EXPECT_EQ(press::default_text(schema[0]), "8");
+  EXPECT_EQ(press::range_text(schema[0]), "1..16");
+  EXPECT_EQ(press::default_text(schema[3]), "B/2");
+  EXPECT_EQ(press::range_text(schema[2]), "max|avg");
+  EXPECT_EQ(press::range_text(press::int_option("sinks", 4, 0, int64_t{1} << 30, "s")), "0..2^30");
+}
+
+// --help lists every option of every press with its default (pyramidkv and adakv name snapkv
+// for the rows they share).
+TEST(PressOptionSchema, HelpListsEveryOptionWithItsDefault) {
+  const std::string help = press_help();
+  for (const auto& name : press_names())
+    for (const press::OptionSpec& spec : press_option_specs(name)) {
+      const std::string item =
+          fmt::format("{}={} ({})", spec.key, press::default_text(spec), press::range_text(spec));
+      EXPECT_NE(help.find(item), std::string::npos) << name << ": " << item;
+    }
 }
 
 TEST(PressOptions, ConfigRecordsEveryResolvedDefault) {

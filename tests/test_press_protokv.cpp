@@ -646,7 +646,7 @@ TEST(ProtoKvPress, SelectClustersKeepsWholeClustersAndTruncatesOnlyTheLast) {
   constexpr int64_t kBudget = 50;
   SyntheticLayer layer(400, 2, 1, 16);
   layer.fill_random(23, 2.0f);
-  press::OptionReader reader("protokv", "select=clusters,chunks=20");
+  press::OptionReader reader("protokv", "select=clusters,chunks=20", press::protokv_option_specs());
   const auto config = press::read_protokv_options(reader);
   auto press = make_press("protokv:select=clusters,chunks=20");
   press->begin(layer.info(), testing::entries(kBudget));

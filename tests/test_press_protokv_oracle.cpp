@@ -391,7 +391,7 @@ TEST_P(ProtoKvVariants, KeptSetEqualsTheNaiveImplementationOfThePaper) {
   layer.n_layers = 4;
   layer.fill_random(17, 2.0f);
   const std::string options = GetParam();
-  press::OptionReader reader("protokv", options);
+  press::OptionReader reader("protokv", options, press::protokv_option_specs());
   const press::ProtoKvConfig config = press::read_protokv_options(reader);
   auto press = make_press("protokv:" + options);
   press->begin(layer.info(), testing::entries(kBudget));

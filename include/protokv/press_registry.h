@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "protokv/press.h"
+#include "protokv/press/options.h"
 
 namespace protokv {
 
@@ -16,10 +17,14 @@ namespace protokv {
 std::unique_ptr<Press> make_press(std::string_view spec, std::string_view alloc = "");
 // Registered method names, in display order.
 std::vector<std::string> press_names();
+// The options of press `name` (with its own allocator's, for pyramidkv and adakv): key, type,
+// default, range, help, reference. Throws Error for an unknown press.
+std::vector<press::OptionSpec> press_option_specs(std::string_view name);
 // Multi-line help: every method, its options with defaults, and where it is approximate.
 std::string press_help();
-// The same facts as a Markdown table (method | allocator | what it keeps, options with defaults),
-// one row per registered press: docs/methods.md holds it between the markers
+// The same facts as Markdown: a table of the methods (method | allocator | what it keeps), one row
+// per registered press, and a table of their options (method | option | default | values | what
+// it does | source), one row per schema row: docs/methods.md holds it between the markers
 // kPressTableBegin/kPressTableEnd, and a test keeps the two equal (`protokv help-presses
 // --markdown` prints it).
 std::string press_markdown_table();

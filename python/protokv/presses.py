@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _core
 
-__all__ = ["Press", "ScorerPress", "list_presses", "press_help"]
+__all__ = ["Press", "ScorerPress", "list_presses", "press_help", "press_options"]
 
 # Python class names of the registered presses (the papers' spelling); a press added to the C++
 # table later gets a title-cased name until it is listed here.
@@ -158,14 +158,27 @@ class ScorerPress:
         return f"{self.name}(window={self.window})"
 
 
+def press_options(name: str) -> List[Dict[str, str]]:
+    """The options of press ``name`` from the engine's schema: ``key``, ``default``, ``values``
+    (range or choices), ``help`` and ``reference`` (paper and equation), one dict each."""
+    return [dict(row) for row in _core.press_options(name)]
+
+
 def _make_class(name: str) -> type:
     class_name = _CLASS_NAMES.get(name, name.title().replace("_", ""))
-    defaults = _core.press_config(name, "")
-    doc = (
-        f"The ``{name}`` press. Defaults: {defaults}.\n\n"
-        "Keyword options as in ``protokv help-presses``; ``alloc=`` names a budget allocator."
-    )
-    return type(class_name, (Press,), {"name": name, "__doc__": doc, "__module__": __name__})
+    options = press_options(name)
+    lines = [f"The ``{name}`` press.", ""]
+    if options:
+        lines += ["Keyword options (the engine's schema; ``alloc=`` names a budget allocator):", ""]
+        for row in options:
+            source = f" [{row['reference']}]" if row["reference"] else ""
+            lines.append(f"- ``{row['key']}`` = {row['default']} ({row['values']}): "
+                         f"{row['help']}{source}")
+    else:
+        lines.append("No options.")
+    attributes = {"name": name, "__doc__": "\n".join(lines), "__module__": __name__,
+                  "OPTIONS": tuple(row["key"] for row in options)}
+    return type(class_name, (Press,), attributes)
 
 
 for _name in list_presses():

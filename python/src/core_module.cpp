@@ -240,10 +240,10 @@ struct PressHandle {
 PressHandle make_python_press(nb::object callback, const std::string& name, int64_t window,
                               const std::string& alloc, const std::string& alloc_options) {
   PROTOKV_CHECK(window >= 0, "{}: window must be >= 0, got {}", name, window);
-  press::AllocatorConfig allocator;
-  press::OptionReader options(name, alloc_options);
-  if (!alloc.empty())
-    allocator = press::read_allocator_options(press::parse_allocator(alloc), options);
+  const press::AllocatorKind kind =
+      alloc.empty() ? press::AllocatorKind::Uniform : press::parse_allocator(alloc);
+  press::OptionReader options(name, alloc_options, press::allocator_option_specs(kind));
+  const press::AllocatorConfig allocator = press::read_allocator_options(kind, options);
   options.finish();
   auto ref = std::make_shared<const PyRef>(std::move(callback));
   return PressHandle{PressSpec::from_factory([ref, name, window, allocator] {
@@ -671,6 +671,24 @@ NB_MODULE(_core, m) {
 
   m.def("press_names", &press_names, "Names of every registered press, in display order.");
   m.def("press_help", &press_help, "The presses' help text (as `protokv help-presses`).");
+  m.def(
+      "press_options",
+      [](const std::string& name) {
+        // The press's option schema as dicts (key, type, default, values, help, reference):
+        // the Python classes' signatures and docstrings are made from it.
+        nb::list rows;
+        for (const press::OptionSpec& spec : press_option_specs(name)) {
+          nb::dict row;
+          row["key"] = std::string(spec.key);
+          row["default"] = press::default_text(spec);
+          row["values"] = press::range_text(spec);
+          row["help"] = std::string(spec.help);
+          row["reference"] = std::string(spec.reference);
+          rows.append(row);
+        }
+        return rows;
+      },
+      nb::arg("name"), "The options of press `name`: key, default, values, help, reference.");
   m.def(
       "press_config",
       [](const std::string& spec, const std::string& alloc) {

@@ -190,6 +190,24 @@ def test_every_press_is_constructible_with_its_defaults():
     assert protokv.presses.SnapKV().config() != snap.config()
 
 
+def test_press_classes_carry_the_engine_option_schema():
+    rows = protokv.presses.press_options("snapkv")
+    assert [r["key"] for r in rows] == ["window", "pool", "pool_type", "gqa", "gqa_order"]
+    assert rows[0]["default"] == "8" and rows[0]["values"] == "1..4096"
+    assert rows[0]["reference"] == "SnapKV Eq. 4"
+    assert protokv.presses.SnapKV.OPTIONS == tuple(r["key"] for r in rows)
+    assert "``pool`` = 7" in protokv.presses.SnapKV.__doc__
+    # protokv's own default differs where the paper says so (Eq. 18: unpooled scores).
+    pool = [r for r in protokv.presses.press_options("protokv") if r["key"] == "pool"]
+    assert pool[0]["default"] == "1"
+    assert protokv.presses.ProtoKV().config()["pool"] == 1
+    # pyramidkv's options include its allocator's.
+    assert "beta" in protokv.presses.PyramidKV.OPTIONS
+    assert protokv.presses.Full.OPTIONS == ()
+    with pytest.raises(protokv.Error, match="unknown press"):
+        protokv.presses.press_options("nope")
+
+
 def test_press_objects_generate_like_spec_strings(recall):
     kw = dict(max_tokens=8, temperature=0, budget=12)
     a = recall(PROMPT, press=protokv.presses.SnapKV(window=4), **kw)

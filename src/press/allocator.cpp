@@ -32,15 +32,33 @@ std::string to_string(AllocatorKind kind) {
   return "uniform";
 }
 
+std::vector<OptionSpec> allocator_option_specs(AllocatorKind kind) {
+  switch (kind) {
+    case AllocatorKind::Pyramid:
+      return {int_option("beta", AllocatorConfig::kDefaultBeta, 1, 1000000,
+                         "pyramid allocator: the top layer keeps (B-w)//beta, the bottom "
+                         "2(B-w) minus that",
+                         "PyramidKV")};
+    case AllocatorKind::AdaKv:
+      return {
+          double_option("floor", AllocatorConfig::kDefaultFloor, 0.0, 1.0,
+                        "adakv allocator: share f of b = B-w every head is guaranteed", "Ada-KV"),
+          bool_option("normalise", false,
+                      "adakv allocator: multiply each head's scores by its top-b mass over "
+                      "its total mass before the global ranking, as the reference code does")};
+    case AllocatorKind::Uniform:
+      break;
+  }
+  return {};
+}
+
 AllocatorConfig read_allocator_options(AllocatorKind kind, OptionReader& options) {
   AllocatorConfig config;
   config.kind = kind;
-  if (kind == AllocatorKind::Pyramid)
-    config.beta =
-        static_cast<int>(options.get_int("beta", AllocatorConfig::kDefaultBeta, 1, 1000000));
+  if (kind == AllocatorKind::Pyramid) config.beta = static_cast<int>(options.get_int("beta"));
   if (kind == AllocatorKind::AdaKv) {
-    config.floor = options.get_double("floor", AllocatorConfig::kDefaultFloor, 0.0, 1.0);
-    config.normalise = options.get_bool("normalise", false);
+    config.floor = options.get_double("floor");
+    config.normalise = options.get_bool("normalise");
   }
   return config;
 }

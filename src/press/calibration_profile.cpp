@@ -347,7 +347,7 @@ CalibrationProfile read_calibration_profile(const std::string& path) {
 
 const CalibrationProfile* profile_option(OptionReader& options,
                                          std::initializer_list<const char*> decided) {
-  const std::string path = options.get_string("profile", "");
+  const std::string path = options.get_text("profile");
   if (path.empty()) return nullptr;
   for (const char* key : decided)
     options.reject_if_given(key, "profile= (the calibration profile decides it)");

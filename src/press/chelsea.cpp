@@ -3,6 +3,7 @@
 #include "core/parallel.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,22 @@ ChelseaSchedule chelsea_schedule_preset(const std::string& name) {
   if (name == "qwen") return {0.2, 0.1, 2};
   fail("press 'chelsea': unknown schedule '{}' (llama2, llama3, qwen)", name);
 }
+
+namespace {
+
+const std::vector<std::string_view> kScheduleNames = {"llama2", "llama3", "qwen"};
+
+// "llama2 0.45/0.05/3, llama3 0.35/0.1/2, qwen 0.2/0.1/2", from the presets themselves.
+std::string schedule_presets_text() {
+  std::vector<std::string> items;
+  for (std::string_view name : kScheduleNames) {
+    const ChelseaSchedule s = chelsea_schedule_preset(std::string(name));
+    items.push_back(fmt::format("{} {}/{}/{}", name, s.r_init, s.alpha, s.steps));
+  }
+  return fmt::format("{}", fmt::join(items, ", "));
+}
+
+}  // namespace
 
 void MergedHead::append(const float* key, const float* value, int32_t position,
                         std::span<const int32_t> member_positions) {
@@ -465,13 +482,12 @@ const PressEntry kChelseaEntry{
     .compresses = true,
     .help =
         [] {
-          const ChelseaOptions o;
-          return fmt::format(
+          return std::string(
               "training-free, merging (Chelsea): per KV head keeps `sinks` first and `recent`\n"
               "last entries; the middle, in chunks of `chunk`, is merged by Chunked Soft\n"
               "Matching: odd offsets (A) link to their most cosine-similar even offset (B) of\n"
               "the chunk; the top r share of the middle's links (r = r_init - alpha*min(m, i)\n"
-              "at step i, `schedule` llama2 0.45/0.05/3, llama3 0.35/0.1/2, qwen 0.2/0.1/2)\n"
+              "at step i, from `schedule`)\n"
               "merge each B with its A into one entry: degree-weighted mean key and value,\n"
               "degree = sum, logit + log(degree) (Eq. 2); steps repeat until the head holds B\n"
               "entries (at least sinks + recent + 1), and during decode each time it reaches\n"
@@ -482,27 +498,58 @@ const PressEntry kChelseaEntry{
               "calibrate) takes the profile's outlier heads, ranked over all heads instead.\n"
               "reallocate=1 (App. C.2): the outlier heads' full caches come out of the other\n"
               "heads' budgets, so that all heads hold layers x heads x B entries in total (an\n"
-              "error when too little is left; reallocate=0: B per other head, outliers on top).\n"
-              "sinks={} recent={} chunk={} interval={} schedule=llama3 (r_init=0.35 alpha=0.1\n"
-              "steps=2) outliers={} threshold={}.\n",
-              o.layout.sinks, o.layout.recent, o.layout.chunk, o.interval, o.outliers, o.threshold);
+              "error when too little is left; reallocate=0: B per other head, outliers on top).\n");
+        },
+    .options =
+        [] {
+          constexpr int64_t kLarge = int64_t{1} << 30;
+          const ChelseaOptions o;
+          return std::vector<OptionSpec>{
+              int_option("sinks", o.layout.sinks, 0, kLarge, "the first entries, never merged"),
+              int_option("recent", o.layout.recent, 0, kLarge, "the last entries, never merged"),
+              int_option("chunk", o.layout.chunk, 2, kLarge,
+                         "chunk length of Chunked Soft Matching", "Chelsea §5.2"),
+              int_option("interval", o.interval, 1, kLarge,
+                         "decode compresses a head back to B when it reaches B + interval (the "
+                         "paper gives no g)",
+                         "Chelsea Algorithm 1"),
+              choice_option("schedule", o.schedule_name, kScheduleNames,
+                            "the paper's merge-ratio presets (r_init/alpha/steps): " +
+                                schedule_presets_text(),
+                            "Chelsea Appendix C"),
+              derived(double_option("r_init", 0.0, 0.0, 0.5, "first step's merge ratio (> 0)"),
+                      "schedule's"),
+              derived(double_option("alpha", 0.0, 0.0, 0.5, "ratio decrease per step"),
+                      "schedule's"),
+              derived(int_option("steps", 0, 0, 1000, "steps m after which r stops decreasing"),
+                      "schedule's"),
+              text_option("profile",
+                          "a calibration profile (protokv calibrate) whose outlier heads, ranked "
+                          "over all heads, are used instead of measuring on the prompt"),
+              double_option("outliers", o.outliers, 0.0, 1.0,
+                            "share of heads that keep the full cache"),
+              double_option("threshold", o.threshold, -1.0, 1.0,
+                            "link similarity below which an A counts as unlinked (outlier "
+                            "measure)"),
+              bool_option("reallocate", o.reallocate,
+                          "the outlier heads' full caches come out of the other heads' budgets",
+                          "Chelsea Appendix C.2"),
+          };
         },
     .make = [](const PressEntry&, OptionReader& options,
                const AllocatorConfig&) -> std::unique_ptr<Press> {
       ChelseaOptions o;
-      constexpr int64_t kLarge = int64_t{1} << 30;
-      o.layout.sinks = options.get_int("sinks", o.layout.sinks, 0, kLarge);
-      o.layout.recent = options.get_int("recent", o.layout.recent, 0, kLarge);
-      o.layout.chunk = options.get_int("chunk", o.layout.chunk, 2, kLarge);
-      o.interval = options.get_int("interval", o.interval, 1, kLarge);
-      o.schedule_name =
-          options.get_choice("schedule", o.schedule_name, {"llama2", "llama3", "qwen"});
+      o.layout.sinks = options.get_int("sinks");
+      o.layout.recent = options.get_int("recent");
+      o.layout.chunk = options.get_int("chunk");
+      o.interval = options.get_int("interval");
+      o.schedule_name = options.get_choice("schedule");
       const ChelseaSchedule preset = chelsea_schedule_preset(o.schedule_name);
-      o.schedule.r_init = options.get_double("r_init", preset.r_init, 0.0, 0.5);
-      o.schedule.alpha = options.get_double("alpha", preset.alpha, 0.0, 0.5);
-      o.schedule.steps = static_cast<int>(options.get_int("steps", preset.steps, 0, 1000));
+      o.schedule.r_init = options.get_double("r_init", preset.r_init);
+      o.schedule.alpha = options.get_double("alpha", preset.alpha);
+      o.schedule.steps = static_cast<int>(options.get_int("steps", preset.steps));
       if (!(o.schedule.r_init > 0.0)) fail("press 'chelsea': r_init must be > 0 (got 0)");
-      o.profile_path = options.get_string("profile", "");
+      o.profile_path = options.get_text("profile");
       // The profile's outlier heads were ranked over every head at its own threshold/fraction.
       o.profile = profile_option(options, {"outliers", "threshold"});
       if (o.profile != nullptr) {
@@ -519,9 +566,9 @@ const PressEntry kChelseaEntry{
               o.layout.chunk);
         o.outlier_heads = o.profile->chelsea_outlier;
       }
-      o.outliers = options.get_double("outliers", o.outliers, 0.0, 1.0);
-      o.threshold = options.get_double("threshold", o.threshold, -1.0, 1.0);
-      o.reallocate = options.get_bool("reallocate", o.reallocate);
+      o.outliers = options.get_double("outliers");
+      o.threshold = options.get_double("threshold");
+      o.reallocate = options.get_bool("reallocate");
       return std::make_unique<ChelseaPress>(std::move(o));
     },
     .merges = true,

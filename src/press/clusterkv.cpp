@@ -320,25 +320,40 @@ const PressEntry kClusterKvEntry{
               "clusters' members up to the budget B (sinks included; the last cluster\n"
               "truncated) + the tokens decoded since the last re-clustering; every `recluster`\n"
               "steps those are clustered into `decode_clusters`. Memory = full cache;\n"
-              "decode attention reads B entries per head.\n"
-              "sinks={} clusters=0 (n/{}) iterations={} recluster={} decode_clusters={}\n"
-              "full_layers={} seed={}.\n",
-              ClusterKvOptions::kTokensPerCluster, ClusterKvOptions::kDefaultIterations,
-              ClusterKvOptions::kDefaultSinks, ClusterKvOptions::kTokensPerCluster,
-              ClusterKvOptions::kDefaultIterations, ClusterKvOptions::kDefaultRecluster,
-              ClusterKvOptions::kDefaultDecodeClusters, ClusterKvOptions::kDefaultFullLayers,
-              ClusterKvOptions::kDefaultSeed);
+              "decode attention reads B entries per head.\n",
+              ClusterKvOptions::kTokensPerCluster, ClusterKvOptions::kDefaultIterations);
+        },
+    .options =
+        [] {
+          constexpr int64_t kLarge = int64_t{1} << 30;
+          return std::vector<OptionSpec>{
+              int_option("sinks", ClusterKvOptions::kDefaultSinks, 0, kLarge,
+                         "the first tokens: never clustered, always attended"),
+              derived(int_option("clusters", 0, 0, kLarge, "prompt clusters C0 per head",
+                                 "ClusterKV (C0 = L/80)"),
+                      fmt::format("n/{}", ClusterKvOptions::kTokensPerCluster)),
+              int_option("iterations", ClusterKvOptions::kDefaultIterations, 1, 1000,
+                         "cosine k-means iterations"),
+              int_option("recluster", ClusterKvOptions::kDefaultRecluster, 1, kLarge,
+                         "decode steps between clusterings of the newly decoded tokens"),
+              int_option("decode_clusters", ClusterKvOptions::kDefaultDecodeClusters, 1, 1 << 20,
+                         "clusters made of each batch of decoded tokens (the paper says 4)"),
+              int_option("full_layers", ClusterKvOptions::kDefaultFullLayers, 0, 1 << 20,
+                         "the first layers attend over the full cache"),
+              seed_option("seed", ClusterKvOptions::kDefaultSeed,
+                          "k-means initialisation (sampled tokens)"),
+          };
         },
     .make = [](const PressEntry&, OptionReader& options,
                const AllocatorConfig&) -> std::unique_ptr<Press> {
       ClusterKvOptions o;
-      o.sinks = options.get_int("sinks", o.sinks, 0, int64_t{1} << 30);
-      o.clusters = options.get_int("clusters", 0, 0, int64_t{1} << 30);
-      o.iterations = static_cast<int>(options.get_int("iterations", o.iterations, 1, 1000));
-      o.recluster = options.get_int("recluster", o.recluster, 1, int64_t{1} << 30);
-      o.decode_clusters = options.get_int("decode_clusters", o.decode_clusters, 1, 1 << 20);
-      o.full_layers = static_cast<int>(options.get_int("full_layers", o.full_layers, 0, 1 << 20));
-      o.seed = options.get_seed("seed", o.seed);
+      o.sinks = options.get_int("sinks");
+      o.clusters = options.get_int("clusters", 0);  // 0: n / kTokensPerCluster
+      o.iterations = static_cast<int>(options.get_int("iterations"));
+      o.recluster = options.get_int("recluster");
+      o.decode_clusters = options.get_int("decode_clusters");
+      o.full_layers = static_cast<int>(options.get_int("full_layers"));
+      o.seed = options.get_seed("seed");
       return std::make_unique<ClusterKvPress>(o);
     },
     .recalls = true,

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// A press is one entry: its name, its help paragraph (options with defaults, where it is
-// approximate), how it uses a budget allocator, and the factory that reads its options. Each
+// A press is one entry: its name, its help paragraph (where it is approximate), its option schema,
+// how it uses a budget allocator, and the factory that reads its options. Each
 // entry is defined beside its press (full.cpp, snapkv.cpp, ...) and listed once in press_table()
 // (registry.cpp); make_press(), press_names(), press_help() and the invariants test's list of
 // methods are generated from that table.
@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "protokv/press.h"
 #include "protokv/press/allocator.h"
@@ -32,9 +33,13 @@ struct PressEntry {
   AllocatorKind fixed_allocator;
   // false only for the uncompressed reference (full), which keeps every entry at any budget.
   bool compresses;
-  // One paragraph: what the method keeps, its options with defaults, its approximations. Plain
-  // lines without the name column; press_help() indents them.
+  // One paragraph: what the method keeps and its approximations. Plain lines without the name
+  // column; press_help() indents them and lists the options from the schema below.
   std::string (*help)();
+  // The method's options, one row each (type, default, range, help, paper reference): the reader
+  // in make() takes defaults and ranges from them, and --help, docs/methods.md and the Python
+  // classes list them. An allocator's options are added by the registry. nullptr: none.
+  std::vector<OptionSpec> (*options)() = nullptr;
   // Reads the method's own options (after the allocator's, which `allocator` holds; uniform for
   // AllocatorRole::None) and builds the press. OptionReader::finish() is make_press()'s job.
   std::unique_ptr<Press> (*make)(const PressEntry& entry, OptionReader& options,
@@ -54,5 +59,7 @@ struct PressEntry {
 std::span<const PressEntry* const> press_table();
 // The entry named `name`, or nullptr.
 const PressEntry* find_press_entry(std::string_view name);
+// Every option `entry` reads with `allocator`: its own rows, then the allocator's.
+std::vector<OptionSpec> press_option_schema(const PressEntry& entry, AllocatorKind allocator);
 
 }  // namespace protokv::press

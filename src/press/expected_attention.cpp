@@ -199,21 +199,39 @@ const PressEntry kExpectedAttentionEntry{
               "ExpectedAttentionPress): the prompt's pre-RoPE queries (after the sinks) give a\n"
               "mean and covariance, rotated by RoPE averaged over the next `future` positions;\n"
               "softmax over the keys of mu.k/sqrt(d) + k^T Sigma k/(2d), mean over the query\n"
-              "heads of the KV head, times (p + epsilon) ||v||. Options: sinks=4 (always kept),\n"
-              "future=512, covariance=1, vnorm=1, epsilon=0, gqa=mean, window=0 (kvpress keeps\n"
-              "no window). Query-agnostic: the same cache whatever question follows.\n");
+              "heads of the KV head, times (p + epsilon) ||v||. Query-agnostic: the same cache\n"
+              "whatever question follows.\n");
+        },
+    .options =
+        [] {
+          constexpr int64_t kLarge = int64_t{1} << 30;
+          const ExpectedAttentionOptions o;
+          return std::vector<OptionSpec>{
+              int_option("sinks", o.sinks, 0, kLarge,
+                         "the first tokens: always kept and left out of the query statistics "
+                         "(kvpress n_sink)"),
+              int_option("future", o.future, 1, int64_t{1} << 20,
+                         "the positions after the prompt RoPE's rotation is averaged over "
+                         "(kvpress n_future_positions)"),
+              bool_option("covariance", o.covariance,
+                          "add the k^T Sigma k / (2d) term (kvpress use_covariance)"),
+              bool_option("vnorm", o.vnorm, "score = (p + epsilon) ||v|| (kvpress use_vnorm)"),
+              double_option("epsilon", o.epsilon, 0.0, 1e6, "added to p before the value norm"),
+              gqa_option_spec(),
+              int_option("window", 0, 0, kLarge,
+                         "the last w tokens, always kept (kvpress keeps no window)"),
+          };
         },
     .make = [](const PressEntry& entry, OptionReader& options,
                const AllocatorConfig& allocator) -> std::unique_ptr<Press> {
-      constexpr int64_t kLarge = int64_t{1} << 30;
       ExpectedAttentionOptions o;
-      o.sinks = options.get_int("sinks", o.sinks, 0, kLarge);
-      o.future = options.get_int("future", o.future, 1, int64_t{1} << 20);
-      o.covariance = options.get_bool("covariance", o.covariance);
-      o.vnorm = options.get_bool("vnorm", o.vnorm);
-      o.epsilon = options.get_double("epsilon", o.epsilon, 0.0, 1e6);
+      o.sinks = options.get_int("sinks");
+      o.future = options.get_int("future");
+      o.covariance = options.get_bool("covariance");
+      o.vnorm = options.get_bool("vnorm");
+      o.epsilon = options.get_double("epsilon");
       o.gqa = read_gqa_option(options);
-      const int64_t window = options.get_int("window", 0, 0, kLarge);
+      const int64_t window = options.get_int("window");
       return std::make_unique<ScoringPress>(
           std::string(entry.name), std::make_unique<ExpectedAttentionScorer>(o), window, allocator);
     },

@@ -21,10 +21,7 @@ const PressEntry kFullEntry{
     .fixed_allocator = AllocatorKind::Uniform,
     .compresses = false,
     .help =
-        [] {
-          return std::string(
-              "no compression (the reference for every fidelity metric). No options.\n");
-        },
+        [] { return std::string("no compression (the reference for every fidelity metric).\n"); },
     .make = [](const PressEntry&, OptionReader&, const AllocatorConfig&) -> std::unique_ptr<Press> {
       return std::make_unique<FullPress>();
     },

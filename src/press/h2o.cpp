@@ -196,29 +196,42 @@ const PressEntry kH2oEntry{
     .compresses = true,
     .help =
         [] {
-          return fmt::format(
+          return std::string(
               "score = column sums of the full causal attention of ALL prompt queries over\n"
               "keys [0, n-w) (tiled, never n x n), reduced over the GQA group; keep the top\n"
-              "B-w plus the last w.  window={} gqa=mean decode=0.\n"
+              "B-w plus the last w.\n"
               "decode=1: each decode step adds the new query's attention to the kept\n"
               "entries' scores and evicts the lowest-scored entry outside the last\n"
               "`recent` when a head exceeds its prefill budget (only for sequences whose\n"
               "prefill was compressed). As in H2O's code the budget is split into heavy\n"
-              "hitters and recent tokens: recent=B/2 by default (it replaces window=),\n"
-              "the top B-recent by score are the heavy hitters.\n"
-              "Cost O(n^2 d) per head: slow on long prompts by nature.\n",
-              WindowScoreConfig::kDefaultWindow);
+              "hitters and recent tokens (recent= replaces window=); the top B-recent by\n"
+              "score are the heavy hitters.\n"
+              "Cost O(n^2 d) per head: slow on long prompts by nature.\n");
+        },
+    .options =
+        [] {
+          return std::vector<OptionSpec>{
+              window_option_spec(),
+              gqa_option_spec(),
+              bool_option("decode", false,
+                          "1: evict during decode too, by accumulated attention (H2O's "
+                          "heavy-hitter oracle at every step)"),
+              derived(int_option("recent", 0, 1, int64_t{1} << 30,
+                                 "decode=1 only: recent tokens always kept, in prefill and "
+                                 "decode (replaces window=)"),
+                      "B/2"),
+          };
         },
     .make = [](const PressEntry&, OptionReader& options,
                const AllocatorConfig& allocator) -> std::unique_ptr<Press> {
       const GqaReduce gqa = read_gqa_option(options);
-      const bool decode = options.get_bool("decode", false);
+      const bool decode = options.get_bool("decode");
       // decode=1 splits the budget between heavy hitters and `recent` tokens as H2O's code does
       // (its scripts use half and half); window= belongs to prefill-only h2o.
       int64_t window = 0, recent = 0;
       if (decode) {
         options.reject_if_given("window", "decode=1 (its recent window is recent=, default B/2)");
-        recent = options.get_int("recent", H2oPress::kRecentHalfBudget, 1, int64_t{1} << 30);
+        recent = options.get_int("recent", H2oPress::kRecentHalfBudget);
       } else {
         options.reject_if_given("recent", "decode=0 (recent= is decode=1's window; use window=)");
         window = read_window_option(options);

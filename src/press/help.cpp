@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "press/entry.h"
@@ -19,7 +21,10 @@ constexpr size_t kLineWidth = 90;   // as the hand-wrapped paragraphs
 
 // The first line behind the name, every further line indented to the name column.
 std::string indent_paragraph(std::string_view name, const std::string& paragraph) {
-  std::string out = fmt::format("{:<{}}", name, kNameColumn);
+  // A name as wide as the column gets a line of its own.
+  std::string out = name.size() + 1 < kNameColumn
+                        ? fmt::format("{:<{}}", name, kNameColumn)
+                        : fmt::format("{}\n{:<{}}", name, "", kNameColumn);
   size_t start = 0;
   while (start < paragraph.size()) {
     size_t end = paragraph.find('\n', start);
@@ -32,15 +37,15 @@ std::string indent_paragraph(std::string_view name, const std::string& paragraph
   return out;
 }
 
-// Greedy word wrap at kLineWidth.
-std::string wrap(const std::string& text) {
+// Greedy word wrap at `width`.
+std::string wrap(const std::string& text, size_t width = kLineWidth) {
   std::string out, line;
   size_t pos = 0;
   while (pos < text.size()) {
     size_t end = text.find(' ', pos);
     if (end == std::string::npos) end = text.size();
     const std::string word = text.substr(pos, end - pos);
-    if (!line.empty() && line.size() + 1 + word.size() > kLineWidth) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
       out += line + '\n';
       line.clear();
     }
@@ -72,6 +77,33 @@ std::string markdown_cell(const std::string& paragraph) {
   return cell;
 }
 
+// "window=8 (1..4096): observation window w ... [SnapKV Eq. 4]", one per row, wrapped to fit
+// behind the name column.
+std::string option_lines(const std::vector<press::OptionSpec>& schema,
+                         const std::string& heading = "Options:") {
+  if (schema.empty()) return "No options.\n";
+  std::string text = heading + '\n';
+  for (const press::OptionSpec& spec : schema) {
+    std::string line = fmt::format("{}={} ({}): {}", spec.key, press::default_text(spec),
+                                   press::range_text(spec), spec.help);
+    if (!spec.reference.empty()) line += fmt::format(" [{}]", spec.reference);
+    // Continuation lines of one option are indented under its key.
+    const std::string wrapped = wrap(line, kLineWidth - kNameColumn - 2);
+    size_t start = 0;
+    while (start < wrapped.size()) {
+      const size_t end = wrapped.find('\n', start);
+      text += (start == 0 ? "  " : "    ") + wrapped.substr(start, end - start) + '\n';
+      start = end + 1;
+    }
+  }
+  return text;
+}
+
+bool same_keys(const std::vector<press::OptionSpec>& a, const std::vector<press::OptionSpec>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const auto& x, const auto& y) { return x.key == y.key; });
+}
+
 std::string allocator_cell(const press::PressEntry& entry) {
   switch (entry.allocator_role) {
     case press::AllocatorRole::None:
@@ -87,11 +119,20 @@ std::string allocator_cell(const press::PressEntry& entry) {
 }  // namespace
 
 std::string press_markdown_table() {
-  std::string table =
-      "| method | allocator | what it keeps, options (defaults) |\n| --- | --- | --- |\n";
+  std::string table = "| method | allocator | what it keeps |\n| --- | --- | --- |\n";
   for (const press::PressEntry* entry : press::press_table())
     table += fmt::format("| `{}` | {} | {} |\n", entry->name, allocator_cell(*entry),
                          markdown_cell(entry->help()));
+  table +=
+      "\nTheir options (`--press NAME:key=value,...`; pyramidkv's and adakv's include their "
+      "allocator's):\n\n| method | option | default | values | what it does | source |\n"
+      "| --- | --- | --- | --- | --- | --- |\n";
+  for (const press::PressEntry* entry : press::press_table())
+    for (const press::OptionSpec& spec : press_option_specs(entry->name))
+      table += fmt::format(
+          "| `{}` | `{}` | {} | {} | {} | {} |\n", entry->name, spec.key,
+          markdown_cell(press::default_text(spec)), markdown_cell(press::range_text(spec)),
+          markdown_cell(std::string(spec.help)), markdown_cell(std::string(spec.reference)));
   return table;
 }
 
@@ -103,9 +144,22 @@ std::string press_help() {
       "reduced, gqa=mean|max|sum), so memory really shrinks; the reference code (KVCache-Factory)\n"
       "repeats K/V per query head instead and stores group-times more.\n\n";
   std::vector<std::string> composes, is_allocator, takes_none;
+  std::vector<std::pair<std::string, std::vector<press::OptionSpec>>> printed;
   for (const press::PressEntry* entry : press::press_table()) {
-    text += indent_paragraph(entry->name, entry->help()) + '\n';
     const std::string name(entry->name);
+    // pyramidkv and adakv read snapkv's options and their allocator's: name the press whose
+    // rows they repeat instead of listing them again.
+    const std::vector<press::OptionSpec> own =
+        entry->options != nullptr ? entry->options() : std::vector<press::OptionSpec>{};
+    std::string options = option_lines(press_option_specs(entry->name));
+    for (const auto& [earlier, rows] : printed) {
+      if (own.empty() || !same_keys(rows, own)) continue;
+      options = option_lines(press::allocator_option_specs(entry->fixed_allocator),
+                             fmt::format("Options: those of {}, and", earlier));
+      break;
+    }
+    printed.emplace_back(name, own);
+    text += indent_paragraph(entry->name, entry->help() + options) + '\n';
     switch (entry->allocator_role) {
       case press::AllocatorRole::None:
         takes_none.push_back(name);
@@ -118,11 +172,20 @@ std::string press_help() {
         break;
     }
   }
+  // "beta=20", "floor=0.2, normalise=0": an allocator's options with their defaults.
+  const auto allocator_options = [](press::AllocatorKind kind) {
+    std::vector<std::string> items;
+    for (const press::OptionSpec& spec : press::allocator_option_specs(kind))
+      items.push_back(fmt::format("{}={}", spec.key, press::default_text(spec)));
+    return fmt::format("{}", fmt::join(items, ", "));
+  };
   text += wrap(fmt::format(
-      "Allocators: uniform (every head keeps B), pyramid (the pyramidkv rule, option "
-      "beta=), adakv (options floor=, normalise=). Any of {} composes with any allocator; {} are "
-      "snapkv with their allocator, so another allocator is an error. {} take none.",
-      list_names(composes), list_names(is_allocator), list_names(takes_none)));
+      "Allocators: uniform (every head keeps B), pyramid (the pyramidkv rule, option {}), adakv "
+      "(options {}). Any of {} composes with any allocator; {} are snapkv with their allocator, "
+      "so another allocator is an error. {} take none.",
+      allocator_options(press::AllocatorKind::Pyramid),
+      allocator_options(press::AllocatorKind::AdaKv), list_names(composes),
+      list_names(is_allocator), list_names(takes_none)));
   return text;
 }
 

@@ -29,12 +29,17 @@ const PressEntry kKnormEntry{
           return std::string(
               "score = -||k||, the L2 norm of each key (per KV head; Knorm, as kvpress's\n"
               "KnormPress): keep the B-w entries with the smallest key norms plus the last w.\n"
-              "window=0 (kvpress keeps no window). Query-agnostic: the same cache whatever\n"
-              "question follows.\n");
+              "Query-agnostic: the same cache whatever question follows.\n");
+        },
+    .options =
+        [] {
+          return std::vector<OptionSpec>{
+              int_option("window", 0, 0, int64_t{1} << 30,
+                         "the last w tokens, always kept (kvpress keeps no window)")};
         },
     .make = [](const PressEntry& entry, OptionReader& options,
                const AllocatorConfig& allocator) -> std::unique_ptr<Press> {
-      const int64_t window = options.get_int("window", 0, 0, int64_t{1} << 30);
+      const int64_t window = options.get_int("window");
       return std::make_unique<ScoringPress>(std::string(entry.name),
                                             std::make_unique<KnormScorer>(), window, allocator);
     },

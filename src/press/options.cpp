@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -12,13 +14,126 @@
 
 namespace protokv::press {
 
+OptionSpec int_option(std::string_view key, int64_t fallback, int64_t min, int64_t max,
+                      std::string help, std::string_view reference) {
+  return {.key = key,
+          .kind = OptionKind::Int,
+          .number = static_cast<double>(fallback),
+          .min = static_cast<double>(min),
+          .max = static_cast<double>(max),
+          .help = std::move(help),
+          .reference = reference};
+}
+
+OptionSpec seed_option(std::string_view key, uint64_t fallback, std::string help) {
+  return {.key = key,
+          .kind = OptionKind::Seed,
+          .number = static_cast<double>(fallback),
+          .help = std::move(help)};
+}
+
+OptionSpec double_option(std::string_view key, double fallback, double min, double max,
+                         std::string help, std::string_view reference) {
+  return {.key = key,
+          .kind = OptionKind::Double,
+          .number = fallback,
+          .min = min,
+          .max = max,
+          .help = std::move(help),
+          .reference = reference};
+}
+
+OptionSpec bool_option(std::string_view key, bool fallback, std::string help,
+                       std::string_view reference) {
+  return {.key = key,
+          .kind = OptionKind::Bool,
+          .number = fallback ? 1.0 : 0.0,
+          .help = std::move(help),
+          .reference = reference};
+}
+
+OptionSpec choice_option(std::string_view key, std::string fallback,
+                         std::vector<std::string_view> choices, std::string help,
+                         std::string_view reference) {
+  return {.key = key,
+          .kind = OptionKind::Choice,
+          .word = std::move(fallback),
+          .choices = std::move(choices),
+          .help = std::move(help),
+          .reference = reference};
+}
+
+OptionSpec text_option(std::string_view key, std::string help) {
+  return {.key = key, .kind = OptionKind::Text, .help = std::move(help)};
+}
+
+OptionSpec derived(OptionSpec spec, std::string how) {
+  spec.derived = std::move(how);
+  return spec;
+}
+
+std::vector<OptionSpec> concat(std::vector<OptionSpec> a, const std::vector<OptionSpec>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string default_text(const OptionSpec& spec) {
+  if (!spec.derived.empty()) return spec.derived;
+  switch (spec.kind) {
+    case OptionKind::Int:
+    case OptionKind::Seed:
+      return fmt::format("{}", static_cast<int64_t>(spec.number));
+    case OptionKind::Double:
+      return fmt::format("{}", spec.number);
+    case OptionKind::Bool:
+      return spec.number != 0.0 ? "1" : "0";
+    case OptionKind::Choice:
+      return std::string(spec.word);
+    case OptionKind::Text:
+      break;
+  }
+  return spec.word.empty() ? "none" : spec.word;
+}
+
+namespace {
+
+// 1073741824 as "2^30": the "no practical limit" bounds read as such.
+std::string bound_text(double bound) {
+  const auto value = static_cast<int64_t>(bound);
+  if (value >= (int64_t{1} << 20) && (value & (value - 1)) == 0)
+    return fmt::format("2^{}", std::countr_zero(static_cast<uint64_t>(value)));
+  return fmt::format("{}", value);
+}
+
+}  // namespace
+
+std::string range_text(const OptionSpec& spec) {
+  switch (spec.kind) {
+    case OptionKind::Int:
+      return fmt::format("{}..{}", bound_text(spec.min), bound_text(spec.max));
+    case OptionKind::Double:
+      return fmt::format("{}..{}", spec.min, spec.max);
+    case OptionKind::Seed:
+      return "0..2^64-1";
+    case OptionKind::Bool:
+      return "0|1";
+    case OptionKind::Choice:
+      return fmt::format("{}", fmt::join(spec.choices, "|"));
+    case OptionKind::Text:
+      break;
+  }
+  return "path";
+}
+
 std::pair<std::string, std::string> split_press_spec(std::string_view spec) {
   const auto colon = spec.find(':');
   if (colon == std::string_view::npos) return {std::string(spec), ""};
   return {std::string(spec.substr(0, colon)), std::string(spec.substr(colon + 1))};
 }
 
-OptionReader::OptionReader(std::string press, std::string_view options) : press_(std::move(press)) {
+OptionReader::OptionReader(std::string press, std::string_view options,
+                           std::vector<OptionSpec> schema)
+    : press_(std::move(press)), schema_(std::move(schema)) {
   size_t start = 0;
   while (start <= options.size() && !options.empty()) {
     const size_t comma = options.find(',', start);
@@ -35,28 +150,62 @@ OptionReader::OptionReader(std::string press, std::string_view options) : press_
   }
 }
 
-const std::string* OptionReader::raw(const std::string& key) {
-  if (known_.insert(key).second) known_order_.push_back(key);
-  const auto it = values_.find(key);
+const OptionSpec& OptionReader::row(std::string_view key, OptionKind kind) const {
+  const auto it = std::find_if(schema_.begin(), schema_.end(),
+                               [&](const OptionSpec& spec) { return spec.key == key; });
+  PROTOKV_CHECK(it != schema_.end() && it->kind == kind,
+                "press '{}' reads option '{}', which its schema does not declare as this type",
+                press_, key);
+  return *it;
+}
+
+const std::string* OptionReader::raw(std::string_view key) {
+  std::string name(key);
+  if (known_.insert(name).second) known_order_.push_back(name);
+  const auto it = values_.find(name);
   return it == values_.end() ? nullptr : &it->second;
 }
 
-int64_t OptionReader::get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
-  const std::string* text = raw(key);
-  if (text == nullptr) return fallback;
+int64_t OptionReader::parse_int(const OptionSpec& spec, const std::string& text) const {
   errno = 0;
   char* end = nullptr;
-  const long long value = std::strtoll(text->c_str(), &end, 10);
-  if (errno != 0 || end == text->c_str() || *end != '\0')
-    fail("press '{}': option {}={} is not an integer", press_, key, *text);
-  if (value < min || value > max)
-    fail("press '{}': option {}={} is out of range [{}, {}]", press_, key, *text, min, max);
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0')
+    fail("press '{}': option {}={} is not an integer", press_, spec.key, text);
+  if (static_cast<double>(value) < spec.min || static_cast<double>(value) > spec.max)
+    fail("press '{}': option {}={} is out of range [{}, {}]", press_, spec.key, text,
+         static_cast<int64_t>(spec.min), static_cast<int64_t>(spec.max));
   return value;
 }
 
-uint64_t OptionReader::get_seed(const std::string& key, uint64_t fallback) {
+double OptionReader::parse_double(const OptionSpec& spec, const std::string& text) const {
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || !std::isfinite(value))
+    fail("press '{}': option {}={} is not a number", press_, spec.key, text);
+  if (value < spec.min || value > spec.max)
+    fail("press '{}': option {}={} is out of range [{}, {}]", press_, spec.key, text, spec.min,
+         spec.max);
+  return value;
+}
+
+int64_t OptionReader::get_int(std::string_view key) {
+  const OptionSpec& spec = row(key, OptionKind::Int);
+  PROTOKV_CHECK(spec.derived.empty(), "press '{}': option '{}' has a derived default", press_, key);
+  return get_int(key, static_cast<int64_t>(spec.number));
+}
+
+int64_t OptionReader::get_int(std::string_view key, int64_t fallback) {
+  const OptionSpec& spec = row(key, OptionKind::Int);
   const std::string* text = raw(key);
-  if (text == nullptr) return fallback;
+  return text == nullptr ? fallback : parse_int(spec, *text);
+}
+
+uint64_t OptionReader::get_seed(std::string_view key) {
+  const OptionSpec& spec = row(key, OptionKind::Seed);
+  const std::string* text = raw(key);
+  if (text == nullptr) return static_cast<uint64_t>(spec.number);
   errno = 0;
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text->c_str(), &end, 10);
@@ -65,42 +214,50 @@ uint64_t OptionReader::get_seed(const std::string& key, uint64_t fallback) {
   return value;
 }
 
-double OptionReader::get_double(const std::string& key, double fallback, double min, double max) {
-  const std::string* text = raw(key);
-  if (text == nullptr) return fallback;
-  errno = 0;
-  char* end = nullptr;
-  const double value = std::strtod(text->c_str(), &end);
-  if (errno != 0 || end == text->c_str() || *end != '\0' || !std::isfinite(value))
-    fail("press '{}': option {}={} is not a number", press_, key, *text);
-  if (value < min || value > max)
-    fail("press '{}': option {}={} is out of range [{}, {}]", press_, key, *text, min, max);
-  return value;
+double OptionReader::get_double(std::string_view key) {
+  const OptionSpec& spec = row(key, OptionKind::Double);
+  PROTOKV_CHECK(spec.derived.empty(), "press '{}': option '{}' has a derived default", press_, key);
+  return get_double(key, spec.number);
 }
 
-bool OptionReader::get_bool(const std::string& key, bool fallback) {
+double OptionReader::get_double(std::string_view key, double fallback) {
+  const OptionSpec& spec = row(key, OptionKind::Double);
   const std::string* text = raw(key);
-  if (text == nullptr) return fallback;
+  return text == nullptr ? fallback : parse_double(spec, *text);
+}
+
+bool OptionReader::get_bool(std::string_view key) {
+  const OptionSpec& spec = row(key, OptionKind::Bool);
+  const std::string* text = raw(key);
+  if (text == nullptr) return spec.number != 0.0;
   if (*text == "1" || *text == "true") return true;
   if (*text == "0" || *text == "false") return false;
   fail("press '{}': option {}={} is not a boolean (0, 1, true, false)", press_, key, *text);
 }
 
-std::string OptionReader::get_string(const std::string& key, const std::string& fallback) {
+std::string OptionReader::get_text(std::string_view key) {
+  const OptionSpec& spec = row(key, OptionKind::Text);
   const std::string* text = raw(key);
-  return text == nullptr ? fallback : *text;
+  return text == nullptr ? spec.word : *text;
 }
 
-std::string OptionReader::get_choice(const std::string& key, const std::string& fallback,
-                                     const std::vector<std::string>& choices) {
-  const std::string* text = raw(key);
-  if (text == nullptr) return fallback;
-  for (const auto& choice : choices)
-    if (*text == choice) return choice;
-  fail("press '{}': option {}={} is not one of {}", press_, key, *text, fmt::join(choices, "|"));
+std::string OptionReader::get_choice(std::string_view key) {
+  const OptionSpec& spec = row(key, OptionKind::Choice);
+  PROTOKV_CHECK(spec.derived.empty(), "press '{}': option '{}' has a derived default", press_, key);
+  return get_choice(key, spec.word);
 }
 
-void OptionReader::reject_if_given(const std::string& key, std::string_view reason) const {
+std::string OptionReader::get_choice(std::string_view key, std::string_view fallback) {
+  const OptionSpec& spec = row(key, OptionKind::Choice);
+  const std::string* text = raw(key);
+  if (text == nullptr) return std::string(fallback);
+  for (std::string_view choice : spec.choices)
+    if (*text == choice) return *text;
+  fail("press '{}': option {}={} is not one of {}", press_, key, *text,
+       fmt::join(spec.choices, "|"));
+}
+
+void OptionReader::reject_if_given(std::string_view key, std::string_view reason) const {
   if (given(key)) fail("press '{}': option '{}' contradicts {}", press_, key, reason);
 }
 

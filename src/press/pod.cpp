@@ -325,31 +325,53 @@ const PressEntry kPodEntry{
               "queries, similarity 1 - JS divergence (mean over a KV head's query heads),\n"
               "greedy grouping with threshold `delta` (Algorithm 1). B = keys held per head at\n"
               "the sharing layers; values stay for all tokens. Prefill attention stays exact.\n"
-              "tau=T (off by default): at a sharing layer a query head skips the distant\n"
-              "entries when its gate of Eq. 4 is >= T: tau_gate=layer (default, the paper's)\n"
-              "this layer's own gate, from its proximal logits and the distant exp-sum of the\n"
-              "block's lowest layer at this step (exact with scores=lower); tau_gate=lowest\n"
-              "the lowest layer's own proximal share. scores=lower|own (lower): distant logits "
-              "with\n"
-              "the lowest layer's query, i.e. its attention scores (paper Eq. 3), or with this\n"
-              "layer's own query (DESIGN's reading). sinks={} queries={} delta={}.\n",
-              PodOptions::kDefaultSinks, PodOptions::kDefaultQueries, PodOptions::kDefaultDelta);
+              "tau=T: at a sharing layer a query head skips the distant entries when its gate\n"
+              "of Eq. 4 is >= T.\n");
+        },
+    .options =
+        [] {
+          return std::vector<OptionSpec>{
+              int_option("sinks", PodOptions::kDefaultSinks, 0, int64_t{1} << 30,
+                         "the first tokens: keys kept at every layer", "PoD §3 (n_s)"),
+              int_option("queries", PodOptions::kDefaultQueries, 1, int64_t{1} << 20,
+                         "the last prompt queries whose attention rows group the layers"),
+              text_option("profile",
+                          "a calibration profile (protokv calibrate) whose layer blocks are used "
+                          "instead of grouping on the prompt"),
+              double_option("delta", PodOptions::kDefaultDelta, 0.0, 1.0,
+                            "grouping threshold on the 1 - JS divergence similarity",
+                            "PoD Algorithm 1"),
+              derived(double_option("tau", 1.0, 0.0, 1.0,
+                                    "gate threshold: skip the distant entries when the gate "
+                                    "is >= tau",
+                                    "PoD §2.3, Eq. 4"),
+                      "off"),
+              choice_option("tau_gate", "layer", {"layer", "lowest"},
+                            "layer (the paper's): this layer's own gate, from its proximal "
+                            "logits and the distant exp-sum of the block's lowest layer (exact "
+                            "with scores=lower); lowest: the lowest layer's own proximal share"),
+              choice_option("scores", "lower", {"lower", "own"},
+                            "distant logits with the lowest layer's query, i.e. its attention "
+                            "scores (the paper's), or with this layer's own query (DESIGN's "
+                            "reading)",
+                            "PoD Eq. 3"),
+          };
         },
     .make = [](const PressEntry&, OptionReader& options,
                const AllocatorConfig&) -> std::unique_ptr<Press> {
       PodOptions o;
-      o.sinks = options.get_int("sinks", o.sinks, 0, int64_t{1} << 30);
-      o.queries = options.get_int("queries", o.queries, 1, int64_t{1} << 20);
-      o.profile_path = options.get_string("profile", "");
+      o.sinks = options.get_int("sinks");
+      o.queries = options.get_int("queries");
+      o.profile_path = options.get_text("profile");
       // The profile's blocks were grouped offline at its own delta and query rows.
       o.profile = profile_option(options, {"delta", "queries"});
       if (o.profile != nullptr) o.block_start = o.profile->pod_block_start;
-      o.delta = options.get_double("delta", o.delta, 0.0, 1.0);
-      if (options.given("tau")) o.tau = options.get_double("tau", 1.0, 0.0, 1.0);
-      o.gate_at_lowest = options.get_choice("tau_gate", "layer", {"layer", "lowest"}) == "lowest";
+      o.delta = options.get_double("delta");
+      if (options.given("tau")) o.tau = options.get_double("tau", 1.0);  // given: no fallback
+      o.gate_at_lowest = options.get_choice("tau_gate") == "lowest";
       // Paper 004 Eq. 3 (a^D = Q_la K_la^T) by default: DESIGN's own-query reading degrades a
       // model that was not post-trained far more (docs/methods.md, PoD).
-      o.lower_query = options.get_choice("scores", "lower", {"lower", "own"}) == "lower";
+      o.lower_query = options.get_choice("scores") == "lower";
       return std::make_unique<PodPress>(o);
     },
     .shares_keys = true,

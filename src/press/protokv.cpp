@@ -118,48 +118,96 @@ ClusteringConfig ProtoKvConfig::clustering(int64_t n_prefix, int layer, int kv_h
   return c;
 }
 
+std::vector<OptionSpec> protokv_option_specs() {
+  constexpr int64_t kLarge = int64_t{1} << 30;
+  std::vector<OptionSpec> own = {
+      choice_option("prototypes", "hybrid", {"hybrid", "chunk", "lsh"},
+                    "ablations with the same prototype count k + u: chunk = k + u chunks, no "
+                    "irregular set, no hashing; lsh = every prefix key hashed with "
+                    "r' = round(log2(k + u)) bits (at most 12)",
+                    "ProtoKV §4"),
+      choice_option("score", "mean", {"mean", "sum_logits"},
+                    "mean of the unpooled window scores over the token's cluster, or psi(C) = "
+                    "(sum of the group's window queries) . (sum of C's keys), no softmax, no "
+                    "pooling (ICLR version)",
+                    "ProtoKV Eq. 18"),
+      choice_option("select", "tokens", {"tokens", "clusters"},
+                    "keep tokens by score, or whole clusters in score order, the last one "
+                    "truncated by the tokens' own scores (ICLR version)"),
+      choice_option("deviation", "chunk", {"chunk", "neighbourhood"},
+                    "irregular set O by deviation from the chunk, or by -zscore of the mean "
+                    "cosine to the keys within kappa positions (ICLR version)",
+                    "ProtoKV Eq. 10"),
+      derived(int_option("chunks", 0, 1, kLarge,
+                         "k chunks; auto: clamp(round(n_prefix / chunk_len), 1, max_chunks), "
+                         "never more than n_prefix"),
+              "auto"),
+      int_option("chunk_len", ProtoKvConfig::kDefaultChunkLen, 1, kLarge,
+                 "tokens per chunk for chunks=auto"),
+      int_option("max_chunks", ProtoKvConfig::kDefaultMaxChunks, 1, kLarge,
+                 "cap of chunks=auto: about 500 prototypes at LongBench lengths", "ProtoKV Fig. 8"),
+      int_option("lsh_bits", ProtoKvConfig::kDefaultLshBits, 1, 10, "r; u = 2^r LSH buckets",
+                 "ProtoKV Eqs. 12-14"),
+      derived(int_option("irregular", 0, 0, kLarge, "p, the size of the irregular set O",
+                         "ProtoKV §5.5"),
+              "3u"),
+      double_option("gamma", ProtoKvConfig::kDefaultGamma, 1e-6, 1e6,
+                    "std of the random Fourier features' W (the paper gives no value)",
+                    "ProtoKV Eq. 12"),
+      seed_option("seed", ProtoKvConfig::kDefaultSeed,
+                  "LSH draws, per (layer, KV head) from this seed"),
+      choice_option("lsh_input", "unit", {"unit", "raw"},
+                    "unit hashes the L2-normalised key, a DEVIATION from Eq. 12, which hashes "
+                    "the raw key (raw)",
+                    "ProtoKV Eq. 12"),
+      int_option("kappa", ProtoKvConfig::kDefaultKappa, 1, 4096,
+                 "neighbourhood half-width, deviation=neighbourhood only"),
+      choice_option("assign", "exact", {"exact", "local"},
+                    "exact: Eq. 17 over every prototype; local: an APPROXIMATION, each token "
+                    "compared only with its own and assign_neighbours chunks' prototypes and "
+                    "the LSH buckets (needs prototypes=hybrid or chunk)",
+                    "ProtoKV Eq. 17"),
+      int_option("assign_neighbours", 1, 0, 1 << 20,
+                 "chunks on each side a token is compared with, assign=local only"),
+  };
+  // Eq. 18 / Algorithm 1 lines 19-20 average the unpooled Eq. 4 scores: the cluster mean
+  // replaces SnapKV's pooling, so protokv pools only when pool= is given.
+  return concat(window_score_option_specs(ProtoKvConfig::kDefaultPool), own);
+}
+
 ProtoKvConfig read_protokv_options(OptionReader& options) {
   ProtoKvConfig config;
-  const std::string prototypes =
-      options.get_choice("prototypes", "hybrid", {"hybrid", "chunk", "lsh"});
+  const std::string prototypes = options.get_choice("prototypes");
   config.prototypes = prototypes == "chunk" ? PrototypeSet::Chunk
                       : prototypes == "lsh" ? PrototypeSet::Lsh
                                             : PrototypeSet::Hybrid;
-  config.score = options.get_choice("score", "mean", {"mean", "sum_logits"}) == "mean"
-                     ? ClusterScore::Mean
-                     : ClusterScore::SumLogits;
-  config.select = options.get_choice("select", "tokens", {"tokens", "clusters"}) == "tokens"
-                      ? Selection::Tokens
-                      : Selection::Clusters;
-  config.deviation = options.get_choice("deviation", "chunk", {"chunk", "neighbourhood"}) == "chunk"
-                         ? Deviation::Chunk
-                         : Deviation::Neighbourhood;
+  config.score =
+      options.get_choice("score") == "mean" ? ClusterScore::Mean : ClusterScore::SumLogits;
+  config.select =
+      options.get_choice("select") == "tokens" ? Selection::Tokens : Selection::Clusters;
+  config.deviation =
+      options.get_choice("deviation") == "chunk" ? Deviation::Chunk : Deviation::Neighbourhood;
   if (config.score == ClusterScore::Mean) {
-    config.window_scores = read_window_score_options(options);
-    // Eq. 18 / Algorithm 1 lines 19-20 average the unpooled Eq. 4 scores: the cluster mean
-    // replaces SnapKV's pooling, so protokv pools only when pool= is given.
-    if (!options.given("pool")) config.window_scores.pool = ProtoKvConfig::kDefaultPool;
+    config.window_scores = read_window_score_options(options);  // pool=1 unless given
   } else {
     config.window_scores.window = read_window_option(options);
     for (const char* key : {"pool", "pool_type", "gqa"})
       options.reject_if_given(key, "score=sum_logits (raw window logits: no softmax, no pooling)");
   }
-  constexpr int64_t kLarge = int64_t{1} << 30;
-  config.chunks = options.get_int("chunks", 0, 1, kLarge);
-  config.chunk_len = options.get_int("chunk_len", ProtoKvConfig::kDefaultChunkLen, 1, kLarge);
-  config.max_chunks = options.get_int("max_chunks", ProtoKvConfig::kDefaultMaxChunks, 1, kLarge);
+  config.chunks = options.get_int("chunks", 0);  // 0: auto
+  config.chunk_len = options.get_int("chunk_len");
+  config.max_chunks = options.get_int("max_chunks");
   if (options.given("chunks")) {
     options.reject_if_given("chunk_len", "an explicit chunks= count");
     options.reject_if_given("max_chunks", "an explicit chunks= count");
   }
-  config.lsh_bits =
-      static_cast<int>(options.get_int("lsh_bits", ProtoKvConfig::kDefaultLshBits, 1, 10));
-  config.irregular = options.get_int("irregular", 3 * (int64_t{1} << config.lsh_bits), 0, kLarge);
-  config.gamma = options.get_double("gamma", ProtoKvConfig::kDefaultGamma, 1e-6, 1e6);
-  config.seed = options.get_seed("seed", ProtoKvConfig::kDefaultSeed);
+  config.lsh_bits = static_cast<int>(options.get_int("lsh_bits"));
+  config.irregular = options.get_int("irregular", 3 * (int64_t{1} << config.lsh_bits));
+  config.gamma = options.get_double("gamma");
+  config.seed = options.get_seed("seed");
   // Eq. 12 applies phi to the raw key; we hash its direction by default (docs/methods.md).
-  config.lsh_unit_keys = options.get_choice("lsh_input", "unit", {"unit", "raw"}) == "unit";
-  config.kappa = static_cast<int>(options.get_int("kappa", ProtoKvConfig::kDefaultKappa, 1, 4096));
+  config.lsh_unit_keys = options.get_choice("lsh_input") == "unit";
+  config.kappa = static_cast<int>(options.get_int("kappa"));
   if (config.deviation != Deviation::Neighbourhood)
     options.reject_if_given("kappa", "deviation=chunk (kappa is the neighbourhood half-width)");
   if (config.prototypes == PrototypeSet::Chunk) {
@@ -170,10 +218,9 @@ ProtoKvConfig read_protokv_options(OptionReader& options) {
     for (const char* key : {"deviation", "kappa", "irregular"})
       options.reject_if_given(key, "prototypes=lsh (every key is hashed, no irregular set)");
   }
-  config.assignment = options.get_choice("assign", "exact", {"exact", "local"}) == "local"
-                          ? Assignment::Local
-                          : Assignment::Exact;
-  config.local_neighbours = static_cast<int>(options.get_int("assign_neighbours", 1, 0, 1 << 20));
+  config.assignment =
+      options.get_choice("assign") == "local" ? Assignment::Local : Assignment::Exact;
+  config.local_neighbours = static_cast<int>(options.get_int("assign_neighbours"));
   if (config.assignment == Assignment::Exact)
     options.reject_if_given("assign_neighbours", "assign=exact (every prototype is compared)");
   if (config.assignment == Assignment::Local && config.prototypes == PrototypeSet::Lsh)
@@ -364,48 +411,23 @@ const PressEntry kProtoKvEntry{
     .compresses = true,
     .help =
         [] {
-          return fmt::format(
+          return std::string(
               "ProtoKV Algorithm 1 per KV head over the prefix keys (positions < n-w,\n"
               "post-RoPE): k consecutive chunks (sizes floor/ceil of n_prefix/k, covering\n"
               "every token); deviation delta = (1-cos(k_t, mu_m))/||sigma_m|| (Eq. 10); the\n"
               "top-p form the irregular set O; regular prototypes = normalised chunk sums\n"
               "without O (Eq. 11); O's keys are hashed with random Fourier features\n"
-              "(Eqs. 12-14, r bits, u = 2^r buckets, W ~ N(0, gamma^2), b ~ U(0, 2pi), drawn\n"
-              "per (layer, KV head) from seed): lsh_input=unit (default) hashes the\n"
-              "L2-normalised key, a DEVIATION from Eq. 12, which applies phi to the raw key\n"
-              "(lsh_input=raw); irregular prototypes =\n"
-              "normalised bucket sums, empty buckets dropped (Eq. 15); every prefix token\n"
-              "goes to the prototype of highest cosine (Eq. 17, one blocked GEMM); token\n"
-              "score = mean of the UNPOOLED window scores over its cluster (Eq. 18;\n"
-              "pool=1 by default, pool=7 pools as snapkv); keep the top B-w (ties: the\n"
-              "token's own window score, then lower position) plus the window.\n"
-              "chunks=auto: k = clamp(round(n_prefix/chunk_len), 1, max_chunks) with\n"
-              "chunk_len={} max_chunks={}; chunks=K fixes k (at most n_prefix).\n"
-              "lsh_bits={} (u = 2^r) irregular=3u ({}) gamma={} (the paper gives none)\n"
-              "seed={} plus window/pool/pool_type/gqa as snapkv except pool=1 (GQA: the scores "
-              "are\n"
-              "reduced over the group before the cluster mean).\n"
-              "Variants: deviation=chunk|neighbourhood (ProtoKV ICLR: S(i) = mean cosine to\n"
-              "the keys within kappa positions, kappa={}; O = top-p of -zscore(S));\n"
-              "score=mean|sum_logits (psi(C) = (sum of the group's window queries) .\n"
-              "(sum of C's keys), no softmax, no pooling); select=tokens|clusters (whole\n"
-              "clusters in score order, the last one truncated by the tokens' own scores;\n"
-              "with score=mean it differs from tokens only when two clusters tie).\n"
-              "Ablations, same prototype count: prototypes=chunk (k+u chunks, no O),\n"
-              "prototypes=lsh (every prefix key hashed with r' = round(log2(k+u)) bits,\n"
-              "at most 12), prototypes=hybrid (default).\n"
-              "assign=exact (default: Eq. 17 over every prototype) | assign=local: an\n"
-              "opt-in APPROXIMATION of Eq. 17, not the paper's: each token is compared\n"
-              "only with the prototypes of its own chunk, assign_neighbours=1 chunks on\n"
-              "each side and the LSH buckets (chunk candidates from the chunk pass's dots\n"
-              "with the chunk means, equal to Eq. 17's up to float rounding; a bucket is\n"
-              "skipped where the triangle inequality shows it cannot win; docs/methods.md\n"
-              "gives how often it differs from exact); needs prototypes=hybrid or chunk.\n",
-              ProtoKvConfig::kDefaultChunkLen, ProtoKvConfig::kDefaultMaxChunks,
-              ProtoKvConfig::kDefaultLshBits, 3 * (1 << ProtoKvConfig::kDefaultLshBits),
-              ProtoKvConfig::kDefaultGamma, ProtoKvConfig::kDefaultSeed,
-              ProtoKvConfig::kDefaultKappa);
+              "(Eqs. 12-14, r bits, u = 2^r buckets, W ~ N(0, gamma^2), b ~ U(0, 2pi));\n"
+              "irregular prototypes = normalised bucket sums, empty buckets dropped (Eq. 15);\n"
+              "every prefix token goes to the prototype of highest cosine (Eq. 17, one blocked\n"
+              "GEMM); token score = mean of the UNPOOLED window scores over its cluster\n"
+              "(Eq. 18); keep the top B-w (ties: the token's own window score, then lower\n"
+              "position) plus the window. GQA: the scores are reduced over the group before\n"
+              "the cluster mean. Variants of the ICLR version: deviation=, score=, select=;\n"
+              "ablations: prototypes=; an opt-in approximation: assign=local\n"
+              "(docs/methods.md gives how often it differs from exact).\n");
         },
+    .options = protokv_option_specs,
     .make = [](const PressEntry& entry, OptionReader& options,
                const AllocatorConfig& allocator) -> std::unique_ptr<Press> {
       const ProtoKvConfig config = read_protokv_options(options);

@@ -75,6 +75,9 @@ void cluster_scores(const int32_t* assignment, const float* own, int64_t n, int 
                     ClusterScore kind, float* score, std::vector<int64_t>& size);
 
 // Reads every protokv option; throws Error for contradictory combinations.
+// protokv's option schema (the snapkv window-score rows with pool=1, then its own) and their
+// reader.
+std::vector<OptionSpec> protokv_option_specs();
 ProtoKvConfig read_protokv_options(OptionReader& options);
 
 class ProtoKvScorer final : public Scorer {

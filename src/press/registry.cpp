@@ -41,6 +41,12 @@ const PressEntry* find_press_entry(std::string_view name) {
   return nullptr;
 }
 
+std::vector<OptionSpec> press_option_schema(const PressEntry& entry, AllocatorKind allocator) {
+  std::vector<OptionSpec> schema =
+      entry.options != nullptr ? entry.options() : std::vector<OptionSpec>{};
+  return concat(std::move(schema), allocator_option_specs(allocator));
+}
+
 namespace {
 
 void require_uniform(std::string_view name, std::string_view alloc) {
@@ -69,17 +75,18 @@ AllocatorKind resolve_allocator(const PressEntry& entry, std::string_view alloc)
 
 std::shared_ptr<const PressSpec> PressSpec::parse(std::string_view text, std::string_view alloc) {
   const auto [name, option_text] = press::split_press_spec(text);
-  press::OptionReader options(name, option_text);
   const press::PressEntry* entry = press::find_press_entry(name);
   if (entry == nullptr)
     fail("unknown press '{}' (available: {})", name, fmt::join(press_names(), ", "));
-  press::AllocatorConfig allocator;
+  press::AllocatorKind kind = press::AllocatorKind::Uniform;
   if (entry->allocator_role == press::AllocatorRole::None) {
     press::require_uniform(name, alloc);
   } else {
-    // The allocator's options are read first, as their order names them in finish()'s message.
-    allocator = press::read_allocator_options(press::resolve_allocator(*entry, alloc), options);
+    kind = press::resolve_allocator(*entry, alloc);
   }
+  press::OptionReader options(name, option_text, press::press_option_schema(*entry, kind));
+  // The allocator's options are read first, as their order names them in finish()'s message.
+  const press::AllocatorConfig allocator = press::read_allocator_options(kind, options);
   // Validated once: every option the method reads, and none it does not.
   press::OptionReader validated = options;
   entry->make(*entry, validated, allocator);
@@ -94,6 +101,13 @@ std::shared_ptr<const PressSpec> PressSpec::parse(std::string_view text, std::st
 
 std::unique_ptr<Press> make_press(std::string_view spec, std::string_view alloc) {
   return PressSpec::parse(spec, alloc)->instantiate();
+}
+
+std::vector<press::OptionSpec> press_option_specs(std::string_view name) {
+  const press::PressEntry* entry = press::find_press_entry(name);
+  if (entry == nullptr)
+    fail("unknown press '{}' (available: {})", name, fmt::join(press_names(), ", "));
+  return press::press_option_schema(*entry, entry->fixed_allocator);
 }
 
 std::vector<std::string> press_names() {

@@ -31,18 +31,13 @@ const PressEntry kSnapKvEntry{
     .compresses = true,
     .help =
         [] {
-          return fmt::format(
+          return std::string(
               "score = observation-window attention (last w queries, fp32 softmax over\n"
               "the whole causal row, summed over the window rows; SnapKV Eq. 4), pooled\n"
-              "per query head (stride 1, padding pool/2; max pads -inf, avg zero-pads and\n"
-              "divides by pool), then reduced over the GQA group; keep the top B-w prefix\n"
-              "entries (ties: lower position) plus the window.\n"
-              "window={} pool={} pool_type=max|avg (max) gqa=mean|max|sum (mean).\n"
-              "gqa_order=pool_first|reduce_first (pool_first): pool each query head, then\n"
-              "reduce (as kvpress does), or reduce the group, then pool (FFY0/\n"
-              "AdaKV, KVCache-Factory's kv_head mode). Also for pyramidkv and adakv.\n",
-              WindowScoreConfig::kDefaultWindow, WindowScoreConfig::kDefaultPool);
+              "per query head (SnapKV Eq. 5), then reduced over the GQA group; keep the top\n"
+              "B-w prefix entries (ties: lower position) plus the window.\n");
         },
+    .options = [] { return window_score_option_specs(); },
     .make = make_snapkv_family,
 };
 
@@ -53,14 +48,14 @@ const PressEntry kPyramidKvEntry{
     .compresses = true,
     .help =
         [] {
-          return fmt::format(
+          return std::string(
               "snapkv scores + the pyramid allocator: b = B-w, min = b//beta,\n"
               "max = 2b-min; if max >= n-w: max = n-w, min = 2b-max;\n"
               "step = (max-min)//(L-1); layer l keeps max - l*step + w. Uniform B when\n"
-              "n < 2b or L = 1. beta={} plus the snapkv options. Like the reference, the\n"
-              "layers' total can exceed L*B slightly (integer steps).\n",
-              AllocatorConfig::kDefaultBeta);
+              "n < 2b or L = 1. Like the reference, the layers' total can exceed L*B\n"
+              "slightly (integer steps).\n");
         },
+    .options = [] { return window_score_option_specs(); },
     .make = make_snapkv_family,
 };
 
@@ -71,16 +66,14 @@ const PressEntry kAdaKvEntry{
     .compresses = true,
     .help =
         [] {
-          return fmt::format(
+          return std::string(
               "snapkv scores + the adakv allocator, per layer: global top H*b over all KV\n"
               "heads' scores (b = B-w); cnt_h = head h's share; head h keeps\n"
-              "cnt_h*(1-f) + floor(f*b) + w, apportioned by largest remainder so the heads\n"
-              "sum exactly to H*B (plain rounding can miss by up to H entries).\n"
-              "floor={} normalise=0 (1: multiply each head's scores by its top-b mass over\n"
-              "its total mass before the global ranking, as the reference code does) plus\n"
-              "the snapkv options. Heads get different lengths.\n",
-              AllocatorConfig::kDefaultFloor);
+              "cnt_h*(1-f) + floor(f*b) + w (f = floor=), apportioned by largest remainder so\n"
+              "the heads sum exactly to H*B (plain rounding can miss by up to H entries).\n"
+              "Heads get different lengths.\n");
         },
+    .options = [] { return window_score_option_specs(); },
     .make = make_snapkv_family,
 };
 

@@ -49,15 +49,19 @@ const PressEntry kStreamingLlmEntry{
     .compresses = true,
     .help =
         [] {
-          return fmt::format(
-              "keep the first `sinks` tokens and the last B - sinks.\n"
-              "sinks={}. Needs B >= sinks + 1. No allocator.\n",
-              StreamingLlmPress::kDefaultSinks);
+          return std::string(
+              "keep the first `sinks` tokens and the last B - sinks. Needs B >= sinks + 1.\n"
+              "No allocator.\n");
+        },
+    .options =
+        [] {
+          return std::vector<OptionSpec>{
+              int_option("sinks", StreamingLlmPress::kDefaultSinks, 0, int64_t{1} << 30,
+                         "attention sinks: the first tokens, always kept", "StreamingLLM")};
         },
     .make = [](const PressEntry&, OptionReader& options,
                const AllocatorConfig&) -> std::unique_ptr<Press> {
-      const int64_t sinks =
-          options.get_int("sinks", StreamingLlmPress::kDefaultSinks, 0, int64_t{1} << 30);
+      const int64_t sinks = options.get_int("sinks");
       return std::make_unique<StreamingLlmPress>(sinks);
     },
 };

@@ -19,32 +19,56 @@
 
 namespace protokv::press {
 
+OptionSpec window_option_spec() {
+  return int_option("window", WindowScoreConfig::kDefaultWindow, 1, 4096,
+                    "observation window w: the last w prompt queries score the prefix, and the "
+                    "last w tokens are always kept (inside the budget)",
+                    "SnapKV Eq. 4");
+}
+
+OptionSpec gqa_option_spec() {
+  return choice_option("gqa", "mean", {"mean", "max", "sum"},
+                       "how the query heads of a KV head reduce their scores (selection is per KV "
+                       "head, so memory really shrinks)");
+}
+
+std::vector<OptionSpec> window_score_option_specs(int default_pool) {
+  return {
+      window_option_spec(),
+      int_option("pool", default_pool, 1, 1023,
+                 "odd pooling kernel along the sequence (stride 1, padding pool/2); 1 = none",
+                 "SnapKV Eq. 5"),
+      choice_option("pool_type", "max", {"max", "avg"},
+                    "max pads with -inf; avg zero-pads and divides by pool"),
+      gqa_option_spec(),
+      choice_option("gqa_order", "pool_first", {"pool_first", "reduce_first"},
+                    "pool each query head, then reduce (as kvpress does), or reduce the group, "
+                    "then pool (FFY0/AdaKV, KVCache-Factory's kv_head mode)"),
+  };
+}
+
 WindowScoreConfig read_window_score_options(OptionReader& options) {
   WindowScoreConfig config;
   config.window = read_window_option(options);
-  config.pool = static_cast<int>(options.get_int("pool", WindowScoreConfig::kDefaultPool, 1, 1023));
+  config.pool = static_cast<int>(options.get_int("pool"));
   if (config.pool % 2 == 0)
     fail(
         "press '{}': option pool={} must be odd (stride-1 pooling with padding pool/2 keeps the "
         "length)",
         options.press(), config.pool);
-  config.pool_type = options.get_choice("pool_type", "max", {"max", "avg"}) == "max"
-                         ? PoolType::Max
-                         : PoolType::Avg;
+  config.pool_type = options.get_choice("pool_type") == "max" ? PoolType::Max : PoolType::Avg;
   config.gqa = read_gqa_option(options);
   config.gqa_order =
-      options.get_choice("gqa_order", "pool_first", {"pool_first", "reduce_first"}) == "pool_first"
-          ? GqaOrder::PoolFirst
-          : GqaOrder::ReduceFirst;
+      options.get_choice("gqa_order") == "pool_first" ? GqaOrder::PoolFirst : GqaOrder::ReduceFirst;
   return config;
 }
 
 int64_t read_window_option(OptionReader& options) {
-  return options.get_int("window", WindowScoreConfig::kDefaultWindow, 1, 4096);
+  return options.get_int("window");
 }
 
 GqaReduce read_gqa_option(OptionReader& options) {
-  const std::string gqa = options.get_choice("gqa", "mean", {"mean", "max", "sum"});
+  const std::string gqa = options.get_choice("gqa");
   if (gqa == "max") return GqaReduce::Max;
   if (gqa == "sum") return GqaReduce::Sum;
   return GqaReduce::Mean;

@@ -10,11 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "protokv/press/options.h"
 #include "protokv/press/scores.h"
 
 namespace protokv::press {
-
-class OptionReader;
 
 enum class AllocatorKind { Uniform, Pyramid, AdaKv };
 
@@ -31,7 +30,10 @@ struct AllocatorConfig {
 // "uniform" | "pyramid" | "adakv"; throws Error for anything else.
 AllocatorKind parse_allocator(std::string_view name);
 std::string to_string(AllocatorKind kind);
-// Reads the options that belong to `kind` (beta= for pyramid; floor=, normalise= for adakv).
+// The schema rows of the options that belong to `kind` (beta= for pyramid; floor=, normalise= for
+// adakv; none for uniform).
+std::vector<OptionSpec> allocator_option_specs(AllocatorKind kind);
+// Reads them.
 AllocatorConfig read_allocator_options(AllocatorKind kind, OptionReader& options);
 void add_allocator_config(const AllocatorConfig& config, nlohmann::json& out);
 

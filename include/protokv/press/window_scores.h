@@ -7,12 +7,12 @@
 #include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "protokv/press.h"
+#include "protokv/press/options.h"
 
 namespace protokv::press {
-
-class OptionReader;
 
 enum class PoolType { Max, Avg };
 enum class GqaReduce { Mean, Max, Sum };
@@ -32,7 +32,13 @@ struct WindowScoreConfig {
   GqaOrder gqa_order = GqaOrder::PoolFirst;
 };
 
-// Reads window=, pool=, pool_type=, gqa=, gqa_order= (all optional).
+// The schema rows of window=, pool=, pool_type=, gqa=, gqa_order= (snapkv's; protokv's pool
+// default differs, Eq. 18), and of window= and gqa= alone.
+std::vector<OptionSpec> window_score_option_specs(
+    int default_pool = WindowScoreConfig::kDefaultPool);
+OptionSpec window_option_spec();
+OptionSpec gqa_option_spec();
+// Reads window=, pool=, pool_type=, gqa=, gqa_order= (all optional; defaults from the schema).
 WindowScoreConfig read_window_score_options(OptionReader& options);
 void add_window_score_config(const WindowScoreConfig& config, nlohmann::json& out);
 // Reads only window= (methods that keep a recent window but do not pool).
