@@ -190,10 +190,14 @@ double OptionReader::parse_double(const OptionSpec& spec, const std::string& tex
   return value;
 }
 
-int64_t OptionReader::get_int(std::string_view key) {
-  const OptionSpec& spec = row(key, OptionKind::Int);
+const OptionSpec& OptionReader::fixed_row(std::string_view key, OptionKind kind) const {
+  const OptionSpec& spec = row(key, kind);
   PROTOKV_CHECK(spec.derived.empty(), "press '{}': option '{}' has a derived default", press_, key);
-  return get_int(key, static_cast<int64_t>(spec.number));
+  return spec;
+}
+
+int64_t OptionReader::get_int(std::string_view key) {
+  return get_int(key, static_cast<int64_t>(fixed_row(key, OptionKind::Int).number));
 }
 
 int64_t OptionReader::get_int(std::string_view key, int64_t fallback) {
@@ -215,9 +219,7 @@ uint64_t OptionReader::get_seed(std::string_view key) {
 }
 
 double OptionReader::get_double(std::string_view key) {
-  const OptionSpec& spec = row(key, OptionKind::Double);
-  PROTOKV_CHECK(spec.derived.empty(), "press '{}': option '{}' has a derived default", press_, key);
-  return get_double(key, spec.number);
+  return get_double(key, fixed_row(key, OptionKind::Double).number);
 }
 
 double OptionReader::get_double(std::string_view key, double fallback) {
@@ -242,9 +244,7 @@ std::string OptionReader::get_text(std::string_view key) {
 }
 
 std::string OptionReader::get_choice(std::string_view key) {
-  const OptionSpec& spec = row(key, OptionKind::Choice);
-  PROTOKV_CHECK(spec.derived.empty(), "press '{}': option '{}' has a derived default", press_, key);
-  return get_choice(key, spec.word);
+  return get_choice(key, fixed_row(key, OptionKind::Choice).word);
 }
 
 std::string OptionReader::get_choice(std::string_view key, std::string_view fallback) {

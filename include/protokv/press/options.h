@@ -91,6 +91,8 @@ class OptionReader {
  private:
   // The row of `key`, which must be of `kind` (a press reading an undeclared option is a bug).
   const OptionSpec& row(std::string_view key, OptionKind kind) const;
+  // The same row, whose default must be fixed (not derived()).
+  const OptionSpec& fixed_row(std::string_view key, OptionKind kind) const;
   const std::string* raw(std::string_view key);
   int64_t parse_int(const OptionSpec& spec, const std::string& text) const;
   double parse_double(const OptionSpec& spec, const std::string& text) const;
