@@ -87,7 +87,7 @@ void register_convert(CLI::App& app) {
           "model.safetensors.index.json, tokenizer.json) to a GGUF file that llama.cpp also "
           "loads. Norm vectors stay f32; with q8_0, matrices whose rows are not a multiple of 32 "
           "are stored as f16 instead (listed on stderr), as llama.cpp does.",
-          supported_architectures(/*hf_classes=*/true)));
+          hf_class_names()));
   cmd->add_option("input", o->input,
                   "llama2.c checkpoint (.bin), GGUF model, or Hugging Face checkpoint folder")
       ->required();

@@ -53,18 +53,17 @@ void run_make_model(const MakeModelOptions& o) {
   ModelConfig& c = options.config;
   c.architecture = o.arch;
   c.dim = o.dim;
-  set_architecture_constants(c);  // also rejects an unknown architecture
-  const Architecture& arch = architecture(o.arch);
+  const Architecture& arch = set_architecture_constants(c);  // rejects an unknown one
   c.shared_classifier = o.tied;
   c.explicit_head_dim = o.head_dim;
   PROTOKV_CHECK(o.head_dim == 0 || arch.free_head_dim || o.dim == o.heads * o.head_dim,
                 "--head-dim {} x --heads {} must equal --dim {} for {} (llama.cpp's shapes); "
                 "only {} have wider or narrower heads",
                 o.head_dim, o.heads, o.dim, o.arch,
-                architectures_with(&Architecture::free_head_dim));
+                architecture_names(&Architecture::free_head_dim));
   PROTOKV_CHECK(o.sliding_window == 0 || arch.sliding_window,
                 "--sliding-window is for --arch {}, not {}",
-                architectures_with(&Architecture::sliding_window), o.arch);
+                architecture_names(&Architecture::sliding_window), o.arch);
   PROTOKV_CHECK(o.sliding_window >= 0 && o.swa_period >= 0,
                 "--sliding-window and --swa-period must be >= 0");
   if (o.sliding_window > 0) {
@@ -73,7 +72,7 @@ void run_make_model(const MakeModelOptions& o) {
   }
   if (o.rope_scaling == "llama3") {
     PROTOKV_CHECK(arch.rope_freq_factors, "--rope-scaling llama3 is for --arch {}, not {}",
-                  architectures_with(&Architecture::rope_freq_factors), o.arch);
+                  architecture_names(&Architecture::rope_freq_factors), o.arch);
     PROTOKV_CHECK(o.rope_scaling_factor == 0.0f,
                   "--rope-scaling llama3 writes Llama 3.1's factors (factor 8); "
                   "--rope-scaling-factor does not apply");
@@ -132,7 +131,7 @@ void register_make_model(CLI::App& app) {
          "--arch", o->arch,
          fmt::format("Architecture, in llama.cpp's GGUF conventions: {} (the "
                      "sliding-window layers of {} with --sliding-window)",
-                     fmt::join(arch_help, ", "), architectures_with(&Architecture::sliding_window)))
+                     fmt::join(arch_help, ", "), architecture_names(&Architecture::sliding_window)))
       ->capture_default_str();
   cmd->add_option("--dim", o->dim, "Embedding width")->required();
   cmd->add_option("--layers", o->layers, "Transformer blocks")->required();
@@ -144,7 +143,7 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--head-dim", o->head_dim,
                   fmt::format("Per-head width written as attention.key_length (default: dim / "
                               "heads; other values for {} only)",
-                              architectures_with(&Architecture::free_head_dim)));
+                              architecture_names(&Architecture::free_head_dim)));
   cmd->add_option("--sliding-window", o->sliding_window,
                   "gemma3: tokens a local layer attends to (0: every layer global)");
   cmd->add_option("--swa-period", o->swa_period,

@@ -44,11 +44,14 @@ int to_int(int64_t v, std::string_view what) {
   return static_cast<int>(v);
 }
 
+}  // namespace
+
 // Gemma 3's hyper-parameters beyond the Llama block, as llama.cpp's llama_model_gemma3 reads them:
 // embeddings scaled by sqrt(dim), GeGLU, the query scale, sliding-window layers (a period, 6 by
 // default: layer l is local unless l % 6 == 5, or one flag per layer), their own RoPE base
 // (10000 by default) and optional final-logit soft-capping.
-void read_gemma3_config(const GgufFile& file, const ConfigReader& r, ModelConfig& c) {
+void read_gemma3_gguf_config(const GgufFile& file, ModelConfig& c) {
+  const ConfigReader r{file, c.architecture};
   set_architecture_constants(c);  // embeddings x sqrt(dim), GeGLU
   // gemma_pytorch config.py: the 27B model scales queries by 1/sqrt(dim / n_heads), the others by
   // 1/sqrt(head_dim) (llama.cpp identifies the 27B model by its 62 layers).
@@ -86,6 +89,8 @@ void read_gemma3_config(const GgufFile& file, const ConfigReader& r, ModelConfig
   PROTOKV_CHECK(period >= 0 && period <= c.n_layers + 1, "invalid {} {}", pattern_key, period);
   c.local_layers = sliding_window_pattern(c.n_layers, static_cast<int>(period));
 }
+
+namespace {
 
 ModelConfig read_config(const GgufFile& file) {
   const auto arch = file.get_string(std::string(names::kArchitecture));
@@ -157,7 +162,7 @@ ModelConfig read_config(const GgufFile& file) {
     PROTOKV_CHECK(*attn_factor == 1.0, "{} = {} is not supported (only 1)",
                   names::arch_key(*arch, names::kRopeScalingAttnFactor), *attn_factor);
   }
-  if (architecture_row.sliding_window) read_gemma3_config(file, r, c);
+  if (architecture_row.read_gguf_config != nullptr) architecture_row.read_gguf_config(file, c);
   c.rope_freq_factors = file.find_tensor(std::string(names::kRopeFreqs)) != nullptr;
   PROTOKV_CHECK(!c.rope_freq_factors || architecture_row.rope_freq_factors,
                 "tensor {} is not used by architecture '{}'", names::kRopeFreqs, *arch);

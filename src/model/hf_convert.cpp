@@ -181,7 +181,7 @@ HfModel read_config(const fs::path& dir) {
       m.arch = &a;
   }
   PROTOKV_CHECK(m.arch != nullptr, "{}: unsupported architecture '{}' (supported: {})", c.path,
-                hf_arch, supported_architectures(/*hf_classes=*/true));
+                hf_arch, hf_class_names());
   m.hf_class = hf_arch;
   if (root.contains("hidden_act")) {
     PROTOKV_CHECK(root["hidden_act"] == "silu", "{}: unsupported hidden_act {} (only silu)", c.path,

@@ -19,6 +19,8 @@ LoadedModel load_gguf_model(const std::string& path, const AvailableMemory& avai
 uint64_t gguf_model_memory_bytes(const GgufFile& file);
 // Builds weights from an already opened GGUF file (tests, convert round trips).
 ModelWeights weights_from_gguf(const GgufFile& file);
+// Gemma 3's hyper-parameters beyond the Llama block (its Architecture::read_gguf_config).
+void read_gemma3_gguf_config(const GgufFile& file, ModelConfig& config);
 // llama2.c legacy checkpoint: 7 int32 header, then F32 weights (mapped, not copied).
 ModelWeights load_llama2c_model(const std::string& path);
 

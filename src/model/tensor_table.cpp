@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "model/gguf_names.h"
+#include "model/loaders.h"
 
 namespace protokv {
 namespace {
@@ -168,7 +169,8 @@ const Architecture kArchitectures[] = {
      .rope_neox = true,
      .free_head_dim = true,
      .sliding_window = true,
-     .scaled_embedding_geglu = true},
+     .scaled_embedding_geglu = true,
+     .read_gguf_config = read_gemma3_gguf_config},
 };
 
 }  // namespace
@@ -177,29 +179,24 @@ std::span<const Architecture> architectures() {
   return kArchitectures;
 }
 
-std::string supported_architectures(bool hf_classes) {
+std::string architecture_names(bool Architecture::*flag) {
   std::vector<std::string_view> names;
-  for (const Architecture& a : kArchitectures) {
-    if (hf_classes) {
-      names.insert(names.end(), a.hf_classes.begin(), a.hf_classes.end());
-    } else {
-      names.push_back(a.name);
-    }
-  }
+  for (const Architecture& a : kArchitectures)
+    if (flag == nullptr || a.*flag) names.push_back(a.name);
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-std::string architectures_with(bool Architecture::*flag) {
+std::string hf_class_names() {
   std::vector<std::string_view> names;
   for (const Architecture& a : kArchitectures)
-    if (a.*flag) names.push_back(a.name);
+    names.insert(names.end(), a.hf_classes.begin(), a.hf_classes.end());
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
 const Architecture& architecture(std::string_view name) {
   for (const Architecture& a : kArchitectures)
     if (a.name == name) return a;
-  fail("unsupported model architecture '{}' (supported: {})", name, supported_architectures());
+  fail("unsupported model architecture '{}' (supported: {})", name, architecture_names());
 }
 
 std::span<const TensorEntry> tensor_table(std::string_view architecture_name) {
@@ -210,13 +207,14 @@ bool architecture_rope_neox(std::string_view architecture_name) {
   return architecture(architecture_name).rope_neox;
 }
 
-void set_architecture_constants(ModelConfig& config) {
+const Architecture& set_architecture_constants(ModelConfig& config) {
   const Architecture& arch = architecture(config.architecture);
   config.rope_neox = arch.rope_neox;
   if (arch.scaled_embedding_geglu) {
     config.embedding_scale = std::sqrt(static_cast<float>(config.dim));
     config.ffn_activation = FfnActivation::kGeluTanh;
   }
+  return arch;
 }
 
 std::vector<uint8_t> sliding_window_pattern(int n_layers, int period) {

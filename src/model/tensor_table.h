@@ -17,6 +17,8 @@
 
 namespace protokv {
 
+class GgufFile;
+
 struct TensorShape {
   int64_t rows = 0;  // vectors: 1
   int64_t cols = 0;
@@ -80,16 +82,20 @@ struct Architecture {
   // rotate-half order back to Meta's pairs; NeoX architectures keep Hugging Face's order.
   bool hf_undo_qk_permute = false;
   bool hf_biases_required = false;  // q/k/v biases are always in its checkpoints (Qwen2)
+  // Reads the GGUF keys of its own beyond the Llama block's (Gemma 3: soft-capping, the
+  // sliding-window pattern, the local RoPE base), after those; nullptr: none.
+  void (*read_gguf_config)(const GgufFile& file, ModelConfig& config) = nullptr;
 };
 
 // Every architecture, in the order messages list them.
 std::span<const Architecture> architectures();
 // The row of `name`; throws Error naming the supported ones for any other.
 const Architecture& architecture(std::string_view name);
-// "llama, qwen2, qwen3, gemma3" (or the Hugging Face classes): for messages and --help.
-std::string supported_architectures(bool hf_classes = false);
-// The names of the architectures with `flag` set ("qwen3, gemma3"), for messages.
-std::string architectures_with(bool Architecture::*flag);
+// The names of the architectures with `flag` set ("qwen3, gemma3"; every one without a flag:
+// "llama, qwen2, qwen3, gemma3"), for messages and --help.
+std::string architecture_names(bool Architecture::*flag = nullptr);
+// Every Hugging Face class `protokv convert` takes ("LlamaForCausalLM, ...").
+std::string hf_class_names();
 
 // The tensor table of `architecture` (Architecture::tensors). Throws Error for an architecture
 // protokv cannot run.
@@ -99,9 +105,9 @@ std::span<const TensorEntry> tensor_table(std::string_view architecture);
 bool architecture_rope_neox(std::string_view architecture);
 
 // Sets what `config.architecture` fixes rather than stores in GGUF, from the config's shape:
-// rope_neox, and for Gemma the embedding scale sqrt(dim) and GeGLU. Throws Error for an
-// unsupported architecture.
-void set_architecture_constants(ModelConfig& config);
+// rope_neox, and for Gemma the embedding scale sqrt(dim) and GeGLU; returns the architecture's
+// row. Throws Error for an unsupported architecture.
+const Architecture& set_architecture_constants(ModelConfig& config);
 
 // llama.cpp's sliding-window layer pattern of period p (llama_hparams::set_swa_pattern): layer l
 // is local unless l % p == p - 1; p = 0 makes every layer local.
