@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// RULER's tasks: the task table, the templates and the sample generators (haystacks, needles,
+// variable chains, word lists, QA documents); the scoring is in ruler_scoring.cpp.
 #include "eval/ruler.h"
 
 #include <fmt/format.h>
@@ -616,35 +618,6 @@ std::vector<LongctxSample> make_ruler_samples(const Tokenizer& tokenizer,
     }
   }
   return samples;
-}
-
-namespace {
-std::string ascii_lower(std::string s) {
-  for (char& c : s)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return s;
-}
-}  // namespace
-
-double string_match_all(const std::string& prediction, const std::vector<std::string>& refs) {
-  if (refs.empty()) return 0.0;
-  const std::string p = ascii_lower(prediction);
-  double hits = 0.0;
-  for (const auto& r : refs) hits += p.find(ascii_lower(r)) != std::string::npos ? 1.0 : 0.0;
-  return hits / static_cast<double>(refs.size());
-}
-
-double string_match_part(const std::string& prediction, const std::vector<std::string>& refs) {
-  const std::string p = ascii_lower(prediction);
-  for (const auto& r : refs)
-    if (p.find(ascii_lower(r)) != std::string::npos) return 1.0;
-  return 0.0;
-}
-
-double ruler_score(const LongctxSample& sample, const std::string& prediction) {
-  const std::string metric = sample.meta.value("metric", "string_match_all");
-  return metric == "string_match_part" ? string_match_part(prediction, sample.answers)
-                                       : string_match_all(prediction, sample.answers);
 }
 
 }  // namespace protokv::eval
