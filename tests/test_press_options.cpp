@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "press/entry.h"
 #include "protokv/error.h"
 #include "protokv/press/options.h"
 #include "protokv/press_registry.h"
@@ -144,6 +145,26 @@ TEST(PressOptionSchema, ReaderTakesDefaultsAndRangesFromTheRows) {
   EXPECT_EQ(press::default_text(schema[3]), "B/2");
   EXPECT_EQ(press::range_text(schema[2]), "max|avg");
   EXPECT_EQ(press::range_text(press::int_option("sinks", 4, 0, int64_t{1} << 30, "s")), "0..2^30");
+}
+
+// An entry whose --help says "Options: those of X" (options_of) reads exactly X's own rows, and
+// an entry that repeats another's rows says so instead of listing them twice.
+TEST(PressOptionSchema, OptionsOfNamesTheEntryWithTheSameRows) {
+  const auto keys = [](const press::PressEntry& entry) {
+    std::vector<std::string> out;
+    for (const press::OptionSpec& spec : press::own_option_specs(entry)) out.emplace_back(spec.key);
+    return out;
+  };
+  size_t shared = 0;
+  for (const press::PressEntry* entry : press::press_table()) {
+    if (entry->options_of.empty()) continue;
+    const press::PressEntry* owner = press::find_press_entry(entry->options_of);
+    ASSERT_NE(owner, nullptr) << entry->name << " names " << entry->options_of;
+    EXPECT_TRUE(owner->options_of.empty()) << entry->name;
+    EXPECT_EQ(keys(*entry), keys(*owner)) << entry->name << " vs " << entry->options_of;
+    ++shared;
+  }
+  EXPECT_EQ(shared, 2u);  // pyramidkv, adakv
 }
 
 // --help lists every option of every press with its default (pyramidkv and adakv name snapkv

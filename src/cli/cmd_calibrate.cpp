@@ -102,6 +102,7 @@ void run_calibrate(const CalibrateArgs& a) {
         a.seed + static_cast<uint64_t>(a.samples) - 1);
   }
   std::vector<std::vector<int32_t>> sequences;
+  sequences.reserve(samples.size());
   for (auto& s : samples) sequences.push_back(std::move(s.prompt));
 
   if (!a.quiet) {

@@ -181,7 +181,7 @@ ChatPrompt make_chat_prompt(const Tokenizer& tokenizer, ChatTemplate family, int
   // Key and value drawn as make_niah_samples draws sample 0's.
   std::mt19937_64 rng(seed * 1000003ULL);
   const auto& keys = adjective_noun_keys();
-  const std::string key =
+  const std::string& key =
       keys[static_cast<size_t>(uniform_int(rng, 0, static_cast<int64_t>(keys.size()) - 1))];
   const std::string value = random_number_text(rng);
 

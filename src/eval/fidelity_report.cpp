@@ -280,7 +280,7 @@ std::string fidelity_out_dir(const std::string& out, const std::string& model_pa
 std::string open_fidelity_out_dir(const std::string& out, const std::string& model_path,
                                   int64_t prompt_len, int64_t continuation, int samples,
                                   bool resume, FidelityOptions& options) {
-  const std::string dir =
+  std::string dir =
       fidelity_out_dir(out, model_path, prompt_len, continuation, samples, options.shard);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -124,6 +124,7 @@ std::string paired_group_table(const std::vector<LongctxRecord>& records,
   table.add_column("Δ vs " + reference + " (95%)", Table::Align::kLeft);
   for (const auto& g : groups) table.add_column(g);
   std::vector<std::vector<LongctxSummary>> per_group;  // [group][run]
+  per_group.reserve(groups.size());
   for (const auto& g : groups)
     per_group.push_back(summarize(records, runs, reference, [&](const LongctxRecord& r) {
       return r.meta.value(group_key, std::string()) == g;
@@ -192,6 +193,7 @@ std::vector<std::string> name_lengths(const std::vector<int64_t>& lengths,
   for (auto& r : records)
     r.meta["length_name"] = std::to_string(r.meta.value("length", int64_t{0}));
   std::vector<std::string> names;
+  names.reserve(lengths.size());
   for (int64_t L : lengths) names.push_back(std::to_string(L));
   return names;
 }

@@ -155,6 +155,7 @@ std::vector<LongctxSummary> summarize(const std::vector<LongctxRecord>& records,
                                       const std::string& reference,
                                       const std::function<bool(const LongctxRecord&)>& filter) {
   std::vector<std::string> labels;
+  labels.reserve(runs.size());
   for (const auto& spec : runs) labels.push_back(spec.label());
   return summarize(records, labels, reference, filter);
 }

@@ -102,7 +102,7 @@ std::vector<LongctxSample> make_niah_samples(const Tokenizer& tokenizer,
         // Key and value depend on the sample index only, so every cell asks the same facts and
         // cells differ only in length and depth.
         std::mt19937_64 rng(options.seed * 1000003ULL + static_cast<uint64_t>(s));
-        const std::string key =
+        const std::string& key =
             keys[static_cast<size_t>(uniform_int(rng, 0, static_cast<int64_t>(keys.size()) - 1))];
         const std::string value = random_number_text(rng);
         LongctxSample sample;

@@ -88,8 +88,9 @@ Built split_template(const std::string& full_template, const std::string& contex
   std::string before = full_template.substr(0, at);
   std::string after = full_template.substr(at + 9);
   for (const auto& [key, value] : fields) {
-    before = text::replace_all(before, "{" + key + "}", value);
-    after = text::replace_all(after, "{" + key + "}", value);
+    const std::string placeholder = fmt::format("{{{}}}", key);
+    before = text::replace_all(before, placeholder, value);
+    after = text::replace_all(after, placeholder, value);
   }
   return {before + context, after, {}};
 }

@@ -178,12 +178,14 @@ std::vector<std::span<const float>> decode_batch(std::span<Session* const> sessi
       PROTOKV_CHECK(sessions[j] != sessions[i], "decode_batch: session {} is given twice", i);
   }
   std::vector<Session::Impl::DecodeState> states;
+  states.reserve(sessions.size());
   for (size_t i = 0; i < sessions.size(); ++i)
     states.push_back(sessions[i]->impl_->begin_decode(tokens[i]));  // throws before any change
 
   RowBuffers b(n, config);
   b.independent_rows = true;
   std::vector<int32_t> positions;
+  positions.reserve(states.size());
   for (const auto& st : states) positions.push_back(st.position);
   const int64_t q_dim = static_cast<int64_t>(config.n_heads) * config.head_dim();
   const int64_t kv_dim = static_cast<int64_t>(config.n_kv_heads) * config.head_dim();

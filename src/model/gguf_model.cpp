@@ -56,8 +56,9 @@ void read_gemma3_gguf_config(const GgufFile& file, ModelConfig& c) {
   // gemma_pytorch config.py: the 27B model scales queries by 1/sqrt(dim / n_heads), the others by
   // 1/sqrt(head_dim) (llama.cpp identifies the 27B model by its 62 layers).
   constexpr int kGemma3_27bLayers = 62;
-  if (c.n_layers == kGemma3_27bLayers && c.dim / c.n_heads != c.head_dim())
-    c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.dim / c.n_heads));
+  const int width_per_head = c.dim / c.n_heads;  // integer, as gemma_pytorch's `//`
+  if (c.n_layers == kGemma3_27bLayers && width_per_head != c.head_dim())
+    c.attention_scale = 1.0f / std::sqrt(static_cast<float>(width_per_head));
   const std::string attn_softcap_key =
       names::arch_key(c.architecture, names::kAttnLogitSoftcapping);
   PROTOKV_CHECK(!r.optional_float(names::kAttnLogitSoftcapping).value_or(0.0),

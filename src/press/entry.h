@@ -40,6 +40,9 @@ struct PressEntry {
   // in make() takes defaults and ranges from them, and --help, docs/methods.md and the Python
   // classes list them. An allocator's options are added by the registry. nullptr: none.
   std::vector<OptionSpec> (*options)() = nullptr;
+  // A method whose own options are another entry's (pyramidkv, adakv: snapkv's scoring): --help
+  // names that entry instead of listing the same rows again. Empty: its rows are its own.
+  std::string_view options_of = {};
   // Reads the method's own options (after the allocator's, which `allocator` holds; uniform for
   // AllocatorRole::None) and builds the press. OptionReader::finish() is make_press()'s job.
   std::unique_ptr<Press> (*make)(const PressEntry& entry, OptionReader& options,
@@ -59,6 +62,8 @@ struct PressEntry {
 std::span<const PressEntry* const> press_table();
 // The entry named `name`, or nullptr.
 const PressEntry* find_press_entry(std::string_view name);
+// The rows of `entry`'s own options (none when it declares no schema), without an allocator's.
+std::vector<OptionSpec> own_option_specs(const PressEntry& entry);
 // Every option `entry` reads with `allocator`: its own rows, then the allocator's.
 std::vector<OptionSpec> press_option_schema(const PressEntry& entry, AllocatorKind allocator);
 

@@ -99,11 +99,6 @@ std::string option_lines(const std::vector<press::OptionSpec>& schema,
   return text;
 }
 
-bool same_keys(const std::vector<press::OptionSpec>& a, const std::vector<press::OptionSpec>& b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                    [](const auto& x, const auto& y) { return x.key == y.key; });
-}
-
 std::string allocator_cell(const press::PressEntry& entry) {
   switch (entry.allocator_role) {
     case press::AllocatorRole::None:
@@ -144,21 +139,15 @@ std::string press_help() {
       "reduced, gqa=mean|max|sum), so memory really shrinks; the reference code (KVCache-Factory)\n"
       "repeats K/V per query head instead and stores group-times more.\n\n";
   std::vector<std::string> composes, is_allocator, takes_none;
-  std::vector<std::pair<std::string, std::vector<press::OptionSpec>>> printed;
   for (const press::PressEntry* entry : press::press_table()) {
     const std::string name(entry->name);
     // pyramidkv and adakv read snapkv's options and their allocator's: name the press whose
     // rows they repeat instead of listing them again.
-    const std::vector<press::OptionSpec> own =
-        entry->options != nullptr ? entry->options() : std::vector<press::OptionSpec>{};
-    std::string options = option_lines(press_option_specs(entry->name));
-    for (const auto& [earlier, rows] : printed) {
-      if (own.empty() || !same_keys(rows, own)) continue;
-      options = option_lines(press::allocator_option_specs(entry->fixed_allocator),
-                             fmt::format("Options: those of {}, and", earlier));
-      break;
-    }
-    printed.emplace_back(name, own);
+    const std::string options =
+        entry->options_of.empty()
+            ? option_lines(press_option_specs(entry->name))
+            : option_lines(press::allocator_option_specs(entry->fixed_allocator),
+                           fmt::format("Options: those of {}, and", entry->options_of));
     text += indent_paragraph(entry->name, entry->help() + options) + '\n';
     switch (entry->allocator_role) {
       case press::AllocatorRole::None:

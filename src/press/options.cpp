@@ -196,26 +196,34 @@ const OptionSpec& OptionReader::fixed_row(std::string_view key, OptionKind kind)
   return spec;
 }
 
+template <class T, class Parse>
+T OptionReader::read(std::string_view key, OptionKind kind, T fallback, Parse parse) {
+  const OptionSpec& spec = row(key, kind);
+  const std::string* text = raw(key);
+  return text == nullptr ? fallback : parse(spec, *text);
+}
+
 int64_t OptionReader::get_int(std::string_view key) {
   return get_int(key, static_cast<int64_t>(fixed_row(key, OptionKind::Int).number));
 }
 
 int64_t OptionReader::get_int(std::string_view key, int64_t fallback) {
-  const OptionSpec& spec = row(key, OptionKind::Int);
-  const std::string* text = raw(key);
-  return text == nullptr ? fallback : parse_int(spec, *text);
+  return read(
+      key, OptionKind::Int, fallback,
+      [this](const OptionSpec& spec, const std::string& text) { return parse_int(spec, text); });
 }
 
 uint64_t OptionReader::get_seed(std::string_view key) {
-  const OptionSpec& spec = row(key, OptionKind::Seed);
-  const std::string* text = raw(key);
-  if (text == nullptr) return static_cast<uint64_t>(spec.number);
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text->c_str(), &end, 10);
-  if (errno != 0 || end == text->c_str() || *end != '\0' || (*text)[0] == '-')
-    fail("press '{}': option {}={} is not a non-negative integer", press_, key, *text);
-  return value;
+  const auto fallback = static_cast<uint64_t>(row(key, OptionKind::Seed).number);
+  return read(
+      key, OptionKind::Seed, fallback, [this](const OptionSpec& spec, const std::string& text) {
+        errno = 0;
+        char* end = nullptr;
+        const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+        if (errno != 0 || end == text.c_str() || *end != '\0' || text[0] == '-')
+          fail("press '{}': option {}={} is not a non-negative integer", press_, spec.key, text);
+        return static_cast<uint64_t>(value);
+      });
 }
 
 double OptionReader::get_double(std::string_view key) {
@@ -223,24 +231,26 @@ double OptionReader::get_double(std::string_view key) {
 }
 
 double OptionReader::get_double(std::string_view key, double fallback) {
-  const OptionSpec& spec = row(key, OptionKind::Double);
-  const std::string* text = raw(key);
-  return text == nullptr ? fallback : parse_double(spec, *text);
+  return read(
+      key, OptionKind::Double, fallback,
+      [this](const OptionSpec& spec, const std::string& text) { return parse_double(spec, text); });
 }
 
 bool OptionReader::get_bool(std::string_view key) {
-  const OptionSpec& spec = row(key, OptionKind::Bool);
-  const std::string* text = raw(key);
-  if (text == nullptr) return spec.number != 0.0;
-  if (*text == "1" || *text == "true") return true;
-  if (*text == "0" || *text == "false") return false;
-  fail("press '{}': option {}={} is not a boolean (0, 1, true, false)", press_, key, *text);
+  const bool fallback = row(key, OptionKind::Bool).number != 0.0;
+  return read(key, OptionKind::Bool, fallback,
+              [this](const OptionSpec& spec, const std::string& text) {
+                if (text == "1" || text == "true") return true;
+                if (text == "0" || text == "false") return false;
+                fail("press '{}': option {}={} is not a boolean (0, 1, true, false)", press_,
+                     spec.key, text);
+              });
 }
 
 std::string OptionReader::get_text(std::string_view key) {
-  const OptionSpec& spec = row(key, OptionKind::Text);
-  const std::string* text = raw(key);
-  return text == nullptr ? spec.word : *text;
+  std::string fallback = row(key, OptionKind::Text).word;
+  return read(key, OptionKind::Text, std::move(fallback),
+              [](const OptionSpec&, const std::string& text) { return text; });
 }
 
 std::string OptionReader::get_choice(std::string_view key) {
@@ -248,13 +258,13 @@ std::string OptionReader::get_choice(std::string_view key) {
 }
 
 std::string OptionReader::get_choice(std::string_view key, std::string_view fallback) {
-  const OptionSpec& spec = row(key, OptionKind::Choice);
-  const std::string* text = raw(key);
-  if (text == nullptr) return std::string(fallback);
-  for (std::string_view choice : spec.choices)
-    if (*text == choice) return *text;
-  fail("press '{}': option {}={} is not one of {}", press_, key, *text,
-       fmt::join(spec.choices, "|"));
+  return read(key, OptionKind::Choice, std::string(fallback),
+              [this](const OptionSpec& spec, const std::string& text) {
+                for (std::string_view choice : spec.choices)
+                  if (text == choice) return text;
+                fail("press '{}': option {}={} is not one of {}", press_, spec.key, text,
+                     fmt::join(spec.choices, "|"));
+              });
 }
 
 void OptionReader::reject_if_given(std::string_view key, std::string_view reason) const {

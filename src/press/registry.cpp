@@ -41,10 +41,12 @@ const PressEntry* find_press_entry(std::string_view name) {
   return nullptr;
 }
 
+std::vector<OptionSpec> own_option_specs(const PressEntry& entry) {
+  return entry.options != nullptr ? entry.options() : std::vector<OptionSpec>{};
+}
+
 std::vector<OptionSpec> press_option_schema(const PressEntry& entry, AllocatorKind allocator) {
-  std::vector<OptionSpec> schema =
-      entry.options != nullptr ? entry.options() : std::vector<OptionSpec>{};
-  return concat(std::move(schema), allocator_option_specs(allocator));
+  return concat(own_option_specs(entry), allocator_option_specs(allocator));
 }
 
 namespace {

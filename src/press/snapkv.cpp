@@ -56,6 +56,7 @@ const PressEntry kPyramidKvEntry{
               "slightly (integer steps).\n");
         },
     .options = [] { return window_score_option_specs(); },
+    .options_of = "snapkv",
     .make = make_snapkv_family,
 };
 
@@ -74,6 +75,7 @@ const PressEntry kAdaKvEntry{
               "Heads get different lengths.\n");
         },
     .options = [] { return window_score_option_specs(); },
+    .options_of = "snapkv",
     .make = make_snapkv_family,
 };
 

@@ -134,7 +134,7 @@ struct Server::Impl {
       send_error(res, ApiError(res.status, message));
     });
     http.set_exception_handler(
-        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        [](const httplib::Request&, httplib::Response& res, const std::exception_ptr& ep) {
           std::string message = "internal error";
           try {
             std::rethrow_exception(ep);
@@ -354,8 +354,8 @@ struct Server::Impl {
     res.set_content(dump(body), "application/json");
   }
 
-  void stream(httplib::Response& res, std::shared_ptr<Job> job, const CompletionRequest& request,
-              const std::string& id, int64_t now) {
+  void stream(httplib::Response& res, const std::shared_ptr<Job>& job,
+              const CompletionRequest& request, const std::string& id, int64_t now) {
     const bool chat = request.chat;
     auto chunk = [this, chat, id, now](json choice_fields) {
       json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};

@@ -11,7 +11,7 @@
 
 namespace protokv::server {
 
-ApiError::ApiError(int status, std::string message, std::string param, std::string type,
+ApiError::ApiError(int status, const std::string& message, std::string param, std::string type,
                    std::string code)
     : std::runtime_error(Error::one_line(message)),
       status_(status),

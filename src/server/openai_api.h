@@ -19,7 +19,7 @@ namespace protokv::server {
 // An error the client gets as an HTTP status and OpenAI's error object.
 class ApiError : public std::runtime_error {
  public:
-  ApiError(int status, std::string message, std::string param = "",
+  ApiError(int status, const std::string& message, std::string param = "",
            std::string type = "invalid_request_error", std::string code = "");
   int status() const { return status_; }
   nlohmann::json to_json() const;

@@ -4,6 +4,8 @@
 // templates do: llama.cpp's llm_chat_apply_template where the two agree, the template where not
 // (docs/tokenizers.md lists where). Hand-written formatters rather than a Jinja interpreter: every
 // family is tested against a cited reference rendering (tests/test_chat_template_reference.cpp).
+#include <fmt/format.h>
+
 #include <array>
 #include <string>
 
@@ -226,7 +228,7 @@ std::string render_chat(ChatTemplate family, std::span<const ChatMessage> messag
         const bool first = i == (has_system ? 1u : 0u);
         std::string content = m.content;
         if (first && has_system)
-          content = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + content;
+          content = fmt::format("<<SYS>>\n{}\n<</SYS>>\n\n{}", messages[0].content, content);
         if (m.role == "user") {
           out += first ? "[INST] " : "<s>[INST] ";
           out += trim(content);

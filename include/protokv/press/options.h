@@ -94,6 +94,10 @@ class OptionReader {
   // The same row, whose default must be fixed (not derived()).
   const OptionSpec& fixed_row(std::string_view key, OptionKind kind) const;
   const std::string* raw(std::string_view key);
+  // The text given for `key` (a row of `kind`) as parse(row, text) reads it, or `fallback` when
+  // it was not given: every getter's "row, raw, parse or default" (defined in options.cpp).
+  template <class T, class Parse>
+  T read(std::string_view key, OptionKind kind, T fallback, Parse parse);
   int64_t parse_int(const OptionSpec& spec, const std::string& text) const;
   double parse_double(const OptionSpec& spec, const std::string& text) const;
 
