@@ -53,7 +53,7 @@ void BM_PressCompress(benchmark::State& state, const std::string& spec, const st
     protokv::LayerCache out;
     out.heads.assign(static_cast<size_t>(shape.n_kv_heads), protokv::HeadCache(shape.head_dim));
     press->compress_prefill(t.view(/*layer=*/0, /*n_layers=*/1), out);
-    benchmark::DoNotOptimize(out.heads[0].keys());
+    benchmark::DoNotOptimize(out.heads[0].key_rows());
   }
   state.counters["n"] = static_cast<double>(shape.n_tokens);
 }

@@ -97,8 +97,13 @@ TEST_P(SessionDtypes, PrefillEqualsTokenByTokenDecodeAndReference) {
       ASSERT_EQ(a.size(), 23);
       ASSERT_EQ(b.size(), 23);
       const int64_t count = a.size() * a.head_dim();
-      EXPECT_LE(relative_error(a.keys(), b.keys(), count), cache_tol) << l << " " << h;
-      EXPECT_LE(relative_error(a.values(), b.values(), count), cache_tol) << l << " " << h;
+      EXPECT_LE(relative_error(testing::cache_keys(a).data(), testing::cache_keys(b).data(), count),
+                cache_tol)
+          << l << " " << h;
+      EXPECT_LE(
+          relative_error(testing::cache_values(a).data(), testing::cache_values(b).data(), count),
+          cache_tol)
+          << l << " " << h;
       for (int64_t i = 0; i < a.size(); ++i) EXPECT_EQ(a.positions()[static_cast<size_t>(i)], i);
     }
 }
@@ -457,7 +462,7 @@ TEST(Session, ObserverSeesWeightsThatExplainTheAttentionOutput) {
       for (int c = 0; c < hd; ++c) {
         double expected = 0.0;
         for (size_t j = 0; j < p.size(); ++j)
-          expected += p[j] * head.value(static_cast<int64_t>(j))[c];
+          expected += p[j] * head.value_floats(static_cast<int64_t>(j))[c];
         EXPECT_NEAR(observer.outputs[static_cast<size_t>(l)][static_cast<size_t>(h * hd + c)],
                     expected, 1e-5)
             << l << " " << h << " " << c;

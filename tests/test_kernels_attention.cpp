@@ -13,7 +13,9 @@
 #include "kernel_reference.h"
 #include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "protokv/dtype.h"
 #include "protokv/error.h"
+#include "protokv/key_segment.h"
 
 namespace protokv::kernels {
 namespace {
@@ -341,6 +343,81 @@ TEST(KernelsAttention, GatheredSegmentsSplitRunsAtSegmentBoundaries) {
         expected += logits[static_cast<size_t>(j)] / total *
                     values[static_cast<size_t>(indices[static_cast<size_t>(j)] * d + c)];
       ASSERT_NEAR(out[c], expected, kAttentionTolerance);
+    }
+  }
+}
+
+// Rows [n, d] stored as `type` (a KV cache type): the bytes, and the F32 values they stand for.
+struct TypedRows {
+  std::vector<uint8_t> bytes;
+  std::vector<float> floats;
+};
+TypedRows store_as(DType type, const std::vector<float>& rows) {
+  const auto n = static_cast<int64_t>(rows.size());
+  TypedRows out{std::vector<uint8_t>(dtype_row_bytes(type, n)), std::vector<float>(rows.size())};
+  quantize_row(type, rows.data(), out.bytes.data(), n);
+  dequantize_row(type, out.bytes.data(), out.floats.data(), n);
+  return out;
+}
+
+// A quantised KV cache (--cache-type-k/-v): the decode kernels read typed key and value rows
+// (expanded block by block in cache) and must compute what the reference computes on the values
+// those rows stand for: dense over several blocks, gathered over runs and isolated rows, keys
+// and values of different types, in every instruction set.
+TEST(KernelsAttention, DecodeOverTypedCacheRowsEqualsTheReferenceOnTheirValues) {
+  std::mt19937 rng(57);
+  // Peaked rows (logits up to ~20 in F32 against the double reference): 1e-5 on a probability.
+  constexpr double kProbTolerance = 1e-5;
+  const std::vector<std::pair<DType, DType>> types = {
+      {DType::F16, DType::F16},   {DType::BF16, DType::BF16}, {DType::Q8_0, DType::Q8_0},
+      {DType::Q4_0, DType::Q4_0}, {DType::Q8_0, DType::F16},  {DType::F32, DType::Q4_0}};
+  for (Isa isa : available_isas()) {
+    for (const auto& [key_type, value_type] : types) {
+      for (auto [n, d] : {std::pair<int64_t, int>{1, 32}, {37, 64}, {300, 96}, {1100, 64}}) {
+        SCOPED_TRACE(::testing::Message() << isa_name(isa) << " K " << dtype_name(key_type) << " V "
+                                          << dtype_name(value_type) << " n=" << n << " d=" << d);
+        const int group = 4;
+        const auto q = random_vector(rng, group * d, 2.0f);
+        const TypedRows keys = store_as(key_type, random_vector(rng, n * d, 2.0f));
+        const TypedRows values = store_as(value_type, random_vector(rng, n * d));
+        const auto log_weights = random_vector(rng, n, 0.5f);
+        const KeySegment segment{keys.bytes.data(), n, nullptr, key_type};
+        const ValueRows value_rows(values.bytes.data(), value_type);
+        std::vector<float> out(group * d, NAN), probs(group * n, NAN);
+        attention_decode_group_segments(isa, q.data(), group, {&segment, 1}, value_rows,
+                                        log_weights.data(), d, out.data(), probs.data());
+        for (int h = 0; h < group; ++h) {
+          std::vector<double> expected_probs;
+          const auto expected =
+              ref_decode_attention(q.data() + h * d, keys.floats.data(), values.floats.data(),
+                                   log_weights.data(), n, d, &expected_probs);
+          for (int i = 0; i < d; ++i)
+            ASSERT_NEAR(out[h * d + i], expected[i], kAttentionTolerance) << "head " << h;
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_NEAR(probs[h * n + j], expected_probs[j], kProbTolerance) << "head " << h;
+        }
+        // Gathered: a long run (split into blocks), short runs and isolated rows, any order.
+        std::vector<int32_t> indices;
+        for (int64_t e = n / 3; e < n; e += (e % 5 == 0 ? 3 : 1))
+          indices.push_back(static_cast<int32_t>(e));
+        indices.push_back(0);
+        const auto m = static_cast<int64_t>(indices.size());
+        std::vector<float> sub_k, sub_v;
+        for (int32_t i : indices) {
+          sub_k.insert(sub_k.end(), keys.floats.begin() + i * d, keys.floats.begin() + (i + 1) * d);
+          sub_v.insert(sub_v.end(), values.floats.begin() + i * d,
+                       values.floats.begin() + (i + 1) * d);
+        }
+        std::vector<float> gathered(d, NAN), gathered_probs(m, NAN);
+        attention_decode_gathered_segments(isa, q.data(), {&segment, 1}, value_rows, nullptr,
+                                           indices, d, gathered.data(), gathered_probs.data());
+        std::vector<double> expected_probs;
+        const auto expected = ref_decode_attention(q.data(), sub_k.data(), sub_v.data(), nullptr, m,
+                                                   d, &expected_probs);
+        for (int i = 0; i < d; ++i) ASSERT_NEAR(gathered[i], expected[i], kAttentionTolerance);
+        for (int64_t j = 0; j < m; ++j)
+          ASSERT_NEAR(gathered_probs[j], expected_probs[static_cast<size_t>(j)], kProbTolerance);
+      }
     }
   }
 }

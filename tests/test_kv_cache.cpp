@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "protokv/error.h"
@@ -24,17 +26,26 @@ HeadCache head_of(int n, int weighted = -1) {
   return head;
 }
 
+// The F32 rows of a segment or a head of this file's F32 heads.
+const float* floats(const KeySegment& segment) {
+  EXPECT_EQ(segment.type, DType::F32);
+  return static_cast<const float*>(segment.keys);
+}
+const float* floats(const HeadCache& head) {
+  return static_cast<const float*>(head.key_rows());
+}
+
 // The tokens of the entries, read back from positions, keys and values (which must agree).
 std::vector<int> tokens_of(const HeadCache& head) {
   std::vector<int> out;
   for (int64_t e = 0; e < head.size(); ++e) {
     const int t = head.positions()[static_cast<size_t>(e)] - 100;
     if (!head.key_is_shared(e)) {
-      EXPECT_EQ(head.key(e)[0], float(t));
-      EXPECT_EQ(head.key(e)[1], float(t) + 0.5f);
+      EXPECT_EQ(head.key_floats(e)[0], float(t));
+      EXPECT_EQ(head.key_floats(e)[1], float(t) + 0.5f);
     }
-    EXPECT_EQ(head.value(e)[0], -float(t));
-    EXPECT_EQ(head.value(e)[1], 10.0f * t);
+    EXPECT_EQ(head.value_floats(e)[0], -float(t));
+    EXPECT_EQ(head.value_floats(e)[1], 10.0f * t);
     out.push_back(t);
   }
   return out;
@@ -67,17 +78,17 @@ TEST(HeadCache, AssignRowsTakesRowsOfALayerTensor) {
 
 TEST(HeadCache, ReorderPermutesRowsPositionsAndWeightsInPlace) {
   HeadCache head = head_of(6, 4);
-  const float* keys_before = head.keys();
+  const void* keys_before = head.key_rows();
   head.reorder(2, std::vector<int32_t>{2, 0, 3, 1});  // entries 2..5 become 4, 2, 5, 3
-  EXPECT_EQ(head.keys(), keys_before);                // in place
+  EXPECT_EQ(head.key_rows(), keys_before);            // in place
   const std::vector<int32_t> expected = {100, 101, 104, 102, 105, 103};
   EXPECT_EQ(std::vector<int32_t>(head.positions().begin(), head.positions().end()), expected);
   for (int64_t e = 0; e < 6; ++e) {
     const float t = static_cast<float>(expected[static_cast<size_t>(e)] - 100);
-    EXPECT_EQ(head.key(e)[0], t);
-    EXPECT_EQ(head.key(e)[1], t + 0.5f);
-    EXPECT_EQ(head.value(e)[0], -t);
-    EXPECT_EQ(head.value(e)[1], 10.0f * t);
+    EXPECT_EQ(head.key_floats(e)[0], t);
+    EXPECT_EQ(head.key_floats(e)[1], t + 0.5f);
+    EXPECT_EQ(head.value_floats(e)[0], -t);
+    EXPECT_EQ(head.value_floats(e)[1], 10.0f * t);
     EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], t == 4 ? 0.25f : 0.0f);
   }
   EXPECT_THROW(head.reorder(3, std::vector<int32_t>{0, 1, 2, 3}), Error);  // past the end
@@ -87,9 +98,9 @@ TEST(HeadCache, ReorderPermutesRowsPositionsAndWeightsInPlace) {
 
 TEST(HeadCache, CompactKeepsAscendingEntriesInPlace) {
   HeadCache head = head_of(6, 4);
-  const float* keys_before = head.keys();
+  const void* keys_before = head.key_rows();
   head.compact(std::vector<int32_t>{1, 4, 5});
-  EXPECT_EQ(head.keys(), keys_before);  // no reallocation
+  EXPECT_EQ(head.key_rows(), keys_before);  // no reallocation
   EXPECT_EQ(tokens_of(head), (std::vector<int>{1, 4, 5}));
   EXPECT_TRUE(head.has_log_weights());
   EXPECT_EQ(head.log_weights()[1], 0.25f);
@@ -119,18 +130,18 @@ TEST(HeadCache, SharedKeysAreReadFromTheLenderAsThreeSegments) {
   const float query[kDim] = {1, 1};
   ASSERT_EQ(head.key_segments(lender, segments, query), 3);
   EXPECT_EQ(segments[0].count, 2);
-  EXPECT_EQ(segments[0].keys[2], 1.0f);  // held: tokens 0, 1
+  EXPECT_EQ(floats(segments[0])[2], 1.0f);  // held: tokens 0, 1
   EXPECT_EQ(segments[1].count, 2);
-  EXPECT_EQ(segments[1].keys, lender.key(2));  // borrowed: tokens 2, 3
-  EXPECT_EQ(segments[1].query, nullptr);       // the head did not ask for the lender's query
+  EXPECT_EQ(segments[1].keys, floats(lender) + 2 * kDim);  // borrowed: tokens 2, 3
+  EXPECT_EQ(segments[1].query, nullptr);  // the head did not ask for the lender's query
   EXPECT_EQ(segments[2].count, 2);
-  EXPECT_EQ(segments[2].keys[0], 4.0f);  // held: tokens 4, 5
+  EXPECT_EQ(floats(segments[2])[0], 4.0f);  // held: tokens 4, 5
   // Decode: tokens leaving a recent window join the shared range (released in batches).
   head.extend_shared_keys(5);
   ASSERT_EQ(head.key_segments(lender, segments), 3);
   EXPECT_EQ(segments[1].count, 3);
   EXPECT_EQ(segments[2].count, 1);
-  EXPECT_EQ(segments[2].keys[0], 5.0f);
+  EXPECT_EQ(floats(segments[2])[0], 5.0f);
   EXPECT_THROW(head.extend_shared_keys(4), Error);  // shrinking
   EXPECT_THROW(head.keep(std::vector<int32_t>{0}), Error);
   EXPECT_THROW(head.share_keys(0, 0, 1), Error);  // shares already
@@ -147,7 +158,7 @@ TEST(HeadCache, LenderQueryGoesWithTheBorrowedSegmentOnly) {
   std::array<KeySegment, 3> segments;
   const float query[kDim] = {1, 1};
   ASSERT_EQ(head.key_segments(lender, segments, query), 1);
-  EXPECT_EQ(segments[0].keys, lender.keys());
+  EXPECT_EQ(segments[0].keys, lender.key_rows());
   EXPECT_EQ(segments[0].count, 4);
   EXPECT_EQ(segments[0].query, query);
   EXPECT_EQ(head.kv_bytes(), 4u * kDim * sizeof(float));  // values only
@@ -167,6 +178,95 @@ TEST(KvCache, TotalsOverLayersAndHeads) {
   cache.clear();
   EXPECT_EQ(cache.total_entries(), 0);
   EXPECT_EQ(cache.n_layers(), 3);
+}
+
+// A row as a cache of `type` reads it back.
+std::vector<float> stored(DType type, std::vector<float> row) {
+  round_trip_to_cache_type(type, row.data(), 1, static_cast<int>(row.size()));
+  return row;
+}
+
+// Typed heads (--cache-type-k/-v): rows are stored in their types' blocks, read back as their
+// round trip, and keep / reorder / compact / share move whole typed rows; kv_bytes counts them.
+TEST(HeadCache, TypedRowsReadBackAsTheirRoundTripAndMoveWhole) {
+  constexpr int kWidth = 64;
+  for (const DType type : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    SCOPED_TRACE(dtype_name(type));
+    HeadCache head(kWidth, {type, DType::F32});
+    std::vector<std::vector<float>> keys, values;
+    for (int t = 0; t < 6; ++t) {
+      std::vector<float> k(kWidth), v(kWidth);
+      for (int c = 0; c < kWidth; ++c) {
+        k[static_cast<size_t>(c)] = std::sin(0.7f * static_cast<float>(t * kWidth + c)) * (1 + t);
+        v[static_cast<size_t>(c)] = std::cos(0.3f * static_cast<float>(t * kWidth + c));
+      }
+      head.append(k.data(), v.data(), 100 + t);
+      keys.push_back(stored(type, k));
+      EXPECT_NE(keys.back(), k);  // every one of these types rounds these values
+      values.push_back(v);        // values stay F32
+    }
+    EXPECT_EQ(head.kv_bytes(), 6 * (dtype_row_bytes(type, kWidth) + kWidth * sizeof(float)));
+    const auto expect_rows = [&](const std::vector<int>& tokens) {
+      ASSERT_EQ(head.size(), static_cast<int64_t>(tokens.size()));
+      for (size_t e = 0; e < tokens.size(); ++e) {
+        EXPECT_EQ(head.key_floats(static_cast<int64_t>(e)), keys[static_cast<size_t>(tokens[e])]);
+        EXPECT_EQ(head.value_floats(static_cast<int64_t>(e)),
+                  values[static_cast<size_t>(tokens[e])]);
+        EXPECT_EQ(head.positions()[e], 100 + tokens[e]);
+      }
+    };
+    expect_rows({0, 1, 2, 3, 4, 5});
+    head.reorder(1, std::vector<int32_t>{2, 0, 1});
+    expect_rows({0, 3, 1, 2, 4, 5});
+    head.compact(std::vector<int32_t>{0, 2, 4, 5});
+    expect_rows({0, 1, 4, 5});
+    head.keep(std::vector<int32_t>{3, 0, 2});
+    expect_rows({5, 0, 4});
+    // A merging press writes a mean back: stored in the type.
+    std::vector<float> mean(kWidth, 0.25f);
+    mean[7] = -3.0f;
+    head.write_key(1, mean.data());
+    EXPECT_EQ(head.key_floats(1), stored(type, mean));
+    EXPECT_THROW(head.write_key(3, mean.data()), Error);
+    // Shared keys hand the kernels typed segments.
+    const HeadCache lender = head;
+    head.share_keys(0, 1, 2);
+    std::array<KeySegment, 3> segments;
+    ASSERT_EQ(head.key_segments(lender, segments), 3);
+    for (const KeySegment& segment : segments) EXPECT_EQ(segment.type, type);
+    EXPECT_EQ(head.kv_bytes(), 2 * dtype_row_bytes(type, kWidth) + 3 * kWidth * sizeof(float));
+    EXPECT_THROW(head.read_keys(0, 2, mean.data()), Error);  // entry 1's key is the lender's
+  }
+}
+
+TEST(KvCache, RefusesCacheTypesThatDoNotFitTheHead) {
+  EXPECT_EQ(kv_cache_type_names(), "f32, f16, bf16, q8_0, q4_0");
+  EXPECT_EQ(kv_cache_type_from_name("q8_0"), DType::Q8_0);
+  const auto message_of = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message_of([] {
+              kv_cache_type_from_name("q4_K");
+            }).find("unknown KV cache type 'q4_K' (types: f32, f16, bf16, q8_0, q4_0)"),
+            std::string::npos);
+  EXPECT_NE(message_of([] {
+              KvCache(2, 1, 8, {DType::F16, DType::Q8_0});
+            })
+                .find("--cache-type-v: q8_0 stores blocks of 32 values, which do not divide this "
+                      "model's head width of 8"),
+            std::string::npos);
+  EXPECT_NE(message_of([] {
+              KvCache(2, 1, 64, {DType::Q4_K, DType::F32});
+            }).find("--cache-type-k: q4_K is not a KV cache type"),
+            std::string::npos);
+  const KvCache cache(2, 3, 64, {DType::Q8_0, DType::Q4_0});
+  EXPECT_EQ(cache.type(), (KvCacheType{DType::Q8_0, DType::Q4_0}));
+  EXPECT_EQ(cache.layer(1).heads[2].type(), cache.type());
 }
 
 }  // namespace

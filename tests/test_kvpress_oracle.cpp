@@ -78,7 +78,7 @@ double norm_spread(const HeadCache& head, const std::vector<int32_t>& positions)
   double low = INFINITY, high = 0.0;
   for (int32_t j : positions) {
     double norm = 0.0;
-    for (int64_t c = 0; c < head.head_dim(); ++c) norm += std::pow(head.key(j)[c], 2);
+    for (int64_t c = 0; c < head.head_dim(); ++c) norm += std::pow(head.key_floats(j)[c], 2);
     low = std::min(low, std::sqrt(norm));
     high = std::max(high, std::sqrt(norm));
   }

@@ -15,6 +15,7 @@
 #include "protokv/error.h"
 #include "protokv/press_spec.h"
 #include "test_engine_model.h"
+#include "test_util.h"
 
 namespace protokv {
 namespace {
@@ -34,9 +35,13 @@ void expect_same_cache(const KvCache& a, const KvCache& b) {
       ASSERT_EQ(x.size(), y.size()) << "layer " << l << " head " << h;
       EXPECT_TRUE(std::equal(x.positions().begin(), x.positions().end(), y.positions().begin()));
       const auto bytes = static_cast<size_t>(x.size() * x.head_dim()) * sizeof(float);
-      EXPECT_EQ(std::memcmp(x.values(), y.values(), bytes), 0) << "layer " << l;
+      EXPECT_EQ(
+          std::memcmp(testing::cache_values(x).data(), testing::cache_values(y).data(), bytes), 0)
+          << "layer " << l;
       if (!x.shares_keys() && !y.shares_keys()) {
-        EXPECT_EQ(std::memcmp(x.keys(), y.keys(), bytes), 0) << "layer " << l;
+        EXPECT_EQ(std::memcmp(testing::cache_keys(x).data(), testing::cache_keys(y).data(), bytes),
+                  0)
+            << "layer " << l;
       }
     }
   }

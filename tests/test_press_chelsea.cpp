@@ -285,8 +285,8 @@ TEST(Chelsea, OneFullCompressionEqualsABruteForceDoubleReference) {
       EXPECT_FLOAT_EQ(head.log_weights()[static_cast<size_t>(e)],
                       static_cast<float>(std::log(static_cast<double>(ref.members.size()))));
       for (int c = 0; c < layer.d; ++c) {
-        EXPECT_NEAR(head.key(e)[c], ref.key[static_cast<size_t>(c)], 1e-5);
-        EXPECT_NEAR(head.value(e)[c], ref.value[static_cast<size_t>(c)], 1e-5);
+        EXPECT_NEAR(head.key_floats(e)[c], ref.key[static_cast<size_t>(c)], 1e-5);
+        EXPECT_NEAR(head.value_floats(e)[c], ref.value[static_cast<size_t>(c)], 1e-5);
       }
     }
     EXPECT_GT(merged, 10);
@@ -467,7 +467,7 @@ TEST(Chelsea, DecodeReRunInPlaceIsBitIdenticalToCompressingACopy) {
         auto members = press->merged_positions(0, h, e);
         const int32_t own = head.positions()[static_cast<size_t>(e)];
         if (members.empty()) members = std::span<const int32_t>(&own, 1);
-        copy.append(head.key(e), head.value(e), own, members);
+        copy.append(head.key_floats(e).data(), head.value_floats(e).data(), own, members);
       }
       if (head.size() >= kBudget + kInterval)
         press::chelsea_compress(copy, layout, schedule, kBudget);
@@ -481,9 +481,12 @@ TEST(Chelsea, DecodeReRunInPlaceIsBitIdenticalToCompressingACopy) {
       const MergedHead& want = expected[static_cast<size_t>(h)];
       ASSERT_EQ(head.size(), want.size());
       for (int64_t e = 0; e < head.size(); ++e) {
-        ASSERT_EQ(std::memcmp(head.key(e), want.keys.data() + e * kDim, kDim * sizeof(float)), 0)
+        ASSERT_EQ(std::memcmp(head.key_floats(e).data(), want.keys.data() + e * kDim,
+                              kDim * sizeof(float)),
+                  0)
             << "entry " << e;
-        ASSERT_EQ(std::memcmp(head.value(e), want.values.data() + e * kDim, kDim * sizeof(float)),
+        ASSERT_EQ(std::memcmp(head.value_floats(e).data(), want.values.data() + e * kDim,
+                              kDim * sizeof(float)),
                   0)
             << "entry " << e;
         ASSERT_EQ(head.positions()[static_cast<size_t>(e)], want.positions[static_cast<size_t>(e)]);
@@ -513,15 +516,15 @@ TEST(ChelseaCache, CompactKeepsAscendingRowsInPlaceWithoutReallocating) {
     const std::vector<float> k(kDim, static_cast<float>(i)), v(kDim, static_cast<float>(-i));
     head.append(k.data(), v.data(), 100 + i, i == 7 ? 1.5f : 0.0f);
   }
-  const float* keys_before = head.keys();
+  const void* keys_before = head.key_rows();
   const std::vector<int32_t> kept = {0, 2, 3, 7, 9};
   head.compact(kept);
   ASSERT_EQ(head.size(), 5);
-  EXPECT_EQ(head.keys(), keys_before);  // no reallocation: the head grows back during decode
+  EXPECT_EQ(head.key_rows(), keys_before);  // no reallocation: the head grows back during decode
   for (int64_t i = 0; i < head.size(); ++i) {
     const int src = kept[static_cast<size_t>(i)];
-    EXPECT_EQ(head.key(i)[kDim - 1], static_cast<float>(src));
-    EXPECT_EQ(head.value(i)[0], static_cast<float>(-src));
+    EXPECT_EQ(head.key_floats(i)[kDim - 1], static_cast<float>(src));
+    EXPECT_EQ(head.value_floats(i)[0], static_cast<float>(-src));
     EXPECT_EQ(head.positions()[static_cast<size_t>(i)], 100 + src);
     EXPECT_EQ(head.log_weights()[static_cast<size_t>(i)], src == 7 ? 1.5f : 0.0f);
   }

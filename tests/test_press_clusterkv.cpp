@@ -400,8 +400,8 @@ TEST(ClusterKv, PressKeepsEverythingAndSelectsSinksRecallAndNewTokens) {
       ASSERT_GE(step, 0);
       ASSERT_LT(step, 5);
       for (int c = 0; c < 8; ++c) {
-        EXPECT_EQ(head.key(e)[c], std::sin(float(step * 8 + c)));
-        EXPECT_EQ(head.value(e)[c], std::sin(float(step * 8 + c)));
+        EXPECT_EQ(head.key_floats(e)[c], std::sin(float(step * 8 + c)));
+        EXPECT_EQ(head.value_floats(e)[c], std::sin(float(step * 8 + c)));
       }
     }
     const std::set<int32_t> decoded(head.positions().begin() + 400, head.positions().end());

@@ -132,7 +132,7 @@ TEST(H2o, DecodeEvictsTheLowestAccumulatedScoreOutsideTheRecentWindow) {
       for (int64_t e = 0; e < size; ++e) {
         double dot = 0.0;
         for (int c = 0; c < 8; ++c)
-          dot += static_cast<double>(q[static_cast<size_t>(g * 8 + c)]) * head.key(e)[c];
+          dot += static_cast<double>(q[static_cast<size_t>(g * 8 + c)]) * head.key_floats(e)[c];
         row[static_cast<size_t>(e)] = dot / std::sqrt(8.0);
       }
       const double max = *std::max_element(row.begin(), row.end());
@@ -153,8 +153,9 @@ TEST(H2o, DecodeEvictsTheLowestAccumulatedScoreOutsideTheRecentWindow) {
     DecodeStep decode = testing::decode_step(layer, q.data(), position, cache);
     std::vector<float> kernel_probs(static_cast<size_t>(2 * head.size())), out(2 * 8);
     if (step % 2 == 0) {
-      kernels::attention_decode_group(q.data(), 2, head.keys(), head.values(), nullptr, head.size(),
-                                      8, out.data(), kernel_probs.data());
+      kernels::attention_decode_group(q.data(), 2, testing::cache_keys(head).data(),
+                                      testing::cache_values(head).data(), nullptr, head.size(), 8,
+                                      out.data(), kernel_probs.data());
       decode.probs_data = kernel_probs.data();
       decode.probs_stride = head.size();
     }

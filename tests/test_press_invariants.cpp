@@ -160,9 +160,10 @@ TEST_P(EveryMethod, KeepsExactlyTheBudgetWithWindowSortedRowsAndExactBytes) {
         ASSERT_EQ(head.size(), kTokens) << method.spec;
         for (int64_t e = 0; e < kTokens; ++e) {
           ASSERT_EQ(head.positions()[static_cast<size_t>(e)], e);
-          ASSERT_EQ(head.value(e)[0], layer.v[static_cast<size_t>((h * kTokens + e) * kDim)]);
+          ASSERT_EQ(head.value_floats(e)[0],
+                    layer.v[static_cast<size_t>((h * kTokens + e) * kDim)]);
           if (!head.key_is_shared(e)) {
-            ASSERT_EQ(head.key(e)[kDim - 1],
+            ASSERT_EQ(head.key_floats(e)[kDim - 1],
                       layer.k[static_cast<size_t>((h * kTokens + e) * kDim + kDim - 1)]);
           }
         }

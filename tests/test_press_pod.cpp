@@ -175,10 +175,12 @@ std::vector<float> segment_keys(const HeadCache& head, const HeadCache& lender) 
   std::array<KeySegment, 3> segments;
   const int count = head.key_segments(lender, segments);
   std::vector<float> keys;
-  for (int s = 0; s < count; ++s)
-    keys.insert(keys.end(), segments[static_cast<size_t>(s)].keys,
-                segments[static_cast<size_t>(s)].keys +
-                    segments[static_cast<size_t>(s)].count * head.head_dim());
+  for (int s = 0; s < count; ++s) {
+    const KeySegment& segment = segments[static_cast<size_t>(s)];
+    const size_t at = keys.size();
+    keys.resize(at + static_cast<size_t>(segment.count * head.head_dim()));
+    dequantize_row(segment.type, segment.keys, keys.data() + at, segment.count * head.head_dim());
+  }
   return keys;
 }
 
@@ -198,9 +200,9 @@ TEST(PodCache, SharedKeysComeFromTheLenderAndTheBytesShrinkByExactlyTheDroppedKe
   for (int64_t t = 0; t < n; ++t) {
     const bool shared = t >= 3 && t < 20;
     EXPECT_EQ(head.key_is_shared(t), shared);
-    const float* expected = shared ? lender.key(t) : head.key(t);
+    const std::vector<float> expected = shared ? lender.key_floats(t) : head.key_floats(t);
     for (int c = 0; c < d; ++c) ASSERT_EQ(keys[static_cast<size_t>(t * d + c)], expected[c]);
-    EXPECT_EQ(head.value(t)[0], -7.0f - static_cast<float>(t * 100));  // values all stay
+    EXPECT_EQ(head.value_floats(t)[0], -7.0f - static_cast<float>(t * 100));  // values all stay
   }
   // Decode: tokens leave the recent window one by one; the segments follow, the released rows
   // go in batches and the reserve does not bring them back.
@@ -216,7 +218,7 @@ TEST(PodCache, SharedKeysComeFromTheLenderAndTheBytesShrinkByExactlyTheDroppedKe
     for (int64_t e = head.size() - 10; e < head.size(); ++e)
       ASSERT_EQ(now[static_cast<size_t>(e * d)], 7.0f + static_cast<float>(e * 100)) << t;
     ASSERT_EQ(now[static_cast<size_t>((head.size() - 11) * d)],
-              growing_lender.key(head.size() - 11)[0]);
+              growing_lender.key_floats(head.size() - 11)[0]);
     // Held keys: 3 sinks + 10 recent + at most max(64, held / 8) rows awaiting release.
     const size_t held_keys = head.kv_bytes() / sizeof(float) / d - static_cast<size_t>(head.size());
     ASSERT_GE(held_keys, 13u);
@@ -284,7 +286,8 @@ TEST(PodPress, UpperLayerReadsTheLowerLayersKeysForDistantTokensAndItsOwnForProx
   const int count = upper.key_segments(cache.layer(0).heads[0], segments);
   std::vector<float> out(2 * kDim);
   kernels::attention_decode_group_segments(q.data(), 2, {segments.data(), size_t(count)},
-                                           upper.values(), nullptr, kDim, out.data(), nullptr);
+                                           testing::cache_values(upper).data(), nullptr, kDim,
+                                           out.data(), nullptr);
   std::vector<float> naive_keys;
   for (int64_t t = 0; t < kTokens; ++t) {
     const bool distant = t >= kSinks && t < kTokens - (kBudget - kSinks);
@@ -468,7 +471,7 @@ class NaivePodObserver : public DecodeObserver {
             ++distant_reads;
             EXPECT_TRUE(head.key_is_shared(e));
           }
-          const float* k = distant ? lower.key(e) : head.key(e);
+          const std::vector<float> k = distant ? lower.key_floats(e) : head.key_floats(e);
           const float* q =
               (distant && lower_query_ ? queries_[static_cast<size_t>(start)].data() : step.q) +
               h * d;
@@ -482,7 +485,7 @@ class NaivePodObserver : public DecodeObserver {
         for (int c = 0; c < d; ++c) {
           double expected = 0.0;
           for (int64_t e = 0; e < n; ++e)
-            expected += logits[static_cast<size_t>(e)] / total * head.value(e)[c];
+            expected += logits[static_cast<size_t>(e)] / total * head.value_floats(e)[c];
           EXPECT_NEAR(step.attention_output[h * d + c], expected, 2e-5);
         }
       }
@@ -570,8 +573,9 @@ class ProximalOnlyObserver : public DecodeObserver {
       for (int64_t e = 0; e < head.size(); ++e) {
         if (head.key_is_shared(e)) continue;
         expected_entries.push_back(static_cast<int32_t>(e));
-        keys.insert(keys.end(), head.key(e), head.key(e) + d);
-        values.insert(values.end(), head.value(e), head.value(e) + d);
+        const std::vector<float> key = head.key_floats(e), value = head.value_floats(e);
+        keys.insert(keys.end(), key.begin(), key.end());
+        values.insert(values.end(), value.begin(), value.end());
       }
       if (head.shares_keys()) {
         ++skipped;
@@ -723,14 +727,15 @@ class LayerGateObserver : public DecodeObserver {
         for (int64_t e = 0; e < n; ++e) {
           const bool is_proximal = e < sinks_ || e >= n - 1 - recent_;
           if (is_proximal) proximal += p[static_cast<size_t>(e)];
-          if (!is_proximal) logits.push_back(testing::ref_dot(q, head.key(e), d) / std::sqrt(d));
+          if (!is_proximal)
+            logits.push_back(testing::ref_dot(q, head.key_floats(e).data(), d) / std::sqrt(d));
         }
         lowest_gate.push_back(proximal);
         distant_lse.push_back(lse(logits));
       } else if (step.layer == 1) {
         for (int64_t e = 0; e < n; ++e)
           if (!head.key_is_shared(e))
-            logits.push_back(testing::ref_dot(q, head.key(e), d) / std::sqrt(d));
+            logits.push_back(testing::ref_dot(q, head.key_floats(e).data(), d) / std::sqrt(d));
         layer_gate.push_back(1.0 /
                              (1.0 + std::exp(distant_lse[static_cast<size_t>(h)] - lse(logits))));
         skipped.push_back(static_cast<int64_t>(step.attended(h).size()) < n);

@@ -14,6 +14,7 @@
 #include "eval/synthetic.h"
 #include "protokv/kv_cache.h"
 #include "protokv/press.h"
+#include "test_util.h"
 
 namespace protokv::testing {
 
@@ -114,8 +115,8 @@ inline void expect_entries_are_input_rows(const SyntheticLayer& layer, const Hea
     const float* k = layer.k.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
     const float* v = layer.v.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
     for (int c = 0; c < layer.d; ++c) {
-      ASSERT_EQ(head.key(e)[c], k[c]) << "head " << h << " position " << t;
-      ASSERT_EQ(head.value(e)[c], v[c]) << "head " << h << " position " << t;
+      ASSERT_EQ(head.key_floats(e)[c], k[c]) << "head " << h << " position " << t;
+      ASSERT_EQ(head.value_floats(e)[c], v[c]) << "head " << h << " position " << t;
     }
     EXPECT_EQ(head.log_weights()[static_cast<size_t>(e)], 0.0f);
   }
@@ -174,8 +175,8 @@ inline void expect_valid_merged_head(const SyntheticLayer& layer, const HeadCach
       const float* k = layer.k.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
       const float* v = layer.v.data() + (static_cast<int64_t>(h) * layer.n + t) * layer.d;
       for (int c = 0; c < layer.d; ++c) {
-        ASSERT_EQ(head.key(e)[c], k[c]) << "head " << h << " position " << t;
-        ASSERT_EQ(head.value(e)[c], v[c]) << "head " << h << " position " << t;
+        ASSERT_EQ(head.key_floats(e)[c], k[c]) << "head " << h << " position " << t;
+        ASSERT_EQ(head.value_floats(e)[c], v[c]) << "head " << h << " position " << t;
       }
     }
   }

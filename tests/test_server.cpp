@@ -225,6 +225,8 @@ TEST(ServerKvAccountant, FullBytesCountsWindowedLayersUpToTheirWindow) {
   c.local_layers = {1, 0, 1};
   EXPECT_EQ(full_kv_bytes(c, 10), (4u + 10 + 4) * 2 * 16 * 2 * 4);
   EXPECT_EQ(full_kv_bytes(c, 3), 3u * 3 * 2 * 16 * 2 * 4);
+  // A quantised cache's rows: F16 keys (32 bytes a row of 16), BF16 values (32 bytes).
+  EXPECT_EQ(full_kv_bytes(c, 3, {DType::F16, DType::BF16}), 3u * 3 * 2 * (32 + 32));
 }
 
 // --- the server over HTTP ---
@@ -315,9 +317,10 @@ std::vector<json> sse_events(const std::string& body) {
 
 // What protokv's generate() (the CLI's generate loop) makes of the same text prompt, greedy.
 std::string generate_reference(const std::string& prompt, const std::string& press, int64_t budget,
-                               int max_tokens) {
+                               int max_tokens, KvCacheType cache_type = {}) {
   const LoadedModel& m = recall_model();
   SessionOptions so;
+  so.cache_type = cache_type;
   if (press != "full") {
     so.press = PressSpec::parse(press);
     so.budget = Budget{budget, 0.0};
@@ -386,6 +389,33 @@ TEST(ServerHttp, GreedyCompletionEqualsGenerateWithAndWithoutAPress) {
       EXPECT_EQ(kv["press"], press);
     }
   }
+  expect_only_cached_conversations_hold_memory(ts);
+}
+
+// --cache-type-k/-v: every session stores its K/V as q8_0 (the recall model's heads are 32 wide),
+// generates what a q8_0 session generates, and reports and admits by q8_0 bytes.
+TEST(ServerHttp, QuantisedCacheSessionsGenerateAndCountTheirOwnBytes) {
+  ServerOptions o;
+  o.scheduler.cache_type = {DType::Q8_0, DType::Q8_0};
+  TestServer ts(o);
+  auto c = ts.client();
+  const json body = {{"prompt", kPrompt},
+                     {"max_tokens", 12},
+                     {"temperature", 0},
+                     {"kv_compression", {{"press", "snapkv"}, {"budget", 12}}}};
+  const json r = post_json(c, "/v1/completions", body, 200);
+  EXPECT_EQ(r["choices"][0]["text"],
+            generate_reference(kPrompt, "snapkv", 12, 12, o.scheduler.cache_type));
+  const json& kv = r["kv_compression"];
+  EXPECT_EQ(kv["cache_type_k"], "q8_0");
+  EXPECT_EQ(kv["cache_type_v"], "q8_0");
+  const ModelConfig& config = recall_model().weights.config;
+  EXPECT_EQ(
+      kv["kv_bytes_full"].get<size_t>(),
+      full_kv_bytes(config, r["usage"]["prompt_tokens"].get<int64_t>(), o.scheduler.cache_type));
+  // 12 entries per KV head after prefill, in q8_0 rows of 34 bytes for keys and for values.
+  EXPECT_EQ(kv["kv_bytes"].get<size_t>(),
+            static_cast<size_t>(config.n_layers * config.n_kv_heads) * 12 * 2 * 34);
   expect_only_cached_conversations_hold_memory(ts);
 }
 

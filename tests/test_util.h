@@ -9,7 +9,22 @@
 #include <string>
 #include <vector>
 
+#include "protokv/kv_cache.h"
+
 namespace protokv::testing {
+
+// A cache head's keys / values as F32 rows [size, head_dim] (a copy; keys only of a head that
+// holds all of them).
+inline std::vector<float> cache_keys(const HeadCache& head) {
+  std::vector<float> out(static_cast<size_t>(head.size() * head.head_dim()));
+  head.read_keys(0, head.size(), out.data());
+  return out;
+}
+inline std::vector<float> cache_values(const HeadCache& head) {
+  std::vector<float> out(static_cast<size_t>(head.size() * head.head_dim()));
+  head.read_values(0, head.size(), out.data());
+  return out;
+}
 
 // ../shared beside the checkout, or $PROTOKV_SHARED_DIR.
 inline std::filesystem::path shared_dir() {

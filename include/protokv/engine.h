@@ -31,6 +31,10 @@ struct SessionOptions {
   // layers). true: the press compresses the local layers too, and each then also drops what
   // leaves its window. No effect on models without local layers.
   bool compress_local_layers = false;
+  // Storage types of the cache's keys and values (llama.cpp's --cache-type-k / --cache-type-v):
+  // every attention reads K/V as stored, and every press composes (it stores fewer entries of
+  // this size). q8_0 / q4_0 need a head width that is a multiple of 32.
+  KvCacheType cache_type;
 };
 
 struct PrefillStats {
@@ -67,14 +71,17 @@ class Session;
 // layer plus every layer's queries.
 class PrefilledPrompt {
  public:
-  // Runs `tokens` (positions 0..n-1) through `weights` in chunks of `ubatch` rows (0: at once).
-  // Throws Error as Session::prefill does.
+  // Runs `tokens` (positions 0..n-1) through `weights` in chunks of `ubatch` rows (0: at once),
+  // into a cache of `cache_type`; it serves sessions of that cache type only. Throws Error as
+  // Session::prefill does.
   static std::shared_ptr<const PrefilledPrompt> make(const ModelWeights& weights,
                                                      std::span<const int32_t> tokens,
-                                                     int64_t ubatch = 0);
+                                                     int64_t ubatch = 0,
+                                                     KvCacheType cache_type = {});
   ~PrefilledPrompt();
   int64_t n_tokens() const;
   double prefill_ms() const;  // the forward pass, once
+  KvCacheType cache_type() const;
 
   struct Data;
   explicit PrefilledPrompt(std::unique_ptr<Data> data);

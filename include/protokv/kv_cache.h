@@ -2,7 +2,10 @@
 #pragma once
 // KV cache (docs/DESIGN.md §4): per layer, per KV head, ragged. Each head holds its own entries:
 // post-RoPE keys, values, the original token position and a log-weight added to the attention logit
-// (0 for an ordinary entry, log(#merged tokens) for a merged one, Chelsea Eq. 2). Storage is F32.
+// (0 for an ordinary entry, log(#merged tokens) for a merged one, Chelsea Eq. 2). Keys and values
+// are stored as rows of a KV cache type each (llama.cpp's --cache-type-k / --cache-type-v: f32,
+// f16, bf16, q8_0, q4_0; F32 by default): written through the type's quantiser, read back as F32
+// (read_keys / read_values) or by the attention kernels from the typed rows directly.
 // A head may hold its values for every entry but its keys for some entries only: the keys of a
 // range of entries are then read from the same KV head of a lower layer (PoD, DESIGN §5 pod).
 #include <array>
@@ -11,26 +14,54 @@
 #include <span>
 #include <vector>
 
+#include <string>
+#include <string_view>
+
+#include "protokv/dtype.h"
 #include "protokv/key_segment.h"
 
 namespace protokv {
 
+// The storage types of a cache's keys and of its values (llama.cpp's -ctk / -ctv).
+struct KvCacheType {
+  DType key = DType::F32;
+  DType value = DType::F32;
+  bool operator==(const KvCacheType&) const = default;
+};
+// The types a cache can store: f32, f16, bf16, q8_0, q4_0 (llama.cpp's common -ctk/-ctv values).
+std::string kv_cache_type_names();
+// Parses one of kv_cache_type_names(); throws Error naming them otherwise.
+DType kv_cache_type_from_name(std::string_view name);
+// Throws Error unless `type` is a cache type whose blocks divide head_dim (q8_0 and q4_0 store
+// blocks of 32 values: a head of 8 cannot hold them).
+void check_kv_cache_type(DType type, int head_dim, std::string_view what);
+// Replaces each of `n_rows` rows [head_dim] by what a cache of `type` reads back once it stores
+// it (quantise, dequantise); nothing for F32.
+void round_trip_to_cache_type(DType type, float* rows, int64_t n_rows, int head_dim);
+
 class HeadCache {
  public:
-  explicit HeadCache(int head_dim = 0) : head_dim_(head_dim) {}
+  explicit HeadCache(int head_dim = 0, KvCacheType type = {});
 
   int head_dim() const { return head_dim_; }
   int64_t size() const { return static_cast<int64_t>(positions_.size()); }
   bool empty() const { return positions_.empty(); }
+  KvCacheType type() const { return type_; }
 
-  // The key of entry i; only for an entry whose key this head holds (!key_is_shared(i)).
-  const float* key(int64_t i) const { return keys_.data() + key_row(i) * head_dim_; }
-  const float* value(int64_t i) const { return values_.data() + i * head_dim_; }
-  float* mutable_key(int64_t i) { return keys_.data() + key_row(i) * head_dim_; }
-  float* mutable_value(int64_t i) { return values_.data() + i * head_dim_; }
-  // [size, head_dim] when the head holds every key (!shares_keys()); use key_segments() otherwise.
-  const float* keys() const { return keys_.data(); }
-  const float* values() const { return values_.data(); }  // [size, head_dim]
+  // Entries [begin, begin + count) as F32 rows [count, head_dim] in `out`: keys only of entries
+  // whose key this head holds (!key_is_shared); values of any. Dequantised for a quantised type.
+  void read_keys(int64_t begin, int64_t count, float* out) const;
+  void read_values(int64_t begin, int64_t count, float* out) const;
+  // One entry's key / value as F32 (a copy).
+  std::vector<float> key_floats(int64_t i) const;
+  std::vector<float> value_floats(int64_t i) const;
+  // Overwrites entry i's key / value (quantised to the cache type): a merging press's means.
+  void write_key(int64_t i, const float* key);
+  void write_value(int64_t i, const float* value);
+  // Typed rows: [size, head_dim] of type().key when the head holds every key (!shares_keys(); use
+  // key_segments() otherwise), values [size, head_dim] of type().value. For the attention kernels.
+  const void* key_rows() const { return keys_.data(); }
+  const void* value_rows() const { return values_.data(); }
   std::span<const int32_t> positions() const { return positions_; }
   std::span<const float> log_weights() const { return log_weights_; }
   bool has_log_weights() const { return any_log_weight_; }
@@ -87,7 +118,11 @@ class HeadCache {
   int key_segments(const HeadCache& lender, std::array<KeySegment, 3>& out,
                    const float* lender_query = nullptr) const;
 
-  size_t kv_bytes() const;    // keys + values actually held (size * head_dim * 2 * 4)
+  // Key rows stored: those of held keys, and of shared keys still awaiting their batched release.
+  int64_t key_rows_held() const {
+    return key_row_bytes_ == 0 ? 0 : static_cast<int64_t>(keys_.size() / key_row_bytes_);
+  }
+  size_t kv_bytes() const;    // keys + values actually held (rows times their types' row bytes)
   size_t meta_bytes() const;  // positions + log-weights
   size_t capacity_bytes() const;
 
@@ -99,6 +134,9 @@ class HeadCache {
   void reset_sharing();
 
   int head_dim_;
+  KvCacheType type_;
+  size_t key_row_bytes_;    // bytes of one key row of type_.key
+  size_t value_row_bytes_;  // bytes of one value row of type_.value
   // Shared keys: entries [shared_begin_, shared_end_) have no key here; the first dead_key_rows_
   // rows after row shared_begin_ are keys of shared entries not yet released (batched release).
   int key_lender_ = -1;
@@ -106,8 +144,8 @@ class HeadCache {
   int64_t shared_end_ = 0;
   int64_t dead_key_rows_ = 0;
   bool lender_query_ = false;
-  std::vector<float> keys_;    // [size, head_dim]
-  std::vector<float> values_;  // [size, head_dim]
+  std::vector<uint8_t> keys_;    // [key rows, key_row_bytes_]
+  std::vector<uint8_t> values_;  // [size, value_row_bytes_]
   std::vector<int32_t> positions_;
   std::vector<float> log_weights_;
   bool any_log_weight_ = false;
@@ -122,11 +160,13 @@ struct LayerCache {
 class KvCache {
  public:
   KvCache() = default;
-  KvCache(int n_layers, int n_kv_heads, int head_dim);
+  // Throws Error for a type check_kv_cache_type refuses.
+  KvCache(int n_layers, int n_kv_heads, int head_dim, KvCacheType type = {});
 
   int n_layers() const { return static_cast<int>(layers_.size()); }
   int n_kv_heads() const { return layers_.empty() ? 0 : static_cast<int>(layers_[0].heads.size()); }
   int head_dim() const { return head_dim_; }
+  KvCacheType type() const { return type_; }
   LayerCache& layer(int l) { return layers_[l]; }
   const LayerCache& layer(int l) const { return layers_[l]; }
   void clear();
@@ -137,6 +177,7 @@ class KvCache {
 
  private:
   int head_dim_ = 0;
+  KvCacheType type_;
   std::vector<LayerCache> layers_;
 };
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "protokv/dtype.h"
+#include "protokv/kv_cache.h"
 #include "protokv/tensor.h"
 
 namespace protokv {
@@ -79,8 +80,8 @@ struct ModelConfig {
 uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens);
 // Bytes of keys + values a full (uncompressed) cache holds for `tokens` positions, as
 // KvCache::kv_bytes() counts them (no positions or log-weights): what a memory share is a share
-// of (--kv-memory-share) and what a server response reports as kv_bytes_full.
-size_t full_kv_bytes(const ModelConfig& config, int64_t tokens);
+// of (--kv-memory-share) and what a server response reports as kv_bytes_full. In `type`'s rows.
+size_t full_kv_bytes(const ModelConfig& config, int64_t tokens, KvCacheType type = {});
 
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim]

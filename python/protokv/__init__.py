@@ -85,11 +85,12 @@ class Session:
 
     def __init__(self, model: "Model", press: PressArg = None, budget: Optional[int] = None,
                  ratio: Optional[float] = None, alloc: Optional[str] = None,
-                 ubatch: int = 0, compress_local_layers: bool = False) -> None:
+                 ubatch: int = 0, compress_local_layers: bool = False,
+                 cache_type_k: str = "f32", cache_type_v: str = "f32") -> None:
         spec, alloc_name = _press_spec(press, alloc)
         self.model = model
         self._session = _core.Session(model._model, spec, budget, ratio, alloc_name, ubatch,
-                                      compress_local_layers)
+                                      compress_local_layers, cache_type_k, cache_type_v)
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Runs ``ids`` from position 0 (resetting the session), compresses the cache with the
@@ -240,12 +241,15 @@ class Model:
 
     def session(self, press: PressArg = None, budget: Optional[int] = None,
                 ratio: Optional[float] = None, alloc: Optional[str] = None,
-                ubatch: int = 0, compress_local_layers: bool = False) -> Session:
+                ubatch: int = 0, compress_local_layers: bool = False,
+                cache_type_k: str = "f32", cache_type_v: str = "f32") -> Session:
         """A new ``Session``: ``press`` (spec string or ``protokv.presses`` object; None: full
         cache) keeps ``budget`` entries per KV head per layer, or ``floor(n * ratio)`` of a
         prompt of n tokens; ``alloc`` spreads the budget over heads/layers; ``ubatch`` bounds
-        the rows per forward chunk (0: all at once)."""
-        return Session(self, press, budget, ratio, alloc, ubatch, compress_local_layers)
+        the rows per forward chunk (0: all at once); ``cache_type_k`` / ``cache_type_v`` store
+        the keys / values as f32, f16, bf16, q8_0 or q4_0 (llama.cpp's ``-ctk`` / ``-ctv``)."""
+        return Session(self, press, budget, ratio, alloc, ubatch, compress_local_layers,
+                       cache_type_k, cache_type_v)
 
     # --- generation, llama-cpp-python's shapes ---
     def _prompt_ids(self, prompt: Union[str, Sequence[int]]) -> List[int]:

@@ -257,7 +257,8 @@ class PySession {
  public:
   PySession(const Model& model, nb::handle press, std::optional<int64_t> budget,
             std::optional<double> ratio, const std::string& alloc, int64_t ubatch,
-            bool compress_local_layers)
+            bool compress_local_layers, const std::string& cache_type_k,
+            const std::string& cache_type_v)
       : model_(model) {
     PROTOKV_CHECK(ubatch >= 0, "ubatch must be >= 0, got {}", ubatch);
     SessionOptions options;
@@ -274,6 +275,8 @@ class PySession {
     options.budget = make_budget(options.press, budget, ratio);
     options.ubatch = ubatch;
     options.compress_local_layers = compress_local_layers;
+    options.cache_type = {kv_cache_type_from_name(cache_type_k),
+                          kv_cache_type_from_name(cache_type_v)};
     session_ = std::make_unique<Session>(model.loaded().weights, options);
   }
 
@@ -330,14 +333,15 @@ nb::list kv_of_layer(PySession& s, int layer) {
   for (int h = 0; h < cache.n_kv_heads(); ++h) {
     const HeadCache& head = cache.layer(layer).heads[h];
     const size_t n = static_cast<size_t>(head.size());
-    // Copies: the cache's rows move as it grows or is compressed.
-    std::vector<float> keys(n * d), values(head.values(), head.values() + n * d);
+    // Copies as F32 (the cache's rows move as it grows or is compressed, and may be quantised).
+    std::vector<float> keys(n * d), values(n * d);
+    head.read_values(0, head.size(), values.data());
     for (size_t i = 0; i < n; ++i) {
       // PoD: a shared entry's key is the same entry's key at the lender layer.
-      const float* key = head.key_is_shared(static_cast<int64_t>(i))
-                             ? cache.layer(head.key_lender()).heads[h].key(static_cast<int64_t>(i))
-                             : head.key(static_cast<int64_t>(i));
-      std::memcpy(keys.data() + i * d, key, d * sizeof(float));
+      const auto e = static_cast<int64_t>(i);
+      const HeadCache& holder =
+          head.key_is_shared(e) ? cache.layer(head.key_lender()).heads[h] : head;
+      holder.read_keys(e, 1, keys.data() + i * d);
     }
     const std::span<const int32_t> pos = head.positions();
     nb::dict entry;
@@ -759,10 +763,10 @@ NB_MODULE(_core, m) {
 
   nb::class_<PySession>(m, "Session")
       .def(nb::init<const Model&, nb::handle, std::optional<int64_t>, std::optional<double>,
-                    const std::string&, int64_t, bool>(),
+                    const std::string&, int64_t, bool, const std::string&, const std::string&>(),
            "model"_a, "press"_a = nb::none(), "budget"_a = nb::none(), "ratio"_a = nb::none(),
            "alloc"_a = "", "ubatch"_a = 0, "compress_local_layers"_a = false,
-           nb::keep_alive<1, 2>())
+           "cache_type_k"_a = "f32", "cache_type_v"_a = "f32", nb::keep_alive<1, 2>())
       .def(
           "prefill",
           [](nb::handle self, const std::vector<int32_t>& ids) {

@@ -116,6 +116,28 @@ def test_kv_after_compression(recall):
     assert total == snap.kv_bytes()
 
 
+@pytest.mark.parametrize("cache_type, key_tolerance", [("f16", 2e-3), ("bf16", 2e-2),
+                                                      ("q8_0", 5e-2), ("q4_0", 0.5)])
+def test_cache_types_store_smaller_rows_read_back_as_floats(recall, cache_type, key_tolerance):
+    ids = recall.tokenize(PROMPT, special=True)
+    full = recall.session()
+    full.prefill(ids)
+    s = recall.session(press="snapkv", budget=12, cache_type_k=cache_type,
+                       cache_type_v=cache_type)
+    assert np.isfinite(s.prefill(ids)).all()
+    # 12 entries per head in the type's rows (head width 32: one block of a quantised type).
+    row_bytes = {"f16": 64, "bf16": 64, "q8_0": 34, "q4_0": 18}[cache_type]
+    assert s.kv_bytes() == recall.n_layers * recall.n_kv_heads * 12 * 2 * row_bytes
+    for layer in range(recall.n_layers):
+        for h, f in zip(s.kv(layer), full.kv(layer)):
+            assert h["keys"].dtype == np.float32
+            # The stored rows stand for the full cache's rows at the kept positions.
+            np.testing.assert_allclose(h["keys"], f["keys"][h["positions"]],
+                                       atol=key_tolerance * np.abs(f["keys"]).max())
+    with pytest.raises(protokv.Error, match="unknown KV cache type 'q5_K'"):
+        recall.session(cache_type_k="q5_K")
+
+
 @pytest.mark.parametrize("press", protokv.list_presses())
 def test_every_press_runs_and_shows_its_cache(recall, press):
     ids = recall.tokenize(PROMPT * 4, special=True)  # chelsea needs room for 16 sinks + 64 recent

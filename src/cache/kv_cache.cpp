@@ -2,6 +2,7 @@
 #include "protokv/kv_cache.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -9,12 +10,64 @@
 #include "protokv/error.h"
 
 namespace protokv {
+namespace {
+
+// llama.cpp's usual -ctk/-ctv values (common/arg.cpp kv_cache_types lists also q4_1, q5_0, q5_1
+// and iq4_nl): the plain types and the two 32-value block types protokv has quantisers for.
+constexpr std::array kCacheTypes = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+
+size_t row_bytes_of(DType type, int head_dim) {
+  return head_dim > 0 ? dtype_row_bytes(type, head_dim) : 0;
+}
+
+}  // namespace
+
+std::string kv_cache_type_names() {
+  std::string names;
+  for (const DType type : kCacheTypes) {
+    if (!names.empty()) names += ", ";
+    names += dtype_name(type);
+  }
+  return names;
+}
+
+DType kv_cache_type_from_name(std::string_view name) {
+  for (const DType type : kCacheTypes)
+    if (dtype_name(type) == name) return type;
+  fail("unknown KV cache type '{}' (types: {})", name, kv_cache_type_names());
+}
+
+void check_kv_cache_type(DType type, int head_dim, std::string_view what) {
+  if (std::find(kCacheTypes.begin(), kCacheTypes.end(), type) == kCacheTypes.end())
+    fail("{}: {} is not a KV cache type (types: {})", what, dtype_name(type),
+         kv_cache_type_names());
+  const int64_t block = dtype_block_size(type);
+  if (head_dim % block != 0)
+    fail("{}: {} stores blocks of {} values, which do not divide this model's head width of {}",
+         what, dtype_name(type), block, head_dim);
+}
+
+void round_trip_to_cache_type(DType type, float* rows, int64_t n_rows, int head_dim) {
+  if (type == DType::F32 || n_rows <= 0) return;
+  std::vector<uint8_t> stored(dtype_row_bytes(type, head_dim));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* row = rows + r * head_dim;
+    quantize_row(type, row, stored.data(), head_dim);
+    dequantize_row(type, stored.data(), row, head_dim);
+  }
+}
+
+HeadCache::HeadCache(int head_dim, KvCacheType type)
+    : head_dim_(head_dim),
+      type_(type),
+      key_row_bytes_(row_bytes_of(type.key, head_dim)),
+      value_row_bytes_(row_bytes_of(type.value, head_dim)) {}
 
 void HeadCache::reserve(int64_t n) {
   // Shared entries hold no key: reserving them would bring the released memory back.
   const int64_t key_rows = std::max<int64_t>(0, n - (shared_end_ - shared_begin_) + dead_key_rows_);
-  keys_.reserve(static_cast<size_t>(key_rows * head_dim_));
-  values_.reserve(static_cast<size_t>(n * head_dim_));
+  keys_.reserve(static_cast<size_t>(key_rows) * key_row_bytes_);
+  values_.reserve(static_cast<size_t>(n) * value_row_bytes_);
   positions_.reserve(static_cast<size_t>(n));
   log_weights_.reserve(static_cast<size_t>(n));
 }
@@ -34,9 +87,56 @@ void HeadCache::reset_sharing() {
   lender_query_ = false;
 }
 
+void HeadCache::read_keys(int64_t begin, int64_t count, float* out) const {
+  if (begin < 0 || count < 0 || begin + count > size())
+    fail("kv cache: cannot read keys [{}, {}) of {}", begin, begin + count, size());
+  if (count == 0) return;
+  // Rows on one side of the shared range are consecutive in keys_.
+  if (shares_keys() && begin < shared_end_ && begin + count > shared_begin_)
+    fail("kv cache: keys [{}, {}) include shared ones [{}, {})", begin, begin + count,
+         shared_begin_, shared_end_);
+  dequantize_row(type_.key, keys_.data() + static_cast<size_t>(key_row(begin)) * key_row_bytes_,
+                 out, count * head_dim_);
+}
+
+void HeadCache::read_values(int64_t begin, int64_t count, float* out) const {
+  if (begin < 0 || count < 0 || begin + count > size())
+    fail("kv cache: cannot read values [{}, {}) of {}", begin, begin + count, size());
+  if (count == 0) return;
+  dequantize_row(type_.value, values_.data() + static_cast<size_t>(begin) * value_row_bytes_, out,
+                 count * head_dim_);
+}
+
+std::vector<float> HeadCache::key_floats(int64_t i) const {
+  std::vector<float> out(static_cast<size_t>(head_dim_));
+  read_keys(i, 1, out.data());
+  return out;
+}
+
+std::vector<float> HeadCache::value_floats(int64_t i) const {
+  std::vector<float> out(static_cast<size_t>(head_dim_));
+  read_values(i, 1, out.data());
+  return out;
+}
+
+void HeadCache::write_key(int64_t i, const float* key) {
+  if (i < 0 || i >= size() || key_is_shared(i))
+    fail("kv cache: cannot write key {} of {}", i, size());
+  quantize_row(type_.key, key, keys_.data() + static_cast<size_t>(key_row(i)) * key_row_bytes_,
+               head_dim_);
+}
+
+void HeadCache::write_value(int64_t i, const float* value) {
+  if (i < 0 || i >= size()) fail("kv cache: cannot write value {} of {}", i, size());
+  quantize_row(type_.value, value, values_.data() + static_cast<size_t>(i) * value_row_bytes_,
+               head_dim_);
+}
+
 void HeadCache::append(const float* key, const float* value, int32_t position, float log_weight) {
-  keys_.insert(keys_.end(), key, key + head_dim_);
-  values_.insert(values_.end(), value, value + head_dim_);
+  keys_.resize(keys_.size() + key_row_bytes_);
+  quantize_row(type_.key, key, keys_.data() + keys_.size() - key_row_bytes_, head_dim_);
+  values_.resize(values_.size() + value_row_bytes_);
+  quantize_row(type_.value, value, values_.data() + values_.size() - value_row_bytes_, head_dim_);
   positions_.push_back(position);
   log_weights_.push_back(log_weight);
   any_log_weight_ = any_log_weight_ || log_weight != 0.0f;
@@ -46,12 +146,13 @@ void HeadCache::assign_rows(const float* keys, const float* values, const int32_
                             std::span<const int32_t> indices) {
   const size_t n = indices.size();
   const size_t d = static_cast<size_t>(head_dim_);
-  std::vector<float> new_keys(n * d), new_values(n * d);
+  std::vector<uint8_t> new_keys(n * key_row_bytes_), new_values(n * value_row_bytes_);
   std::vector<int32_t> new_positions(n);
   for (size_t i = 0; i < n; ++i) {
     const size_t src = static_cast<size_t>(indices[i]);
-    std::memcpy(new_keys.data() + i * d, keys + src * d, d * sizeof(float));
-    std::memcpy(new_values.data() + i * d, values + src * d, d * sizeof(float));
+    quantize_row(type_.key, keys + src * d, new_keys.data() + i * key_row_bytes_, head_dim_);
+    quantize_row(type_.value, values + src * d, new_values.data() + i * value_row_bytes_,
+                 head_dim_);
     new_positions[i] = positions[src];
   }
   keys_ = std::move(new_keys);
@@ -66,14 +167,15 @@ void HeadCache::assign_rows(const float* keys, const float* values, const int32_
 void HeadCache::keep(std::span<const int32_t> indices) {
   if (shares_keys()) fail("kv cache: cannot keep a subset of a head that shares keys");
   const size_t n = indices.size();
-  const size_t d = static_cast<size_t>(head_dim_);
-  std::vector<float> new_keys(n * d), new_values(n * d), new_log_weights(n);
+  const size_t kb = key_row_bytes_, vb = value_row_bytes_;
+  std::vector<uint8_t> new_keys(n * kb), new_values(n * vb);
+  std::vector<float> new_log_weights(n);
   std::vector<int32_t> new_positions(n);
   bool any = false;
   for (size_t i = 0; i < n; ++i) {
     const size_t src = static_cast<size_t>(indices[i]);
-    std::memcpy(new_keys.data() + i * d, keys_.data() + src * d, d * sizeof(float));
-    std::memcpy(new_values.data() + i * d, values_.data() + src * d, d * sizeof(float));
+    std::memcpy(new_keys.data() + i * kb, keys_.data() + src * kb, kb);
+    std::memcpy(new_values.data() + i * vb, values_.data() + src * vb, vb);
     new_positions[i] = positions_[src];
     new_log_weights[i] = log_weights_[src];
     any = any || new_log_weights[i] != 0.0f;
@@ -96,17 +198,17 @@ void HeadCache::reorder(int64_t begin, std::span<const int32_t> order) {
       fail("kv cache: reorder needs a permutation of 0..{}, got {}", count - 1, i);
     seen[static_cast<size_t>(i)] = 1;
   }
-  const size_t d = static_cast<size_t>(head_dim_);
   // Through copies of the range: rows of a cycle would otherwise overwrite each other.
-  auto permute_rows = [&](std::vector<float>& rows) {
-    const auto first = rows.begin() + static_cast<int64_t>(static_cast<size_t>(begin) * d);
-    const std::vector<float> old(first, first + static_cast<int64_t>(order.size() * d));
+  auto permute_rows = [&](std::vector<uint8_t>& rows, size_t row_bytes) {
+    if (count == 0) return;
+    uint8_t* first = rows.data() + static_cast<size_t>(begin) * row_bytes;
+    const std::vector<uint8_t> old(first, first + order.size() * row_bytes);
     for (size_t i = 0; i < order.size(); ++i)
-      std::memcpy(&*first + i * d, old.data() + static_cast<size_t>(order[i]) * d,
-                  d * sizeof(float));
+      std::memcpy(first + i * row_bytes, old.data() + static_cast<size_t>(order[i]) * row_bytes,
+                  row_bytes);
   };
-  permute_rows(keys_);
-  permute_rows(values_);
+  permute_rows(keys_, key_row_bytes_);
+  permute_rows(values_, value_row_bytes_);
   auto permute = [&](auto& items) {
     const auto first = items.begin() + begin;
     const std::vector<typename std::decay_t<decltype(items)>::value_type> old(first, first + count);
@@ -126,20 +228,20 @@ void HeadCache::compact(std::span<const int32_t> kept) {
         (i > 0 && kept[i] <= kept[i - 1]))
       fail("kv cache: compact needs strictly ascending entries of the head (entry {} at {} of {})",
            kept[i], i, positions_.size());
-  const auto d = static_cast<size_t>(head_dim_);
+  const size_t kb = key_row_bytes_, vb = value_row_bytes_;
   bool any = false;
   for (size_t i = 0; i < n; ++i) {
     const auto src = static_cast<size_t>(kept[i]);
     if (src != i) {  // src > i (ascending): rows i and src do not overlap
-      std::memcpy(keys_.data() + i * d, keys_.data() + src * d, d * sizeof(float));
-      std::memcpy(values_.data() + i * d, values_.data() + src * d, d * sizeof(float));
+      std::memcpy(keys_.data() + i * kb, keys_.data() + src * kb, kb);
+      std::memcpy(values_.data() + i * vb, values_.data() + src * vb, vb);
       positions_[i] = positions_[src];
       log_weights_[i] = log_weights_[src];
     }
     any = any || log_weights_[i] != 0.0f;
   }
-  keys_.resize(n * d);
-  values_.resize(n * d);
+  keys_.resize(n * kb);
+  values_.resize(n * vb);
   positions_.resize(n);
   log_weights_.resize(n);
   any_log_weight_ = any;
@@ -167,11 +269,10 @@ void HeadCache::share_keys(int lender, int64_t begin, int64_t end, bool lender_q
     fail("kv cache: cannot share the keys of entries [{}, {}) of {} from layer {}", begin, end,
          size(), lender);
   if (begin == end) return;
-  const size_t d = static_cast<size_t>(head_dim_);
-  std::vector<float> held(keys_.size() - static_cast<size_t>(end - begin) * d);
-  std::copy(keys_.begin(), keys_.begin() + static_cast<int64_t>(begin * head_dim_), held.begin());
-  std::copy(keys_.begin() + static_cast<int64_t>(end * head_dim_), keys_.end(),
-            held.begin() + static_cast<int64_t>(begin * head_dim_));
+  const auto kb = static_cast<int64_t>(key_row_bytes_);
+  std::vector<uint8_t> held(keys_.size() - static_cast<size_t>((end - begin) * kb));
+  std::copy(keys_.begin(), keys_.begin() + begin * kb, held.begin());
+  std::copy(keys_.begin() + end * kb, keys_.end(), held.begin() + begin * kb);
   keys_ = std::move(held);  // a fresh vector: the shared rows' memory is released now
   key_lender_ = lender;
   lender_query_ = lender_query;
@@ -185,31 +286,33 @@ void HeadCache::extend_shared_keys(int64_t end) {
          shared_end_, end, size());
   dead_key_rows_ += end - shared_end_;
   shared_end_ = end;
-  const int64_t held = static_cast<int64_t>(keys_.size()) / head_dim_ - dead_key_rows_;
+  const int64_t held = key_rows_held() - dead_key_rows_;
   if (dead_key_rows_ < std::max<int64_t>(64, held / 8)) return;
-  const auto first = keys_.begin() + static_cast<int64_t>(shared_begin_ * head_dim_);
-  keys_.erase(first, first + static_cast<int64_t>(dead_key_rows_ * head_dim_));
+  const auto kb = static_cast<int64_t>(key_row_bytes_);
+  const auto first = keys_.begin() + shared_begin_ * kb;
+  keys_.erase(first, first + dead_key_rows_ * kb);
   dead_key_rows_ = 0;
 }
 
 int HeadCache::key_segments(const HeadCache& lender, std::array<KeySegment, 3>& out,
                             const float* lender_query) const {
   int count = 0;
-  const int64_t d = head_dim_;
+  const auto kb = static_cast<int64_t>(key_row_bytes_);
   if (!shares_keys()) {
-    if (!empty()) out[count++] = {keys_.data(), size(), nullptr};
+    if (!empty()) out[count++] = {keys_.data(), size(), nullptr, type_.key};
     return count;
   }
-  if (lender.shares_keys() || lender.size() < shared_end_ || lender.head_dim_ != head_dim_)
+  if (lender.shares_keys() || lender.size() < shared_end_ || lender.head_dim_ != head_dim_ ||
+      lender.type_.key != type_.key)
     fail("kv cache: layer {} cannot lend keys [{}, {}) (it holds {} entries{})", key_lender_,
          shared_begin_, shared_end_, lender.size(),
          lender.shares_keys() ? " and shares keys itself" : "");
-  if (shared_begin_ > 0) out[count++] = {keys_.data(), shared_begin_, nullptr};
-  out[count++] = {lender.keys_.data() + shared_begin_ * d, shared_end_ - shared_begin_,
-                  lender_query_ ? lender_query : nullptr};
+  if (shared_begin_ > 0) out[count++] = {keys_.data(), shared_begin_, nullptr, type_.key};
+  out[count++] = {lender.keys_.data() + shared_begin_ * kb, shared_end_ - shared_begin_,
+                  lender_query_ ? lender_query : nullptr, type_.key};
   if (size() > shared_end_)
-    out[count++] = {keys_.data() + (shared_begin_ + dead_key_rows_) * d, size() - shared_end_,
-                    nullptr};
+    out[count++] = {keys_.data() + (shared_begin_ + dead_key_rows_) * kb, size() - shared_end_,
+                    nullptr, type_.key};
   return count;
 }
 
@@ -230,21 +333,20 @@ void HeadCache::trim_capacity(int64_t rows) {
     fitted.assign(v.begin(), v.end());
     v.swap(fitted);
   };
-  const auto d = static_cast<size_t>(head_dim_);
-  refit(keys_, static_cast<size_t>(rows) * d);
-  refit(values_, static_cast<size_t>(rows) * d);
+  refit(keys_, static_cast<size_t>(rows) * key_row_bytes_);
+  refit(values_, static_cast<size_t>(rows) * value_row_bytes_);
   refit(positions_, static_cast<size_t>(rows));
   refit(log_weights_, static_cast<size_t>(rows));
 }
 
 size_t HeadCache::kv_bytes() const {
-  return (keys_.size() + values_.size()) * sizeof(float);
+  return keys_.size() + values_.size();
 }
 size_t HeadCache::meta_bytes() const {
   return positions_.size() * sizeof(int32_t) + log_weights_.size() * sizeof(float);
 }
 size_t HeadCache::capacity_bytes() const {
-  return (keys_.capacity() + values_.capacity() + log_weights_.capacity()) * sizeof(float) +
+  return keys_.capacity() + values_.capacity() + log_weights_.capacity() * sizeof(float) +
          positions_.capacity() * sizeof(int32_t);
 }
 
@@ -259,10 +361,13 @@ size_t LayerCache::meta_bytes() const {
   return total;
 }
 
-KvCache::KvCache(int n_layers, int n_kv_heads, int head_dim) : head_dim_(head_dim) {
+KvCache::KvCache(int n_layers, int n_kv_heads, int head_dim, KvCacheType type)
+    : head_dim_(head_dim), type_(type) {
+  check_kv_cache_type(type.key, head_dim, "--cache-type-k");
+  check_kv_cache_type(type.value, head_dim, "--cache-type-v");
   layers_.resize(static_cast<size_t>(n_layers));
   for (auto& layer : layers_)
-    layer.heads.assign(static_cast<size_t>(n_kv_heads), HeadCache(head_dim));
+    layer.heads.assign(static_cast<size_t>(n_kv_heads), HeadCache(head_dim, type));
 }
 
 void KvCache::clear() {

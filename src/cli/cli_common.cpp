@@ -37,6 +37,21 @@ LoadedModel load_model_from_options(const ModelOptions& options, bool require_to
   return model;
 }
 
+void add_cache_type_options(CLI::App& cmd, CacheTypeOptions& options) {
+  const auto help = [](std::string_view what) {
+    return fmt::format(
+        "KV cache storage of the {} ({}, as llama.cpp's): {} (q8_0 and q4_0 need a head width "
+        "divisible by 32). Every attention reads them as stored; composes with every press",
+        what, what == "keys" ? "-ctk" : "-ctv", kv_cache_type_names());
+  };
+  cmd.add_option("--cache-type-k", options.key, help("keys"))->capture_default_str();
+  cmd.add_option("--cache-type-v", options.value, help("values"))->capture_default_str();
+}
+
+KvCacheType parse_cache_type(const CacheTypeOptions& options) {
+  return {kv_cache_type_from_name(options.key), kv_cache_type_from_name(options.value)};
+}
+
 void add_press_options(CLI::App& cmd, PressOptions& options) {
   cmd.add_option("--press", options.press,
                  "KV-cache compression: NAME[:key=value,...] (default full = no compression). "
@@ -52,6 +67,7 @@ void add_press_options(CLI::App& cmd, PressOptions& options) {
   cmd.add_option("--mode", options.mode,
                  "query-aware (default): compress context + question together; query-agnostic: "
                  "compress the context alone, then feed the question and generate");
+  add_cache_type_options(cmd, options.cache_type);
 }
 
 void check_mode(const std::string& mode) {
@@ -62,6 +78,7 @@ void check_mode(const std::string& mode) {
 PressSetup make_press_setup(const PressOptions& options) {
   PressSetup setup;
   check_mode(options.mode);
+  setup.cache_type = parse_cache_type(options.cache_type);
   setup.query_agnostic = options.mode == "query-agnostic";
   setup.alloc = options.alloc;
   PROTOKV_CHECK(options.budget >= 0, "--budget must be a positive number of entries, got {}",
@@ -74,7 +91,9 @@ PressSetup make_press_setup(const PressOptions& options) {
   if (budget_given) setup.budget.validate();
 
   std::shared_ptr<const PressSpec> press = PressSpec::parse(options.press, options.alloc);
-  if (press->name() == "full" && !budget_given) return setup;  // nothing to compress
+  if (press->name() == "full" && !budget_given)
+    return setup;  // nothing to compress (the cache
+                   // type still applies)
   PROTOKV_CHECK(budget_given, "--press {} needs --budget N or --ratio R", options.press);
   setup.press = std::move(press);
   return setup;
@@ -84,6 +103,7 @@ SessionOptions PressSetup::session_options() const {
   SessionOptions options;
   options.press = press;
   options.budget = budget;
+  options.cache_type = cache_type;
   return options;
 }
 
@@ -95,6 +115,8 @@ nlohmann::json PressSetup::to_json() const {
   if (budget.ratio > 0.0) j["budget_ratio"] = budget.ratio;
   j["alloc"] = alloc.empty() ? nlohmann::json("default") : nlohmann::json(alloc);
   j["mode"] = query_agnostic ? "query-agnostic" : "query-aware";
+  j["cache_type_k"] = dtype_name(cache_type.key);
+  j["cache_type_v"] = dtype_name(cache_type.value);
   return j;
 }
 

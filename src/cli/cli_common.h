@@ -44,13 +44,23 @@ LoadedModel load_model_from_options(const ModelOptions& options, bool require_to
 // The model's identity and shape for --json records.
 using eval::model_json;
 
-// --press, --budget, --ratio, --alloc, --mode.
+// -ctk/--cache-type-k, -ctv/--cache-type-v (llama.cpp's flags and values).
+struct CacheTypeOptions {
+  std::string key = "f32";
+  std::string value = "f32";
+};
+void add_cache_type_options(CLI::App& cmd, CacheTypeOptions& options);
+// Throws Error naming the types for an unknown one (the head-width check comes with the model).
+KvCacheType parse_cache_type(const CacheTypeOptions& options);
+
+// --press, --budget, --ratio, --alloc, --mode, and the cache types.
 struct PressOptions {
   std::string press = "full";  // NAME[:key=value,...]
   int64_t budget = 0;          // entries kept per KV head per layer; 0: unset
   double ratio = 0.0;          // kept share of the prompt; 0: unset
   std::string alloc;           // uniform|pyramid|adakv; empty: the method's default
   std::string mode = "query-aware";
+  CacheTypeOptions cache_type;
 };
 void add_press_options(CLI::App& cmd, PressOptions& options);
 
@@ -58,11 +68,13 @@ void add_press_options(CLI::App& cmd, PressOptions& options);
 struct PressSetup {
   std::shared_ptr<const PressSpec> press;
   Budget budget;
+  KvCacheType cache_type;
   bool query_agnostic = false;
   std::string alloc;
 
   SessionOptions session_options() const;
-  // {"press": <press->config()>, "budget": ..., "alloc": ..., "mode": ...}
+  // {"press": <press->config()>, "budget": ..., "alloc": ..., "mode": ..., "cache_type_k": ...,
+  // "cache_type_v": ...}
   nlohmann::json to_json() const;
 };
 // Throws Error unless `mode` is query-aware or query-agnostic (the --mode values).

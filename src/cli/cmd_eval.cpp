@@ -46,6 +46,7 @@ struct FidelityArgs {
   bool share_prefill = false;
   bool resume = false;
   std::string shard;
+  CacheTypeOptions cache_type;
 };
 
 void run_fidelity_command(const FidelityArgs& args) {
@@ -76,6 +77,7 @@ void run_fidelity_command(const FidelityArgs& args) {
   if (!args.memory_shares.empty())
     options.memory_shares = eval::parse_ratio_list(args.memory_shares, "--kv-memory-share");
   options.alloc = args.alloc;
+  options.cache_type = parse_cache_type(args.cache_type);
   options.reference = args.reference;
   options.continuation = args.continuation;
   options.attention_metrics = !args.no_attention;
@@ -176,6 +178,7 @@ void register_eval(CLI::App& app) {
                   "docs/longcontext.md); rows after the --budget ones");
   cmd->add_option("--alloc", args->alloc,
                   "budget allocator for scoring presses: uniform|pyramid|adakv");
+  add_cache_type_options(*cmd, args->cache_type);  // the reference run stays F32
   cmd->add_option("--reference", args->reference,
                   "press the paired KL/top-1 differences are taken against (one of --press, or "
                   "full); default: snapkv when given, else full");

@@ -208,7 +208,8 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     out[json_keys::kKvBytesEnd] = kv_end;
     // What the full cache would hold after the prompt: kv_bytes_after_prefill over it is the
     // stored share (--kv-memory-share's target).
-    out[json_keys::kKvBytesFull] = full_kv_bytes(model.weights.config, prompt_tokens);
+    out[json_keys::kKvBytesFull] =
+        full_kv_bytes(model.weights.config, prompt_tokens, session_options.cache_type);
     // What the last decode step's attention read (less than stored with a recall press).
     out[json_keys::kKvBytesAttendedLastStep] =
         decode_steps > 0 ? nlohmann::json(session.prefill_stats().decode_attended_kv_bytes)
@@ -240,7 +241,8 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   if (decode_steps > 0)
     summary +=
         fmt::format(", decode {:.3f} ms/token ({:.1f} tok/s)", ms_per_token, 1000.0 / ms_per_token);
-  const auto full_bytes = static_cast<double>(full_kv_bytes(model.weights.config, prompt_tokens));
+  const auto full_bytes = static_cast<double>(
+      full_kv_bytes(model.weights.config, prompt_tokens, session_options.cache_type));
   summary +=
       fmt::format(" | KV {} after prefill ({:.1f}% of full, peak {}), {} at end | {} threads",
                   format_bytes(static_cast<double>(prefill.kv_bytes), 2),

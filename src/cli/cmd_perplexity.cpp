@@ -22,12 +22,15 @@ struct PerplexityCliOptions {
   int64_t n_ctx = 512;
   int64_t n_chunks = -1;
   bool json = false;
+  CacheTypeOptions cache_type;
 };
 
 void run_perplexity(const PerplexityCliOptions& o) {
   // Option errors before the (possibly slow) model load.
   PROTOKV_CHECK(o.n_ctx >= 4, "perplexity: context size (-c) must be at least 4, got {}", o.n_ctx);
   PROTOKV_CHECK(o.n_chunks != 0, "perplexity: --chunks must be positive (or -1 for all)");
+  SessionOptions session_options;
+  session_options.cache_type = parse_cache_type(o.cache_type);
   const std::string text = read_text_file(o.text_file);
   PROTOKV_CHECK(!text.empty(), "perplexity: the text file {} is empty", o.text_file);
   const LoadedModel model = load_model_from_options(o.model, /*require_tokenizer=*/true);
@@ -41,7 +44,7 @@ void run_perplexity(const PerplexityCliOptions& o) {
   // Fails here, before anything is printed, when the text is too short or -c does not fit.
   const int64_t n_chunks = eval::perplexity_chunk_count(
       static_cast<int64_t>(tokens.size()), model.weights.config.context_length, options);
-  Session session(model.weights);
+  Session session(model.weights, session_options);
   eval::PerplexityProgress progress;
   if (!o.json) {
     fmt::print("perplexity: {} tokens, {} chunks of {}, scoring the last {} of each\n",
@@ -60,6 +63,8 @@ void run_perplexity(const PerplexityCliOptions& o) {
     nlohmann::json out;
     out["model"] = model_json(model);
     out["threads"] = num_threads();
+    out["cache_type_k"] = dtype_name(session_options.cache_type.key);
+    out["cache_type_v"] = dtype_name(session_options.cache_type.value);
     out["text_tokens"] = r.n_text_tokens;
     out["n_ctx"] = r.n_ctx;
     out["chunks"] = r.n_chunks;
@@ -94,6 +99,7 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->n_ctx, "Tokens per chunk")->capture_default_str();
   cmd->add_option("--chunks", o->n_chunks, "Chunks to evaluate (-1: all)")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the text report");
+  add_cache_type_options(*cmd, o->cache_type);
   cmd->callback([o] { run_perplexity(*o); });
 }
 

@@ -45,6 +45,7 @@ void run_serve(ServeArgs& a) {
   a.server.press = setup.press ? setup.press->text() : "full";
   a.server.budget = setup.budget;
   a.server.alloc = setup.alloc;
+  a.server.scheduler.cache_type = setup.cache_type;
   a.server.scheduler.kv_memory = static_cast<size_t>(a.kv_memory_mib * 1024.0 * 1024.0);
   a.server.scheduler.queue_limit = a.queue;
   a.server.max_body_bytes = static_cast<size_t>(a.max_body_mib * 1024.0 * 1024.0);

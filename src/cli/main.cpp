@@ -3,8 +3,10 @@
 // stderr and exit code 1.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
+#include <vector>
 
 #include "cli/commands.h"
 #include "kernels/blas_core.h"
@@ -16,8 +18,15 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", PROTOKV_VERSION);
   protokv::cli::register_all(app);
+  // llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare, as their long names.
+  static constexpr const char* kLlamaCppAliases[][2] = {{"-ctk", "--cache-type-k"},
+                                                        {"-ctv", "--cache-type-v"}};
+  std::vector<char*> args(argv, argv + argc);
+  for (char*& arg : args)
+    for (const auto& [alias, name] : kLlamaCppAliases)
+      if (std::strcmp(arg, alias) == 0) arg = const_cast<char*>(name);
   try {
-    app.parse(argc, argv);
+    app.parse(argc, args.data());
   } catch (const CLI::ParseError& e) {
     // --help and --version are ParseErrors with exit code 0: CLI11 prints them. A real parse
     // error (unknown flag, a value that does not convert or overflows) is one line, as ours.

@@ -69,7 +69,9 @@ CalibrationCapture capture_calibration_sequence(const ModelWeights& weights,
     for (const HeadCache& head : session.cache().layer(l).heads) {
       PROTOKV_CHECK(head.size() == n, "calibrate: the full cache holds {} of {} entries",
                     head.size(), n);
-      capture.keys[static_cast<size_t>(l)].emplace_back(head.keys(), head.keys() + n * hd);
+      std::vector<float> keys(static_cast<size_t>(n * hd));
+      head.read_keys(0, n, keys.data());
+      capture.keys[static_cast<size_t>(l)].push_back(std::move(keys));
     }
   }
   return capture;

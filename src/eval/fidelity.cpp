@@ -307,6 +307,7 @@ RunMetrics run_press(const ModelWeights& weights, const FidelitySample& sample,
   SessionOptions session_options;
   session_options.press = press;
   session_options.budget.entries = budget;
+  session_options.cache_type = options.cache_type;
   Session session(weights, session_options);
   ComparingObserver observer(ref, config, steps, budget);
   if (options.attention_metrics) session.set_observer(&observer);
@@ -579,6 +580,10 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
                            {"attention_metrics", options.attention_metrics}};
   // Only when given, so that results files written before memory shares existed still resume.
   if (!options.memory_shares.empty()) header["memory_shares"] = options.memory_shares;
+  if (options.cache_type != KvCacheType{}) {  // likewise
+    header["cache_type_k"] = dtype_name(options.cache_type.key);
+    header["cache_type_v"] = dtype_name(options.cache_type.value);
+  }
   const EvalShard& shard = options.shard;
   PROTOKV_CHECK(shard_sample_count(shard, static_cast<int64_t>(samples.size())) > 0,
                 "--shard {}: no sample falls to this shard ({} samples): use at most {} shards",
@@ -623,6 +628,12 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
     progress.set_detail(fmt::format("sample {}/{}: full", s + 1, samples.size()));
     const std::shared_ptr<const PrefilledPrompt> shared =
         options.share_prefill ? PrefilledPrompt::make(weights, sample.prompt) : nullptr;
+    // The press runs' own when their cache type is not the reference's F32.
+    const bool typed = options.cache_type != KvCacheType{};
+    const std::shared_ptr<const PrefilledPrompt> shared_typed =
+        options.share_prefill && typed
+            ? PrefilledPrompt::make(weights, sample.prompt, 0, options.cache_type)
+            : shared;
     std::shared_ptr<const PrefilledPrompt> trial;  // without share_prefill: the solver's own
     // Each memory-share row's budget for this sample (or why the share is out of reach), solved
     // before the reference run, which must record full's top-B for the largest of them too.
@@ -634,8 +645,9 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
       budgets[r] = row.budget;
       if (row.memory_share <= 0.0) continue;
       const auto prompt = [&]() -> const PrefilledPrompt& {
-        if (shared != nullptr) return *shared;
-        if (trial == nullptr) trial = PrefilledPrompt::make(weights, sample.prompt);
+        if (shared_typed != nullptr) return *shared_typed;
+        if (trial == nullptr)
+          trial = PrefilledPrompt::make(weights, sample.prompt, 0, options.cache_type);
         return *trial;
       };
       try {
@@ -672,8 +684,8 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
         // Every sample tries every row, even after a refusal: a shard's records must be those
         // of the one run they are merged into.
         try {
-          run["metrics"] = to_json(
-              run_press(weights, sample, ref, press_of.at(row.press), b, options, shared.get()));
+          run["metrics"] = to_json(run_press(weights, sample, ref, press_of.at(row.press), b,
+                                             options, shared_typed.get()));
         } catch (const Error& e) {
           // The press refuses this budget (e.g. below its window): report, keep going.
           run["error"] = e.what();
@@ -697,6 +709,8 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
       {"budgets", options.budgets},
       {"presses", press_configs},
       {"alloc", options.alloc.empty() ? "default" : options.alloc},
+      {"cache_type_k", dtype_name(options.cache_type.key)},
+      {"cache_type_v", dtype_name(options.cache_type.value)},
       {"mode", "query-aware"},
       {"teacher_forcing", true},
       {"attention_metrics", options.attention_metrics},

@@ -52,7 +52,10 @@ struct FidelityOptions {
   // budget at which the press stores this share of the full cache's KV bytes; one row per share
   // after the budgets' rows. Either list may be empty, not both.
   std::vector<double> memory_shares;
-  std::string alloc;          // allocator for scoring presses; empty: method default
+  std::string alloc;  // allocator for scoring presses; empty: method default
+  // Storage of every press run's keys and values (--cache-type-k/-v); the reference stays F32,
+  // so a `full` row measures the cache type's own cost.
+  KvCacheType cache_type;
   int64_t continuation = 64;  // M: tokens teacher-forced after the prompt
   // Press the paired differences are taken against: one of `presses`, or "full" (KL 0, top-1 1).
   // Empty: snapkv when it is among the presses, else full.

@@ -282,6 +282,10 @@ std::string open_fidelity_out_dir(const std::string& out, const std::string& mod
                                   bool resume, FidelityOptions& options) {
   std::string dir =
       fidelity_out_dir(out, model_path, prompt_len, continuation, samples, options.shard);
+  // A quantised cache's run is another run, not a resumable part of the F32 one.
+  if (options.cache_type != KvCacheType{})
+    dir += fmt::format("_k{}_v{}", dtype_name(options.cache_type.key),
+                       dtype_name(options.cache_type.value));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   PROTOKV_CHECK(!ec, "cannot create output directory {}: {}", dir, ec.message());

@@ -24,6 +24,7 @@ size_t stored_bytes(const ModelWeights& weights, const std::shared_ptr<const Pre
   SessionOptions options;
   options.press = press;
   options.budget.entries = budget;
+  options.cache_type = prompt.cache_type();  // shares of the full cache in that type
   Session session(weights, options);
   session.prefill(prompt);
   return session.cache().kv_bytes();

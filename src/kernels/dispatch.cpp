@@ -266,14 +266,14 @@ void attention_decode(const float* q, const float* keys, const float* values,
 }
 
 void attention_decode_group_segments(Isa isa, const float* q, int group,
-                                     std::span<const KeySegment> keys, const float* values,
+                                     std::span<const KeySegment> keys, ValueRows values,
                                      const float* log_weights, int d, float* out, float* probs) {
   table(isa).attention_decode_group_segments(q, group, keys, values, log_weights,
                                              segment_entries(keys), d, out, probs);
 }
 void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
-                                     const float* values, const float* log_weights, int d,
-                                     float* out, float* probs) {
+                                     ValueRows values, const float* log_weights, int d, float* out,
+                                     float* probs) {
   active().attention_decode_group_segments(q, group, keys, values, log_weights,
                                            segment_entries(keys), d, out, probs);
 }
@@ -290,14 +290,14 @@ void attention_decode_gathered(const float* q, const float* keys, const float* v
 }
 
 void attention_decode_gathered_segments(Isa isa, const float* q, std::span<const KeySegment> keys,
-                                        const float* values, const float* log_weights,
+                                        ValueRows values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs) {
   table(isa).attention_decode_gathered_segments(q, keys, values, log_weights, indices, d, out,
                                                 probs);
 }
 void attention_decode_gathered_segments(const float* q, std::span<const KeySegment> keys,
-                                        const float* values, const float* log_weights,
+                                        ValueRows values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs) {
   active().attention_decode_gathered_segments(q, keys, values, log_weights, indices, d, out, probs);

@@ -48,11 +48,11 @@ void attention_decode_gathered(Isa isa, const float* q, const float* keys, const
                                const float* log_weights, std::span<const int32_t> indices, int d,
                                float* out, float* probs);
 void attention_decode_gathered_segments(Isa isa, const float* q, std::span<const KeySegment> keys,
-                                        const float* values, const float* log_weights,
+                                        ValueRows values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs);
 void attention_decode_group_segments(Isa isa, const float* q, int group,
-                                     std::span<const KeySegment> keys, const float* values,
+                                     std::span<const KeySegment> keys, ValueRows values,
                                      const float* log_weights, int d, float* out, float* probs);
 // The variant's vector exp on one value (its accuracy is tested over the float range).
 float vector_exp(Isa isa, float x);

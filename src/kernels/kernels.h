@@ -156,8 +156,8 @@ void attention_decode_group(const float* q, int group, const float* keys, const 
 // attention_decode_group. Equal to attention_decode_group on the concatenated keys (the same
 // per-entry dot products; only the 4-wide grouping at segment ends may differ in rounding).
 void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
-                                     const float* values, const float* log_weights, int d,
-                                     float* out, float* probs);
+                                     ValueRows values, const float* log_weights, int d, float* out,
+                                     float* probs);
 
 // One query q [d] over the cached entries `indices` of keys/values [*, d] (a recall press's
 // selection, DESIGN §4): what attention_decode computes on those rows gathered, without copying
@@ -169,7 +169,7 @@ void attention_decode_gathered(const float* q, const float* keys, const float* v
 // (PoD with a selection: its gate threshold skips the distant entries). Values and log-weights
 // stay indexed by entry. Same arithmetic as attention_decode_gathered on the concatenation.
 void attention_decode_gathered_segments(const float* q, std::span<const KeySegment> keys,
-                                        const float* values, const float* log_weights,
+                                        ValueRows values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs);
 

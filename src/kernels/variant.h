@@ -39,11 +39,11 @@ struct KernelVariant {
                             float* out);
   // n = the sum of the segments' counts.
   void (*attention_decode_group_segments)(const float* q, int group,
-                                          std::span<const KeySegment> keys, const float* values,
+                                          std::span<const KeySegment> keys, ValueRows values,
                                           const float* log_weights, int64_t n, int d, float* out,
                                           float* probs);
   void (*attention_decode_gathered_segments)(const float* q, std::span<const KeySegment> keys,
-                                             const float* values, const float* log_weights,
+                                             ValueRows values, const float* log_weights,
                                              std::span<const int32_t> indices, int d, float* out,
                                              float* probs);
   // ProtoKV's clustering loops (kernels/clustering.h).
@@ -74,10 +74,10 @@ void attention_prefill_cached(HeadsView q, std::span<const KvHeadRows> kv_heads,
 void attention_prefill(const float* q, const float* k, const float* v, int64_t n, int d,
                        float* out);
 void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
-                                     const float* values, const float* log_weights, int64_t n,
-                                     int d, float* out, float* probs);
+                                     ValueRows values, const float* log_weights, int64_t n, int d,
+                                     float* out, float* probs);
 void attention_decode_gathered_segments(const float* q, std::span<const KeySegment> keys,
-                                        const float* values, const float* log_weights,
+                                        ValueRows values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs);
 void chunk_pass_range(const float* keys, int64_t n, int d, int64_t k, int64_t m_begin,

@@ -72,24 +72,18 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     const float* lender_queries = head.shares_keys() && head.uses_lender_query()
                                       ? step_queries.data() + lender_layer(head) * q_dim
                                       : nullptr;
-    const int segment_count =
-        head.shares_keys()
-            ? head.key_segments(cache.layer(lender_layer(head)).heads[static_cast<size_t>(kv)],
-                                segments,
-                                lender_queries != nullptr ? lender_queries + first * hd : nullptr)
-            : 0;
+    const HeadCache& lender = head.shares_keys()
+                                  ? cache.layer(lender_layer(head)).heads[static_cast<size_t>(kv)]
+                                  : head;  // a dense head's one segment is its own keys
+    const int segment_count = head.key_segments(
+        lender, segments, lender_queries != nullptr ? lender_queries + first * hd : nullptr);
     const std::span<const KeySegment> key_segments(segments.data(),
                                                    static_cast<size_t>(segment_count));
-    if (!selecting && head.shares_keys()) {
-      kernels::attention_decode_group_segments(
-          q + first * hd, group, key_segments, head.values(), log_weights, hd, att + first * hd,
-          want_probs ? probs.data() + first * probs_stride : nullptr);
-      return;
-    }
+    const ValueRows values(head.value_rows(), head.type().value);
     if (!selecting) {
-      kernels::attention_decode_group(q + first * hd, group, head.keys(), head.values(),
-                                      log_weights, head.size(), hd, att + first * hd,
-                                      want_probs ? probs.data() + first * probs_stride : nullptr);
+      kernels::attention_decode_group_segments(
+          q + first * hd, group, key_segments, values, log_weights, hd, att + first * hd,
+          want_probs ? probs.data() + first * probs_stride : nullptr);
       return;
     }
     for (int64_t h = first; h < first + group; ++h) {
@@ -99,13 +93,8 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
       // The lender's query of this very query head (the group segment holds the group's).
       for (KeySegment& segment : segments)
         if (segment.query != nullptr) segment.query = lender_queries + h * hd;
-      if (head.shares_keys())
-        kernels::attention_decode_gathered_segments(q + h * hd, key_segments, head.values(),
-                                                    log_weights, chosen, hd, att + h * hd,
-                                                    head_probs);
-      else
-        kernels::attention_decode_gathered(q + h * hd, head.keys(), head.values(), log_weights,
-                                           chosen, hd, att + h * hd, head_probs);
+      kernels::attention_decode_gathered_segments(q + h * hd, key_segments, values, log_weights,
+                                                  chosen, hd, att + h * hd, head_probs);
     }
   };
   // A press's select() and the key sharing's checks may throw: never out of the parallel region.

@@ -98,9 +98,10 @@ uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens) {
   return full_cache_entries(config, tokens) * entry_bytes;
 }
 
-size_t full_kv_bytes(const ModelConfig& config, int64_t tokens) {
+size_t full_kv_bytes(const ModelConfig& config, int64_t tokens, KvCacheType type) {
+  const int d = config.head_dim();
   const auto per_entry = static_cast<size_t>(config.n_kv_heads) *
-                         static_cast<size_t>(config.head_dim()) * 2 * sizeof(float);
+                         (dtype_row_bytes(type.key, d) + dtype_row_bytes(type.value, d));
   return static_cast<size_t>(full_cache_entries(config, tokens)) * per_entry;
 }
 

@@ -67,16 +67,26 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
   std::vector<float> v_heads(to_press ? static_cast<size_t>(n * kv_dim) : 0);  // [n_kv, n, hd]
   std::vector<float> q_heads(to_press ? static_cast<size_t>(n * q_dim) : 0);   // [n_heads, n, hd]
   std::vector<kernels::KvHeadRows> kv_rows(static_cast<size_t>(n_kv));
-  // Keys of heads that share keys (PoD), gathered for the chunk's attention (append only).
+  // Keys of heads that share keys (PoD), gathered for the chunk's attention, and the rows of a
+  // quantised cache as F32 (the cached path only).
   std::vector<std::vector<float>> gathered_keys(static_cast<size_t>(n_kv));
+  std::vector<std::vector<float>> gathered_values(static_cast<size_t>(n_kv));
+  const KvCacheType cache_type = cache.type();
 
   embed(tokens, b);
-  const size_t chunk_layer_kv_bytes = static_cast<size_t>(2 * n * kv_dim) * sizeof(float);
+  const size_t chunk_layer_kv_bytes =
+      static_cast<size_t>(n * n_kv) *
+      (dtype_row_bytes(cache_type.key, hd) + dtype_row_bytes(cache_type.value, hd));
   size_t kv_bytes_now = cache.kv_bytes();  // all layers: this chunk's done ones + earlier chunks
   for (int l = 0; l < config.n_layers; ++l) {
     const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
     LayerCache& layer_cache = cache.layer(l);
     attention_inputs(l, n, positions.data(), b);
+    // A quantised cache: every attention reads K/V as the cache holds them (llama.cpp's
+    // attention reads its -ctk/-ctv cache too), the press scores those, and storing them again
+    // changes nothing (each type's round trip is idempotent).
+    round_trip_to_cache_type(cache_type.key, b.k.data(), n * n_kv, hd);
+    round_trip_to_cache_type(cache_type.value, b.v.data(), n * n_kv, hd);
     const int press_layer = press_index[static_cast<size_t>(l)];
     const int64_t window = config.is_local_layer(l) ? config.sliding_window : 0;
 
@@ -132,7 +142,9 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
             head.append(b.k.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
                         b.v.data() + i * kv_dim + static_cast<int64_t>(h) * hd,
                         positions[static_cast<size_t>(i)]);
-          const float* keys = head.keys();
+          std::vector<float>& key_floats = gathered_keys[static_cast<size_t>(h)];
+          std::vector<float>& value_floats = gathered_values[static_cast<size_t>(h)];
+          const float* keys = static_cast<const float*>(head.key_rows());
           if (head.shares_keys()) {
             // PoD: the chunk's rows read the distant entries' keys from the block's lowest layer
             // (already run for this chunk), gathered once per chunk; the entries that leave the
@@ -143,16 +155,27 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
             std::array<KeySegment, 3> segments;
             const int count = head.key_segments(
                 cache.layer(lender_layer(head)).heads[static_cast<size_t>(h)], segments);
-            std::vector<float>& gathered = gathered_keys[static_cast<size_t>(h)];
-            gathered.clear();
-            for (int i = 0; i < count; ++i)
-              gathered.insert(gathered.end(), segments[static_cast<size_t>(i)].keys,
-                              segments[static_cast<size_t>(i)].keys +
-                                  segments[static_cast<size_t>(i)].count * hd);
-            keys = gathered.data();
+            key_floats.resize(static_cast<size_t>(head.size() * hd));
+            float* next = key_floats.data();
+            for (int i = 0; i < count; ++i) {
+              const KeySegment& segment = segments[static_cast<size_t>(i)];
+              dequantize_row(segment.type, segment.keys, next, segment.count * hd);
+              next += segment.count * hd;
+            }
+            keys = key_floats.data();
+          } else if (cache_type.key != DType::F32) {
+            key_floats.resize(static_cast<size_t>(head.size() * hd));
+            head.read_keys(0, head.size(), key_floats.data());
+            keys = key_floats.data();
+          }
+          const float* values = static_cast<const float*>(head.value_rows());
+          if (cache_type.value != DType::F32) {
+            value_floats.resize(static_cast<size_t>(head.size() * hd));
+            head.read_values(0, head.size(), value_floats.data());
+            values = value_floats.data();
           }
           kv_rows[static_cast<size_t>(h)] = {
-              keys, head.values(), hd, head.has_log_weights() ? head.log_weights().data() : nullptr,
+              keys, values, hd, head.has_log_weights() ? head.log_weights().data() : nullptr,
               head_past};
           if (window > 0) {  // sliding-window layer: rows are masked by their positions
             const std::span<const int32_t> pos = head.positions();
@@ -237,15 +260,14 @@ void Session::Impl::compress_cached_prompt(const std::vector<std::vector<float>>
   std::vector<float> v_heads(static_cast<size_t>(n * kv_dim));  // [n_kv, n, hd]
   std::vector<int32_t> positions(static_cast<size_t>(n));
   std::iota(positions.begin(), positions.end(), 0);
-  const size_t row_bytes = static_cast<size_t>(n * hd) * sizeof(float);
   const int64_t headroom = decode_headroom(n);
   for (size_t press_layer = 0; press_layer < press_layers.size(); ++press_layer) {
     const int l = press_layers[press_layer];
     LayerCache& layer_cache = cache.layer(l);
     for (int h = 0; h < n_kv; ++h) {
       HeadCache& head = layer_cache.heads[static_cast<size_t>(h)];
-      std::memcpy(k_heads.data() + static_cast<int64_t>(h) * n * hd, head.keys(), row_bytes);
-      std::memcpy(v_heads.data() + static_cast<int64_t>(h) * n * hd, head.values(), row_bytes);
+      head.read_keys(0, n, k_heads.data() + static_cast<int64_t>(h) * n * hd);
+      head.read_values(0, n, v_heads.data() + static_cast<int64_t>(h) * n * hd);
       head.clear();  // compress_prefill writes into empty heads
     }
     LayerView view;
@@ -387,6 +409,11 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
   const PrefilledPrompt::Data& d = prompt.data();
   PROTOKV_CHECK(d.weights == &weights,
                 "the prefilled prompt was made from other weights than this session's");
+  PROTOKV_CHECK(
+      d.cache.type() == options.cache_type,
+      "the prefilled prompt's cache holds {} keys and {} values, this session's {} and {}",
+      dtype_name(d.cache.type().key), dtype_name(d.cache.type().value),
+      dtype_name(options.cache_type.key), dtype_name(options.cache_type.value));
   reset();
   const int64_t n = d.n_tokens;
   const int64_t budget_entries = begin_press(n);
@@ -413,9 +440,11 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
 
 std::shared_ptr<const PrefilledPrompt> PrefilledPrompt::make(const ModelWeights& weights,
                                                              std::span<const int32_t> tokens,
-                                                             int64_t ubatch) {
+                                                             int64_t ubatch,
+                                                             KvCacheType cache_type) {
   SessionOptions options;
   options.ubatch = ubatch;
+  options.cache_type = cache_type;
   Session::Impl impl(weights, options);
   auto data = std::make_unique<Data>();
   impl.capture_prompt(tokens, *data);
@@ -430,6 +459,9 @@ int64_t PrefilledPrompt::n_tokens() const {
 }
 double PrefilledPrompt::prefill_ms() const {
   return data_->prefill_ms;
+}
+KvCacheType PrefilledPrompt::cache_type() const {
+  return data_->cache.type();
 }
 
 void Session::Impl::check_append(std::span<const int32_t> tokens) const {

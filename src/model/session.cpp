@@ -24,7 +24,7 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   if (config.has_local_layers())
     rope_local = kernels::make_rope_table(config.head_dim(), config.rope_dims(),
                                           config.rope_theta_local, config.rope_neox, 1.0f, nullptr);
-  cache = KvCache(config.n_layers, config.n_kv_heads, config.head_dim());
+  cache = KvCache(config.n_layers, config.n_kv_heads, config.head_dim(), options.cache_type);
   press_index.assign(static_cast<size_t>(config.n_layers), -1);
   for (int l = 0; l < config.n_layers; ++l) {
     if (config.is_local_layer(l) && !options.compress_local_layers) continue;

@@ -227,14 +227,27 @@ struct MergedHeadRows {
 };
 
 // A cache head during decode: merged in place, log-weights kept current (Eq. 2).
+// An F32 cache's rows are read in place; a quantised cache's are read as F32 copies (the merge
+// means are computed from what the cache holds, and written back in its type).
 struct HeadCacheRows {
   HeadCache& head;
-  const float* keys() const { return head.keys(); }
-  const float* values() const { return head.values(); }
+  std::vector<float> key_copy = {}, value_copy = {};
+  const float* keys() {
+    if (head.type().key == DType::F32) return static_cast<const float*>(head.key_rows());
+    key_copy.resize(static_cast<size_t>(head.size() * head.head_dim()));
+    head.read_keys(0, head.size(), key_copy.data());
+    return key_copy.data();
+  }
+  const float* values() {
+    if (head.type().value == DType::F32) return static_cast<const float*>(head.value_rows());
+    value_copy.resize(static_cast<size_t>(head.size() * head.head_dim()));
+    head.read_values(0, head.size(), value_copy.data());
+    return value_copy.data();
+  }
   void compact(std::span<const int32_t> kept) { head.compact(kept); }
   void set_merged(int64_t row, const float* key, const float* value, int64_t degree) {
-    std::copy(key, key + head.head_dim(), head.mutable_key(row));
-    std::copy(value, value + head.head_dim(), head.mutable_value(row));
+    head.write_key(row, key);
+    head.write_value(row, value);
     head.set_log_weight(row, log_weight_of(degree));
   }
 };

@@ -296,8 +296,9 @@ void ClusterKvPress::on_decode(const DecodeStep& step) {
         sample_initial_rows(count, clusters,
                             stream_seed(options_.seed ^ static_cast<uint64_t>(s.indexed_end),
                                         static_cast<uint64_t>(step.layer * info_.n_kv_heads + h)));
-    const KMeans kmeans =
-        cosine_kmeans(head.key(s.indexed_end), count, d, initial, options_.iterations);
+    std::vector<float> newest(static_cast<size_t>(count * d));
+    head.read_keys(s.indexed_end, count, newest.data());
+    const KMeans kmeans = cosine_kmeans(newest.data(), count, d, initial, options_.iterations);
     // Stored cluster-contiguous like the prompt's clusters (entries keep their positions).
     step.cache->heads[static_cast<size_t>(h)].reorder(
         s.indexed_end, s.index.add_contiguous(kmeans, static_cast<int32_t>(s.indexed_end)));

@@ -146,12 +146,14 @@ void H2oPress::on_decode(const DecodeStep& step) {
     const float* probs = step.group_probs(h, group);
     if (probs == nullptr) {  // a row of append(): no attention weights come with it
       probs_scratch_.resize(static_cast<size_t>(group * size));
+      keys_scratch_.resize(static_cast<size_t>(size * d));
+      head.read_keys(0, size, keys_scratch_.data());
       for (int g = 0; g < group; ++g) {
         const float* qg = step.q + static_cast<int64_t>(h * group + g) * d;
         float* row = probs_scratch_.data() + static_cast<int64_t>(g) * size;
         for (int64_t e = 0; e < size; ++e)
-          row[e] =
-              kernels::dot(qg, head.key(e), d) * scale + head.log_weights()[static_cast<size_t>(e)];
+          row[e] = kernels::dot(qg, keys_scratch_.data() + e * d, d) * scale +
+                   head.log_weights()[static_cast<size_t>(e)];
         kernels::softmax(row, size);
       }
       probs = probs_scratch_.data();

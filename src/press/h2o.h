@@ -82,6 +82,7 @@ class H2oPress final : public ScoringPress {
   std::vector<HeadState> states_;  // [n_layers, n_kv_heads]
   // Per-step scratch, reused.
   std::vector<float> probs_scratch_;    // [group, entries]
+  std::vector<float> keys_scratch_;     // [entries, head_dim]: the head's keys as F32
   std::vector<float> reduced_scratch_;  // [entries]
   std::vector<char> evicted_scratch_;   // [entries]
   std::vector<int32_t> keep_scratch_;

@@ -221,11 +221,17 @@ double PodPress::layer_gate(int q_head, const float* q, const HeadCache& head) c
   const int d = head.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const std::span<const float> log_weights = head.log_weights();
-  // Online log-sum-exp (select() runs on several KV heads at once: no shared scratch).
+  // Online log-sum-exp (select() runs on several KV heads at once: a scratch per thread). The
+  // held keys, as F32, are those before and after the shared range.
+  thread_local std::vector<float> held;
+  held.resize(static_cast<size_t>((head.size() - (head.shared_end() - head.shared_begin())) * d));
+  head.read_keys(0, head.shared_begin(), held.data());
+  head.read_keys(head.shared_end(), head.size() - head.shared_end(),
+                 held.data() + head.shared_begin() * d);
   double max_logit = -std::numeric_limits<double>::infinity(), sum = 0.0;
-  for (int64_t e = 0; e < head.size(); ++e) {
+  for (int64_t e = 0, row = 0; e < head.size(); ++e) {
     if (head.key_is_shared(e)) continue;
-    double logit = scale * kernels::dot(q, head.key(e), d);
+    double logit = scale * kernels::dot(q, held.data() + (row++) * d, d);
     if (head.has_log_weights()) logit += log_weights[static_cast<size_t>(e)];
     if (logit > max_logit) {
       sum = sum * std::exp(max_logit - logit) + 1.0;
@@ -293,7 +299,7 @@ void PodPress::on_decode(const DecodeStep& step) {
       if (probs.empty() || head.shares_keys() || probs[top] <= 0.0f) continue;
       const int64_t e = attended.empty() ? static_cast<int64_t>(top) : attended[top];
       double logit = scale * kernels::dot(step.q + static_cast<int64_t>(h) * step.head_dim,
-                                          head.key(e), step.head_dim);
+                                          head.key_floats(e).data(), step.head_dim);
       if (head.has_log_weights()) logit += head.log_weights()[static_cast<size_t>(e)];
       const double lse_all = logit - std::log(static_cast<double>(probs[top]));
       lse[static_cast<size_t>(h)] =

@@ -289,6 +289,7 @@ struct Server::Impl {
     job->compression_key = fmt::format("{}|{}|{}", press_text, budget.to_string(), alloc);
     job->session.ubatch = options.scheduler.ubatch;
     job->session.compress_local_layers = options.scheduler.compress_local_layers;
+    job->session.cache_type = options.scheduler.cache_type;
     return job;
   }
 
@@ -297,7 +298,9 @@ struct Server::Impl {
               {json_keys::kKvBytes, o.prefill.kv_bytes},
               {json_keys::kKvBytesFull, o.kv_bytes_full},
               {json_keys::kKvBytesEnd, o.kv_bytes_end},
-              {"compress_ms", o.prefill.compress_ms}};
+              {"compress_ms", o.prefill.compress_ms},
+              {"cache_type_k", dtype_name(job.session.cache_type.key)},
+              {"cache_type_v", dtype_name(job.session.cache_type.value)}};
     j["budget"] = job.session.press ? json(job.session.budget.to_string()) : json(nullptr);
     return j;
   }

@@ -93,7 +93,8 @@ Scheduler::~Scheduler() {
 }
 
 size_t Scheduler::reservation_bytes(const Job& job) const {
-  return full_kv_bytes(model_.weights.config, job.prompt.total() + job.generate.max_new_tokens);
+  return full_kv_bytes(model_.weights.config, job.prompt.total() + job.generate.max_new_tokens,
+                       options_.cache_type);
 }
 
 void Scheduler::submit(std::shared_ptr<Job> job) {
@@ -159,7 +160,7 @@ std::vector<std::unique_ptr<Scheduler::Parked>>::iterator Scheduler::find_parked
 
 bool Scheduler::admit_head(std::unique_ptr<Active>& admitted) {
   const std::shared_ptr<Job>& job = queue_.front().first;
-  const size_t per_token = full_kv_bytes(model_.weights.config, 1);
+  const size_t per_token = full_kv_bytes(model_.weights.config, 1, options_.cache_type);
   auto candidate = std::make_unique<Active>(job);
   auto parked = find_parked(*job);
   // Evicts parked sessions (least recently used first, never `keep`) until `fits` holds.
@@ -292,7 +293,7 @@ void Scheduler::start(std::unique_ptr<Active> active) {
   const ModelConfig& config = model_.weights.config;
   Job& job = *active->job;
   active->outcome.usage.prompt_tokens = job.prompt.total();
-  active->outcome.kv_bytes_full = full_kv_bytes(config, job.prompt.total());
+  active->outcome.kv_bytes_full = full_kv_bytes(config, job.prompt.total(), options_.cache_type);
   active->generation.emplace(*active->state.session, *model_.tokenizer, active->sampler,
                              job.generate);
   try {
@@ -346,7 +347,8 @@ void Scheduler::prefilled(Active& active) {
   active.outcome.prefill = r.prefill;
   // What the compressed cache holds now plus every token still to come: the reservation shrinks
   // from the full prompt's bound to this, and the freed bytes admit the next request.
-  const size_t growth = full_kv_bytes(config, 1) * static_cast<size_t>(job.generate.max_new_tokens);
+  const size_t growth = full_kv_bytes(config, 1, options_.cache_type) *
+                        static_cast<size_t>(job.generate.max_new_tokens);
   KvAccountant::Reservation& reservation = active.state.reservation;
   reservation.resize(
       std::min(reservation.bytes(), active.state.session->cache().kv_bytes() + growth));

@@ -98,6 +98,7 @@ struct SchedulerOptions {
   size_t kv_memory = 0;     // bytes, hard cap over all sessions; 0: none
   int64_t ubatch = 512;     // SessionOptions::ubatch: prompt rows per round (0: all at once)
   bool compress_local_layers = false;
+  KvCacheType cache_type;  // every session's (--cache-type-k/-v); admission counts its bytes
   // Sleeps this long after every decode round. Tests only (not a flag): on a tiny model a request
   // finishes in milliseconds, and the queueing, 503 and disconnect tests need requests that
   // overlap.

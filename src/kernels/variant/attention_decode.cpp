@@ -13,17 +13,32 @@
 namespace protokv::kernels {
 namespace {
 
+// F32 rows [count, d] of typed cache rows starting at row `first`: the rows themselves for F32,
+// else dequantised into `tile` (an L1-sized block: the kernels walk the cache in such blocks, so a
+// quantised cache is read from memory once, in its own size, and expanded in cache).
+template <class Ops>
+const float* rows_f32(const void* rows, DType type, int64_t first, int64_t count, int d,
+                      std::vector<float>& tile) {
+  if (type == DType::F32) return static_cast<const float*>(rows) + first * d;
+  const size_t row_bytes = dtype_row_bytes(type, d);
+  const size_t need = static_cast<size_t>(count) * static_cast<size_t>(d);
+  if (tile.size() < need) tile.resize(need);
+  Ops::to_f32(type, static_cast<const uint8_t*>(rows) + static_cast<size_t>(first) * row_bytes,
+              tile.data(), count * d);
+  return tile.data();
+}
+
 // Keys come as consecutive segments (one for a dense head; PoD's shared keys give three):
 // entry j of segment s is entry (entries of the segments before s) + j. values [n, d]. A
 // segment with its own query ([group, d]) uses it instead of q for its logits.
 template <class Ops>
 void decode_group_impl(const float* q, int group, std::span<const KeySegment> segments,
-                       const float* values, const float* log_weights, int64_t n, int d, float* out,
+                       ValueRows values, const float* log_weights, int64_t n, int d, float* out,
                        float* probs) {
   std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
   if (n <= 0) return;
   // Reused across calls (decode runs this per head, layer and token).
-  thread_local std::vector<float> scratch;
+  thread_local std::vector<float> scratch, tile;
   const size_t score_floats = probs ? 0 : static_cast<size_t>(group) * n;
   const int64_t q_floats = static_cast<int64_t>(group) * d;
   scratch.resize(static_cast<size_t>(2 * q_floats) + score_floats);
@@ -47,7 +62,7 @@ void decode_group_impl(const float* q, int group, std::span<const KeySegment> se
     for (int64_t s0 = 0; s0 < segment.count; s0 += block) {
       const int64_t count = std::min(block, segment.count - s0);
       const int64_t j0 = segment_first + s0;
-      const float* key_block = segment.keys + s0 * d;
+      const float* key_block = rows_f32<Ops>(segment.keys, segment.type, s0, count, d, tile);
       for (int h = 0; h < group; ++h) {
         float* s = scores + h * n + j0;
         int64_t j = 0;
@@ -62,8 +77,9 @@ void decode_group_impl(const float* q, int group, std::span<const KeySegment> se
   for (int h = 0; h < group; ++h) softmax_with<Ops>(scores + h * n, n);
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t count = std::min(block, n - j0);
+    const float* value_block = rows_f32<Ops>(values.data, values.type, j0, count, d, tile);
     for (int h = 0; h < group; ++h)
-      Ops::weighted_row_sum(scores + h * n + j0, values + j0 * d, count, d, out + h * d, d);
+      Ops::weighted_row_sum(scores + h * n + j0, value_block, count, d, out + h * d, d);
   }
 }
 
@@ -74,13 +90,15 @@ void decode_group_impl(const float* q, int group, std::span<const KeySegment> se
 // contiguously, ClusterKV) are read as spans with the dense kernel's 4-row dot and weighted row
 // sum, which the hardware prefetcher can stream; isolated rows use the SIMD dot and axpy.
 template <class Ops>
-void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, const float* values,
+void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, ValueRows values,
                           const float* log_weights, std::span<const int32_t> indices, int d,
                           float* out, float* probs) {
   std::fill(out, out + d, 0.0f);
   const auto n = static_cast<int64_t>(indices.size());
   if (n <= 0) return;
-  thread_local std::vector<float> scratch;
+  thread_local std::vector<float> scratch, tile;
+  // Runs of typed rows are expanded at most this many at a time (as the dense kernel's blocks).
+  const int64_t block = std::max<int64_t>(8, (int64_t{32} << 10) / (4 * std::max(d, 1)));
   const auto n_segments = static_cast<int64_t>(segments.size());
   scratch.resize(static_cast<size_t>((n_segments + 1) * d) + (probs ? 0 : static_cast<size_t>(n)));
   float* scaled_q = scratch.data();  // [n_segments + 1, d]: q, then each segment's own
@@ -109,8 +127,10 @@ void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, 
     const KeySegment& segment = segments[static_cast<size_t>(s)];
     const float* query = segment.query != nullptr ? scaled_q + (s + 1) * d : scaled_q;
     // A run never crosses into the next segment (its keys live elsewhere).
-    const int64_t length = run_length(j, segment.count - local);
-    const float* keys = segment.keys + local * d;
+    const int64_t length =
+        run_length(j, segment.type == DType::F32 ? segment.count - local
+                                                 : std::min(block, segment.count - local));
+    const float* keys = rows_f32<Ops>(segment.keys, segment.type, local, length, d, tile);
     float* run_scores = scores + j;
     int64_t i = 0;
     for (; i + 4 <= length; i += 4) Ops::dot4(query, keys + i * d, d, d, run_scores + i);
@@ -122,11 +142,12 @@ void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, 
   softmax_with<Ops>(scores, n);
   for (int64_t j = 0; j < n;) {
     const int64_t row = indices[static_cast<size_t>(j)];
-    const int64_t length = run_length(j, n);
+    const int64_t length = run_length(j, values.type == DType::F32 ? n : block);
+    const float* rows = rows_f32<Ops>(values.data, values.type, row, length, d, tile);
     if (length == 1)
-      Ops::axpy(scores[j], values + row * d, out, d);
+      Ops::axpy(scores[j], rows, out, d);
     else
-      Ops::weighted_row_sum(scores + j, values + row * d, length, d, out, d);
+      Ops::weighted_row_sum(scores + j, rows, length, d, out, d);
     j += length;
   }
 }
@@ -136,13 +157,13 @@ void decode_gathered_impl(const float* q, std::span<const KeySegment> segments, 
 namespace PROTOKV_KERNEL_VARIANT {
 
 void attention_decode_group_segments(const float* q, int group, std::span<const KeySegment> keys,
-                                     const float* values, const float* log_weights, int64_t n,
-                                     int d, float* out, float* probs) {
+                                     ValueRows values, const float* log_weights, int64_t n, int d,
+                                     float* out, float* probs) {
   decode_group_impl<VariantOps>(q, group, keys, values, log_weights, n, d, out, probs);
 }
 
 void attention_decode_gathered_segments(const float* q, std::span<const KeySegment> keys,
-                                        const float* values, const float* log_weights,
+                                        ValueRows values, const float* log_weights,
                                         std::span<const int32_t> indices, int d, float* out,
                                         float* probs) {
   decode_gathered_impl<VariantOps>(q, keys, values, log_weights, indices, d, out, probs);
