@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # protokv next to llama.cpp on the same GGUF files (issue 9, item 6; real models: issue 21,
-# item 4): prefill tokens/s at each PP length and decode tokens/s at each DEPTHS depth, both
-# engines on $THREADS threads, one row per (model, test) with the ratio protokv / llama.cpp.
+# item 4; issue 23, item 4): prefill tokens/s at each PP length and decode tokens/s at each DEPTHS
+# depth, both engines on $THREADS threads with the same KV cache type, one row per (model, cache
+# type, test) with the ratio protokv / llama.cpp.
 #
 #   bench/vs_llama_cpp.sh [options] [PROTOKV_BINARY]      # default binary: build/protokv
 #     --model PATH          a GGUF file to measure (repeatable); any architecture: an engine that
@@ -10,19 +11,21 @@
 #     --models-from-cache   every model tools/fetch_models.sh fetched (SmolLM2-135M-Instruct
 #                           Q4_1, Gemma 3 270M Q4_K_M); fetches them when absent
 #     --random              also the random benchmark models (the default when no model is given):
-#                           dim 1024, 8 layers, 16 / 4 heads, ffn 2816, vocab 32000, context 4096,
+#                           dim 1024, 8 layers, 16 / 4 heads, ffn 2816, vocab 32000, context 8192,
 #                           in $TYPES (llama-quantize from the F16 file)
+#     --markdown            a Markdown table (the README's and docs/results/'), not fixed columns
 #
 # Environment: THREADS (2), PP ("512,2048"), TG (64: decode tokens per test), DEPTHS ("0,4096":
-# tokens in the cache before decoding), REPS (3), TYPES ("F16 Q8_0 Q4_K_M"), LAYERS (8),
-# PROTOKV_CACHE (~/.cache/protokv). A depth d needs d + TG tokens of context: depths a model's
-# context cannot hold are left out for that model (the random models: depth 0 only).
+# tokens in the cache before decoding), REPS (3), TYPES ("F16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"),
+# CACHE_TYPES ("f16": llama.cpp's default KV cache; any of f32 f16 bf16 q8_0 q4_0, both engines'
+# -ctk/-ctv), LAYERS (8), PROTOKV_CACHE (~/.cache/protokv). A depth d needs d + TG tokens of
+# context: depths a model's context cannot hold are left out for that model.
 # Quick check that the script works (not a measurement):
 #   PP=64 TG=8 DEPTHS=0,128 REPS=1 bench/vs_llama_cpp.sh --model SmolLM2-135M-Instruct.Q4_1.gguf
 #
-# llama.cpp: llama-bench -fa 1 (flash attention, as protokv's tiled attention), prefill tests
-# `-p PP -n 0`, decode tests `-p 0 -n TG -d DEPTHS`; tokens/s = its mean over -r REPS.
-# protokv: `bench e2e -c 1,PP,DEPTHS -n TG --reps REPS` (median over reps); prefill tokens/s of
+# llama.cpp: llama-bench -fa 1 (flash attention, as protokv's tiled attention) -ctk T -ctv T,
+# prefill tests `-p PP -n 0`, decode tests `-p 0 -n TG -d DEPTHS`; tokens/s = its mean over -r REPS.
+# protokv: `bench e2e -c 1,PP,DEPTHS -n TG --reps REPS -ctk T -ctv T` (median over reps); prefill tokens/s of
 # context PP; decode tokens/s = 1000 / decode ms per token after a prompt of DEPTH tokens (depth
 # 0: a 1-token prompt, as llama-bench's tg starts from an empty cache and protokv needs a token).
 # Builds llama.cpp with tools/llama_cpp/build.sh when needed. Take timings on an idle machine.
@@ -30,7 +33,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 THREADS=${THREADS:-2}
-TYPES=${TYPES:-"F16 Q8_0 Q4_K_M"}
+TYPES=${TYPES:-"F16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"}
+CACHE_TYPES=${CACHE_TYPES:-f16}
 PP=${PP:-512,2048}
 TG=${TG:-64}
 DEPTHS=${DEPTHS:-0,4096}
@@ -45,6 +49,7 @@ PROTOKV=$ROOT/build/protokv
 files=()
 random=0
 from_cache=0
+markdown=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --model)
@@ -54,6 +59,7 @@ while [[ $# -gt 0 ]]; do
       shift 2 ;;
     --models-from-cache) from_cache=1; shift ;;
     --random) random=1; shift ;;
+    --markdown) markdown=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) PROTOKV=$1; shift ;;
@@ -65,6 +71,9 @@ IFS=, read -ra pp_list <<<"$PP"
 IFS=, read -ra depth_list_all <<<"$DEPTHS"
 [[ $TG =~ ^[1-9][0-9]*$ && $REPS =~ ^[1-9][0-9]*$ && $THREADS =~ ^[1-9][0-9]*$ ]] ||
   die "TG, REPS and THREADS must be positive integers"
+for c in $CACHE_TYPES; do
+  [[ $c =~ ^(f32|f16|bf16|q8_0|q4_0)$ ]] || die "CACHE_TYPES: '$c' is not one of f32 f16 bf16 q8_0 q4_0"
+done
 command -v jq >/dev/null || die "needs jq"
 [[ -x $PROTOKV ]] || die "no protokv binary at $PROTOKV"
 if [[ $from_cache == 1 ]]; then
@@ -82,10 +91,10 @@ err=$(mktemp)
 trap 'rm -f "$err"' EXIT
 
 if [[ $random == 1 ]]; then
-  base=$MODELS/bench-d1024-l$LAYERS
+  base=$MODELS/bench-d1024-l$LAYERS-c8192
   if [[ ! -f $base-F16.gguf ]]; then
     "$PROTOKV" make-model --dim 1024 --layers "$LAYERS" --heads 16 --kv-heads 4 --ffn 2816 \
-      --vocab 32000 --ctx 4096 --type f16 --seed 1 --name protokv-bench -o "$base-F16.gguf" >&2
+      --vocab 32000 --ctx 8192 --type f16 --seed 1 --name protokv-bench -o "$base-F16.gguf" >&2
   fi
   for type in $TYPES; do
     file=$base-$type.gguf
@@ -106,11 +115,22 @@ context_of() {
 # "1234.5" or "n/a"; ratio "1.23" or empty.
 fmt_ts() { if [[ -n $1 ]]; then printf '%.1f' "$1"; else printf 'n/a'; fi; }
 ratio() { if [[ -n $1 && -n $2 ]]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; fi; }
-row() { printf '%-34s %-12s %12s %12s %10s\n' "$@"; }
+# A ratio below 1 is bold in Markdown: a target missed.
+row() {
+  if [[ $markdown == 1 ]]; then
+    local r=$6
+    if [[ -n $r ]] && awk -v x="$r" 'BEGIN { exit !(x < 1) }'; then r="**$r**"; fi
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" "$5" "$r"
+  else
+    printf '%-34s %-6s %-12s %12s %12s %10s\n' "$@"
+  fi
+}
 
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset (protokv picks)} | threads $THREADS | reps $REPS | llama.cpp $(git -C "$CACHE/llama.cpp-src" log -1 --format=%h) | $(nproc) cores | load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "tokens/s; ppN: prefill of N tokens; tgN@dD: N decode tokens after D tokens in the cache; ratio: protokv / llama.cpp (above 1: protokv faster)"
-row model test llama.cpp protokv ratio
+echo "tokens/s; ppN: prefill of N tokens; tgN@dD: N decode tokens after D tokens in the cache; KV: both engines' cache type; ratio: protokv / llama.cpp (above 1: protokv faster)"
+[[ $markdown == 1 ]] && echo
+row model KV test llama.cpp protokv ratio
+[[ $markdown == 1 ]] && echo "| --- | --- | --- | --- | --- | --- |"
 for file in "${files[@]}"; do
   name=$(basename "$file" .gguf)
   ctx=$(context_of "$file")
@@ -120,35 +140,38 @@ for file in "${files[@]}"; do
   done
   depth_list=$(IFS=,; echo "${depths[*]}")
 
-  # llama.cpp: prefill and decode as separate runs, so the prefill tests do not repeat per depth.
-  lb_pp=$("$BIN/llama-bench" -m "$file" -p "$PP" -n 0 -fa 1 -t "$THREADS" -r "$REPS" -o json \
-    2>"$err") || { echo "$name: llama-bench failed: $(tail -1 "$err")" >&2; lb_pp='[]'; }
-  lb_tg='[]'
-  if [[ -n $depth_list ]]; then
-    lb_tg=$("$BIN/llama-bench" -m "$file" -p 0 -n "$TG" -d "$depth_list" -fa 1 -t "$THREADS" \
-      -r "$REPS" -o json 2>"$err") || { echo "$name: llama-bench failed: $(tail -1 "$err")" >&2; lb_tg='[]'; }
-  fi
+  for kv in $CACHE_TYPES; do
+    # llama.cpp: prefill and decode as separate runs, so the prefill tests do not repeat per depth.
+    lb_pp=$("$BIN/llama-bench" -m "$file" -p "$PP" -n 0 -fa 1 -ctk "$kv" -ctv "$kv" -t "$THREADS" \
+      -r "$REPS" -o json 2>"$err") || { echo "$name: llama-bench failed: $(tail -1 "$err")" >&2; lb_pp='[]'; }
+    lb_tg='[]'
+    if [[ -n $depth_list ]]; then
+      lb_tg=$("$BIN/llama-bench" -m "$file" -p 0 -n "$TG" -d "$depth_list" -fa 1 -ctk "$kv" -ctv "$kv" \
+        -t "$THREADS" -r "$REPS" -o json 2>"$err") ||
+        { echo "$name: llama-bench failed: $(tail -1 "$err")" >&2; lb_tg='[]'; }
+    fi
 
-  # protokv: one bench e2e run over every context (depth 0 is a 1-token prompt).
-  contexts=$(printf '%s\n' 1 "${pp_list[@]}" "${depths[@]}" | grep -vx 0 | sort -nu | paste -sd,)
-  pk='{"results": []}'
-  if ! pk=$("$PROTOKV" bench e2e -m "$file" -c "$contexts" -n "$TG" --reps "$REPS" -t "$THREADS" \
-    --json 2>"$err"); then
-    echo "$name: protokv bench e2e failed: $(grep -m1 'error' "$err" || tail -1 "$err")" >&2
+    # protokv: one bench e2e run over every context (depth 0 is a 1-token prompt).
+    contexts=$(printf '%s\n' 1 "${pp_list[@]}" "${depths[@]}" | grep -vx 0 | sort -nu | paste -sd,)
     pk='{"results": []}'
-  fi
+    if ! pk=$("$PROTOKV" bench e2e -m "$file" -c "$contexts" -n "$TG" --reps "$REPS" -t "$THREADS" \
+      -ctk "$kv" -ctv "$kv" --json 2>"$err"); then
+      echo "$name: protokv bench e2e failed: $(grep -m1 'error' "$err" || tail -1 "$err")" >&2
+      pk='{"results": []}'
+    fi
 
-  for p in "${pp_list[@]}"; do
-    a=$(jq -r --argjson n "$p" '.[] | select(.n_prompt == $n and .n_gen == 0) | .avg_ts' <<<"$lb_pp")
-    b=$(jq -r --argjson n "$p" '.results[] | select(.context == $n) | .prefill_tokens_per_s' <<<"$pk")
-    row "$name" "pp$p" "$(fmt_ts "$a")" "$(fmt_ts "$b")" "$(ratio "$b" "$a")"
-  done
-  for d in "${depths[@]}"; do
-    a=$(jq -r --argjson d "$d" --argjson n "$TG" \
-      '.[] | select(.n_depth == $d and .n_gen == $n and .n_prompt == 0) | .avg_ts' <<<"$lb_tg")
-    b=$(jq -r --argjson c "$((d > 0 ? d : 1))" \
-      '.results[] | select(.context == $c and .decode_ms_per_token > 0) | 1000 / .decode_ms_per_token' <<<"$pk")
-    row "$name" "tg$TG@d$d" "$(fmt_ts "$a")" "$(fmt_ts "$b")" "$(ratio "$b" "$a")"
+    for p in "${pp_list[@]}"; do
+      a=$(jq -r --argjson n "$p" '.[] | select(.n_prompt == $n and .n_gen == 0) | .avg_ts' <<<"$lb_pp")
+      b=$(jq -r --argjson n "$p" '.results[] | select(.context == $n) | .prefill_tokens_per_s' <<<"$pk")
+      row "$name" "$kv" "pp$p" "$(fmt_ts "$a")" "$(fmt_ts "$b")" "$(ratio "$b" "$a")"
+    done
+    for d in "${depths[@]}"; do
+      a=$(jq -r --argjson d "$d" --argjson n "$TG" \
+        '.[] | select(.n_depth == $d and .n_gen == $n and .n_prompt == 0) | .avg_ts' <<<"$lb_tg")
+      b=$(jq -r --argjson c "$((d > 0 ? d : 1))" \
+        '.results[] | select(.context == $c and .decode_ms_per_token > 0) | 1000 / .decode_ms_per_token' <<<"$pk")
+      row "$name" "$kv" "tg$TG@d$d" "$(fmt_ts "$a")" "$(fmt_ts "$b")" "$(ratio "$b" "$a")"
+    done
   done
   echo "$name: protokv ran OpenBLAS's $(jq -r '.config.blas_core // "?"' <<<"$pk") kernels" >&2
   for d in "${depth_list_all[@]}"; do
