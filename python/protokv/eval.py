@@ -86,14 +86,17 @@ def fidelity(model: Any, text: str, presses: Sequence[Union[str, Press]],
              continuation: int = 64, alloc: str = "", reference: str = "",
              attention_metrics: bool = True, share_prefill: bool = False,
              out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
-             shard: str = "", progress: ProgressArg = None) -> Dict[str, Any]:
+             shard: str = "", progress: ProgressArg = None, cache_type_k: str = "f32",
+             cache_type_v: str = "f32") -> Dict[str, Any]:
     """``protokv eval fidelity``: every (press, budget) against the full cache on the same
     ``samples`` prompts cut from ``text`` (``prompt_len`` tokens, then ``continuation`` tokens
     teacher-forced): KL, top-1 agreement, perplexity, attention error and recall, KV bytes, and
     paired differences with 95% intervals against ``reference`` (default: snapkv when given,
     else the full cache). ``kv_memory_shares`` adds rows at equal memory: per sample and press,
     the budget at which the press stores that share of the full cache's KV bytes (each row
-    reports ``stored_share`` and ``attended_share``). ``out`` writes ``fidelity_<model>_p<P>_c<M>_s<S>/`` there (results.json,
+    reports ``stored_share`` and ``attended_share``). ``cache_type_k`` / ``cache_type_v`` store
+    every press run's keys / values as f16, bf16, q8_0 or q4_0 (``--cache-type-k/-v``; the
+    reference stays F32, so a ``full`` row measures the type's own cost). ``out`` writes ``fidelity_<model>_p<P>_c<M>_s<S>/`` there (results.json,
     config.json, plots, and samples.jsonl as each sample finishes), where ``resume=True``
     continues a stopped run; ``shard="I/N"`` runs every N-th sample only (the folder gets
     ``_shard<I>of<N>``; ``merge`` joins the N folders). Returns ``{"config": ...,
@@ -103,7 +106,8 @@ def fidelity(model: Any, text: str, presses: Sequence[Union[str, Press]],
     specs = [_spec(p, "fidelity") for p in presses]
     return _run_with_progress(progress, "eval fidelity", lambda on, callback: _core.eval_fidelity(
         model._model, text, specs, [int(b) for b in budgets],
-        [float(m) for m in kv_memory_shares], alloc, int(samples),
+        [float(m) for m in kv_memory_shares], alloc, str(cache_type_k), str(cache_type_v),
+        int(samples),
         int(prompt_len), int(continuation), reference, bool(attention_metrics),
         bool(share_prefill), os.fspath(out) if out is not None else "", bool(resume), str(shard),
         on, callback))

@@ -449,6 +449,7 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
                          const std::vector<std::string>& presses,
                          const std::vector<int64_t>& budgets,
                          const std::vector<double>& memory_shares, const std::string& alloc,
+                         const std::string& cache_type_k, const std::string& cache_type_v,
                          int samples, int64_t prompt_len, int64_t continuation,
                          const std::string& reference, bool attention_metrics, bool share_prefill,
                          const std::string& out, bool resume, const std::string& shard,
@@ -465,6 +466,8 @@ nb::object eval_fidelity(const Model& model, const std::string& text,
   options.budgets = budgets;
   options.memory_shares = memory_shares;
   options.alloc = alloc;
+  options.cache_type = {kv_cache_type_from_name(cache_type_k),
+                        kv_cache_type_from_name(cache_type_v)};
   options.reference = reference;
   options.continuation = continuation;
   options.attention_metrics = attention_metrics;
@@ -722,9 +725,9 @@ NB_MODULE(_core, m) {
       "empty string when its choice is as good (kernels/blas_core.h).");
 
   m.def("eval_fidelity", &eval_fidelity, "model"_a, "text"_a, "presses"_a, "budgets"_a,
-        "memory_shares"_a, "alloc"_a, "samples"_a, "prompt_len"_a, "continuation"_a, "reference"_a,
-        "attention_metrics"_a, "share_prefill"_a, "out"_a, "resume"_a, "shard"_a, "progress"_a,
-        "progress_callback"_a.none());
+        "memory_shares"_a, "alloc"_a, "cache_type_k"_a, "cache_type_v"_a, "samples"_a,
+        "prompt_len"_a, "continuation"_a, "reference"_a, "attention_metrics"_a, "share_prefill"_a,
+        "out"_a, "resume"_a, "shard"_a, "progress"_a, "progress_callback"_a.none());
   m.def("eval_merge", &eval_merge, "dirs"_a, "out"_a);
   m.def("eval_niah", &eval_niah, "model"_a, "run"_a, "lengths"_a, "depths"_a, "needle"_a,
         "question"_a, "max_new_tokens"_a, "samples"_a, "haystack"_a, "haystack_kind"_a, "seed"_a);

@@ -377,6 +377,24 @@ def test_eval_fidelity_at_equal_memory(recall):
         protokv.eval.fidelity(recall, text, ["snapkv"], samples=1)
 
 
+def test_eval_fidelity_with_a_quantised_cache(recall):
+    # The reference stays F32: the full row measures the cache type's own cost, and every row
+    # stores q8_0 rows (34 bytes for 32 values instead of 128), with shared prefill or without.
+    text = PROMPT * 30
+    runs = {share: protokv.eval.fidelity(recall, text, ["full", "snapkv"], [16], samples=2,
+                                         prompt_len=64, continuation=4, share_prefill=share,
+                                         cache_type_k="q8_0", cache_type_v="q8_0")
+            for share in (False, True)}
+    for out in runs.values():
+        assert out["config"]["cache_type_k"] == out["config"]["cache_type_v"] == "q8_0"
+        full = next(r for r in out["results"] if r["press"] == "full")
+        assert 0.0 < full["kl_mean"] < 0.05
+        assert full["stored_share"] == pytest.approx(34 / 128)
+    assert runs[False]["results"][1]["per_sample"] == runs[True]["results"][1]["per_sample"]
+    with pytest.raises(protokv.Error, match="unknown KV cache type"):
+        protokv.eval.fidelity(recall, text, ["full"], [16], samples=1, cache_type_v="q8_1")
+
+
 def test_kernel_variants_name_the_active_one():
     import os
 
