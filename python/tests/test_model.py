@@ -380,16 +380,25 @@ def test_eval_fidelity_at_equal_memory(recall):
 def test_eval_fidelity_with_a_quantised_cache(recall):
     # The reference stays F32: the full row measures the cache type's own cost, and every row
     # stores q8_0 rows (34 bytes for 32 values instead of 128), with shared prefill or without.
+    # A memory share is of the full cache of the same type (stored_share, over the F32
+    # reference, is then the product): snapkv stores exactly its share, pod's is solved.
     text = PROMPT * 30
-    runs = {share: protokv.eval.fidelity(recall, text, ["full", "snapkv"], [16], samples=2,
-                                         prompt_len=64, continuation=4, share_prefill=share,
+    q8 = 34 / 128
+    runs = {share: protokv.eval.fidelity(recall, text, ["full", "snapkv", "pod:delta=0"], [16],
+                                         kv_memory_shares=[0.9], samples=2, prompt_len=64,
+                                         continuation=4, share_prefill=share,
                                          cache_type_k="q8_0", cache_type_v="q8_0")
             for share in (False, True)}
     for out in runs.values():
         assert out["config"]["cache_type_k"] == out["config"]["cache_type_v"] == "q8_0"
-        full = next(r for r in out["results"] if r["press"] == "full")
+        rows = {(r["press"], r.get("memory_share")): r for r in out["results"]}
+        full = rows[("full", None)]
         assert 0.0 < full["kl_mean"] < 0.05
-        assert full["stored_share"] == pytest.approx(34 / 128)
+        assert full["stored_share"] == pytest.approx(q8)
+        # Decode reads the stored rows (and the continuation's few more), in q8_0 bytes too.
+        assert full["attended_share"] == pytest.approx(q8, rel=0.1)
+        assert rows[("snapkv", 0.9)]["stored_share"] == pytest.approx(57 / 64 * q8)  # floor(0.9 n)
+        assert 0.85 * q8 < rows[("pod:delta=0", 0.9)]["stored_share"] <= 0.9 * q8 + 1e-9
     assert runs[False]["results"][1]["per_sample"] == runs[True]["results"][1]["per_sample"]
     with pytest.raises(protokv.Error, match="unknown KV cache type"):
         protokv.eval.fidelity(recall, text, ["full"], [16], samples=1, cache_type_v="q8_1")

@@ -117,10 +117,11 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     const eval::MemoryShareBudget solved = eval::solve_memory_share(
         model.weights, setup.press, prompt_tokens,
         [&]() -> const PrefilledPrompt& {
-          prefilled = PrefilledPrompt::make(model.weights, input.prefill, o.ubatch);
+          prefilled =
+              PrefilledPrompt::make(model.weights, input.prefill, o.ubatch, setup.cache_type);
           return *prefilled;
         },
-        o.memory_share);
+        o.memory_share, setup.cache_type);
     setup.budget = Budget{};
     setup.budget.entries = solved.entries;
     std::fprintf(stderr, "--kv-memory-share %g: budget %lld entries per KV head (%s)\n",

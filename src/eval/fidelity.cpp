@@ -652,7 +652,7 @@ FidelityReport run_fidelity(const ModelWeights& weights, const std::vector<Fidel
       };
       try {
         budgets[r] = solve_memory_share(weights, press_of.at(row.press), prompt_len, prompt,
-                                        row.memory_share)
+                                        row.memory_share, options.cache_type)
                          .entries;
         if (budgets[r] < prompt_len) sample_top_count = std::max(sample_top_count, budgets[r]);
       } catch (const Error& e) {

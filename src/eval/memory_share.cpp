@@ -24,7 +24,7 @@ size_t stored_bytes(const ModelWeights& weights, const std::shared_ptr<const Pre
   SessionOptions options;
   options.press = press;
   options.budget.entries = budget;
-  options.cache_type = prompt.cache_type();  // shares of the full cache in that type
+  options.cache_type = prompt.cache_type();
   Session session(weights, options);
   session.prefill(prompt);
   return session.cache().kv_bytes();
@@ -36,12 +36,12 @@ MemoryShareBudget solve_memory_share(const ModelWeights& weights,
                                      const std::shared_ptr<const PressSpec>& press,
                                      int64_t n_tokens,
                                      const std::function<const PrefilledPrompt&()>& prompt,
-                                     double share) {
+                                     double share, KvCacheType cache_type) {
   PROTOKV_CHECK(share > 0.0 && share <= 1.0, "memory share {} outside (0, 1]", share);
   PROTOKV_CHECK(press != nullptr, "a memory share needs a press");
   const int64_t n = n_tokens;
   MemoryShareBudget out;
-  out.full_kv_bytes = full_kv_bytes(weights.config, n);
+  out.full_kv_bytes = full_kv_bytes(weights.config, n, cache_type);
   if (stores_the_budget(*press, weights.config)) {
     out.entries =
         std::clamp<int64_t>(static_cast<int64_t>(std::floor(share * static_cast<double>(n))), 1, n);
@@ -54,6 +54,8 @@ MemoryShareBudget solve_memory_share(const ModelWeights& weights,
   const PrefilledPrompt& prefilled = prompt();
   PROTOKV_CHECK(prefilled.n_tokens() == n, "memory share: the prompt has {} tokens, not {}",
                 prefilled.n_tokens(), n);
+  PROTOKV_CHECK(prefilled.cache_type() == cache_type,
+                "memory share: the prompt was prefilled into another KV cache type");
   const auto y1 = static_cast<double>(stored_bytes(weights, press, prefilled, b1));
   const auto y2 = static_cast<double>(stored_bytes(weights, press, prefilled, b2));
   const double full = static_cast<double>(out.full_kv_bytes);

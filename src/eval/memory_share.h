@@ -31,11 +31,12 @@ struct MemoryShareBudget {
 // for each of them: what B does not bound is a constant a), then B = floor((share * full - a) / b),
 // at most n. Throws Error when no budget reaches the share (a press that stores a constant amount,
 // such as clusterkv, or a share below what B = 1 would store), naming the press and the smallest
-// share.
+// share. With a KV cache type, the share is of the full cache of that type (`prompt` must be
+// prefilled into it): every press then stores that share of the same bytes.
 MemoryShareBudget solve_memory_share(const ModelWeights& weights,
                                      const std::shared_ptr<const PressSpec>& press,
                                      int64_t n_tokens,
                                      const std::function<const PrefilledPrompt&()>& prompt,
-                                     double share);
+                                     double share, KvCacheType cache_type = {});
 
 }  // namespace protokv::eval

@@ -104,12 +104,15 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     errors.run([&] { decode_kv_head(kv); });
   }
   errors.rethrow();
-  // Bytes of keys and values this layer's attention read, per KV head's worth of query heads.
+  // Bytes of keys and values this layer's attention read, per KV head's worth of query heads, in
+  // the cache type's rows.
+  const size_t entry_bytes =
+      dtype_row_bytes(cache.type().key, hd) + dtype_row_bytes(cache.type().value, hd);
   for (int h = 0; h < n_heads; ++h) {
     const int64_t entries = selecting
                                 ? static_cast<int64_t>(selections[static_cast<size_t>(h)].size())
                                 : layer_cache.heads[static_cast<size_t>(h / group)].size();
-    st.attended_bytes += static_cast<size_t>(entries) * static_cast<size_t>(hd) * 2 * sizeof(float);
+    st.attended_bytes += static_cast<size_t>(entries) * entry_bytes;
   }
 
   DecodeStep decode_step{.layer = l,
