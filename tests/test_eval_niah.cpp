@@ -302,6 +302,51 @@ TEST(LongctxRunner, AScorerErrorSkipsItsRecordNotTheRun) {
   }
 }
 
+TEST(LongctxRunner, EveryRunStoresTheCacheType) {
+  PROTOKV_REQUIRE_STORIES();
+  const LoadedModel model = load_stories();  // heads of 8: f16 and bf16 rows
+  const eval::NiahBenchmark niah = small_niah_grid();
+  eval::LongctxBenchmarkRun run;
+  run.options.runs = eval::make_run_specs({"full", "snapkv"}, {12}, {}, {0.5});
+  run.options.progress = false;
+  const eval::LongctxReport f32 = eval::run_niah_benchmark(model, niah, run);
+  run.options.cache_type = {DType::F16, DType::F16};
+  const eval::LongctxReport f16 = eval::run_niah_benchmark(model, niah, run);
+  // A shared prompt is prefilled into the runs' cache type (a session refuses another one).
+  run.options.share_prefill = true;
+  const eval::LongctxReport shared = eval::run_niah_benchmark(model, niah, run);
+  EXPECT_EQ(f16.results["config"]["cache_type_k"], "f16");
+  EXPECT_EQ(f32.results["config"]["cache_type_v"], "f32");
+  ASSERT_EQ(f16.records.size(), f32.records.size());
+  ASSERT_EQ(shared.records.size(), f32.records.size());
+  for (size_t i = 0; i < f32.records.size(); ++i) {
+    const auto& a = f32.records[i];
+    const auto& b = f16.records[i];
+    ASSERT_TRUE(b.error.empty()) << b.run << ": " << b.error;
+    EXPECT_EQ(2 * b.full_kv_bytes, a.full_kv_bytes) << b.run;
+    // The same share of a full cache half as large: the same budget, half the bytes.
+    EXPECT_EQ(b.budget, a.budget) << b.run;
+    EXPECT_EQ(2 * b.kv_bytes, a.kv_bytes) << b.run;
+    EXPECT_EQ(shared.records[i].error, "") << b.run;
+    EXPECT_EQ(shared.records[i].kv_bytes, b.kv_bytes) << b.run;
+    EXPECT_EQ(shared.records[i].prediction, b.prediction) << b.run;
+  }
+}
+
+TEST(NiahCli, TakesTheCacheTypeFlags) {
+  PROTOKV_REQUIRE_STORIES();
+  const CommandResult r = run_protokv(
+      "eval niah " + stories_args() +
+      " --press full --lengths 128 --depths 50 --quiet -t 1 --json -ctk f16 --cache-type-v bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["config"]["cache_type_k"], "f16");
+  EXPECT_EQ(j["config"]["cache_type_v"], "bf16");
+  expect_one_line_error(run_protokv("eval niah " + stories_args() +
+                                    " --press full --lengths 128 --quiet -t 1 -ctk q8_0"),
+                        "--cache-type-k: q8_0 stores blocks of 32 values");
+}
+
 TEST(Niah, SamplesHaveExactLengthAndTheNeedleAtItsDepth) {
   PROTOKV_REQUIRE_STORIES();
   const auto tok = Tokenizer::load_llama2c((testing::stories_dir() / "tok512.bin").string(), 512);

@@ -526,6 +526,9 @@ TEST(MemoryCheck, KvCacheBytesFollowTheShape) {
   c.sliding_window = 100;
   EXPECT_EQ(kv_cache_bytes(c, 1000), (100 + 1000) * per_token / 2);
   EXPECT_EQ(kv_cache_bytes(c, 50), 50 * per_token);
+  // In a typed cache, rows of the type (a head of 16 halves: 32 bytes), the same metadata.
+  const uint64_t f16_per_token = 2 * 2 * (2 * 32 + 2 * 4);
+  EXPECT_EQ(kv_cache_bytes(c, 50, KvCacheType{DType::F16, DType::F16}), 50 * f16_per_token);
 }
 
 // The loader's estimate counts the mapped tensors and the copies it makes: a norm vector stored

@@ -52,6 +52,10 @@ class HeadCache {
   // whose key this head holds (!key_is_shared); values of any. Dequantised for a quantised type.
   void read_keys(int64_t begin, int64_t count, float* out) const;
   void read_values(int64_t begin, int64_t count, float* out) const;
+  // The same rows without a copy when the type is F32 (a pointer into the head), else dequantised
+  // into `scratch`; valid until the head or `scratch` changes.
+  const float* keys_as_f32(int64_t begin, int64_t count, std::vector<float>& scratch) const;
+  const float* values_as_f32(int64_t begin, int64_t count, std::vector<float>& scratch) const;
   // One entry's key / value as F32 (a copy).
   std::vector<float> key_floats(int64_t i) const;
   std::vector<float> value_floats(int64_t i) const;
@@ -132,6 +136,10 @@ class HeadCache {
     return i < shared_end_ ? i : i - (shared_end_ - shared_begin_) + dead_key_rows_;
   }
   void reset_sharing();
+  // First byte of the rows of entries [begin, begin + count); throws Error for a range past the
+  // end or, for keys, one that includes shared entries.
+  const uint8_t* checked_key_rows(int64_t begin, int64_t count) const;
+  const uint8_t* checked_value_rows(int64_t begin, int64_t count) const;
 
   int head_dim_;
   KvCacheType type_;

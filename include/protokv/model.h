@@ -75,13 +75,13 @@ struct ModelConfig {
   void validate() const;
 };
 
-// Bytes of KV cache for `tokens` tokens in every layer (a sliding-window layer holds at most its
-// window): F32 keys and values plus each entry's position and log-weight, per KV head.
-uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens);
 // Bytes of keys + values a full (uncompressed) cache holds for `tokens` positions, as
 // KvCache::kv_bytes() counts them (no positions or log-weights): what a memory share is a share
 // of (--kv-memory-share) and what a server response reports as kv_bytes_full. In `type`'s rows.
 size_t full_kv_bytes(const ModelConfig& config, int64_t tokens, KvCacheType type = {});
+// Bytes of KV cache for `tokens` tokens in every layer (a sliding-window layer holds at most its
+// window): full_kv_bytes plus each entry's position and log-weight, per KV head.
+uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens, KvCacheType type = {});
 
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim]

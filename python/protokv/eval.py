@@ -118,7 +118,8 @@ def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
              reference: str, limit: int,
              out: Optional[Union[str, os.PathLike]], resume: bool, share_prefill: bool,
              batch_decode: bool, shard: str, progress: ProgressArg,
-             call: Callable[[Dict[str, Any]], Tuple[Dict[str, Any], str]]) -> Dict[str, Any]:
+             call: Callable[[Dict[str, Any]], Tuple[Dict[str, Any], str]],
+             cache_type_k: str, cache_type_v: str) -> Dict[str, Any]:
     if isinstance(presses, (str, Press, ScorerPress)):
         presses = [presses]
     engine_presses: List[Any] = []
@@ -137,6 +138,7 @@ def _longctx(label: str, presses: Sequence[PressArg], budgets: Sequence[int],
             "out": os.fspath(out) if out is not None else "", "resume": bool(resume),
             "share_prefill": bool(share_prefill), "batch_decode": bool(batch_decode),
             "shard": str(shard), "progress": on, "progress_callback": callback,
+            "cache_type_k": str(cache_type_k), "cache_type_v": str(cache_type_v),
         })
         return results
 
@@ -158,7 +160,10 @@ _LONGCTX_DOC = """
     model once for all runs and ``batch_decode`` decodes a sample's runs together, one batched
     forward pass per token (the same records, faster; ``decode_ms`` is then the batch's time);
     ``shard="I/N"`` runs every N-th sample only, from the I-th, for a job array (``merge``
-    joins the N ``out`` folders into one run's report). Returns the dict ``--json`` prints.
+    joins the N ``out`` folders into one run's report); ``cache_type_k`` / ``cache_type_v``
+    store every run's keys / values (the reference's too) in ``"f32"``, ``"f16"``, ``"bf16"``,
+    ``"q8_0"`` or ``"q4_0"`` rows (llama.cpp's -ctk / -ctv). Returns the dict ``--json``
+    prints.
 """
 
 
@@ -172,7 +177,8 @@ def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[
          mode: str = "query-aware", reference: str = "full", limit: int = 0,
          out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
          share_prefill: bool = False, batch_decode: bool = False, shard: str = "",
-         progress: ProgressArg = None) -> Dict[str, Any]:
+         progress: ProgressArg = None, cache_type_k: str = "f32",
+         cache_type_v: str = "f32") -> Dict[str, Any]:
     """``protokv eval niah``: needle in a haystack over a grid of ``lengths`` (prompt tokens;
     default: geometric up to the model's context) x ``depths`` (percent; default 0, 10, ...,
     100), ``samples`` key/value pairs per cell, greedy answer scored by exact containment of the
@@ -186,7 +192,7 @@ def niah(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[
                     share_prefill, batch_decode, shard, progress, lambda run: _core.eval_niah(
                         model._model, run, [int(x) for x in lengths],
                         [float(x) for x in depths], needle, question, int(max_new_tokens),
-                        int(samples), haystack, haystack_kind, int(seed)))
+                        int(samples), haystack, haystack_kind, int(seed)), cache_type_k, cache_type_v)
 
 
 def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence[int] = (),
@@ -197,7 +203,8 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
           reference: Optional[str] = None, limit: int = 0,
           out: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
           share_prefill: bool = False, batch_decode: bool = False, shard: str = "",
-          protocol: str = "", progress: ProgressArg = None) -> Dict[str, Any]:
+          protocol: str = "", progress: ProgressArg = None, cache_type_k: str = "f32",
+          cache_type_v: str = "f32") -> Dict[str, Any]:
     """``protokv eval ruler``: RULER's synthetic tasks (default: the eleven; ``qa_1`` /
     ``qa_2`` with ``squad`` / ``hotpotqa`` file paths) at ``lengths`` (prompt + generated
     tokens; default from the model's context), ``samples`` per task and length, scored as
@@ -220,7 +227,7 @@ def ruler(model: Any, presses: Sequence[PressArg] = ("full",), budgets: Sequence
                     share_prefill, batch_decode, shard, progress, lambda run: _core.eval_ruler(
                         model._model, run, list(tasks), [int(x) for x in lengths], int(samples),
                         haystack, os.fspath(squad), os.fspath(hotpotqa), int(seed),
-                        str(protocol)))
+                        str(protocol)), cache_type_k, cache_type_v)
 
 
 def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[PressArg] = ("full",),
@@ -229,7 +236,8 @@ def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[Press
               alloc: str = "", mode: str = "query-aware", reference: str = "full",
               limit: int = 0, out: Optional[Union[str, os.PathLike]] = None,
               resume: bool = False, share_prefill: bool = False, batch_decode: bool = False,
-              shard: str = "", progress: ProgressArg = None) -> Dict[str, Any]:
+              shard: str = "", progress: ProgressArg = None, cache_type_k: str = "f32",
+              cache_type_v: str = "f32") -> Dict[str, Any]:
     """``protokv eval longbench``: LongBench (or LongBench-E with ``e=True``) on the official
     JSONL files in the folder ``data`` (default: every dataset found; ``limit`` then counts per
     dataset), with the official prompts, max new tokens and metrics, prompts cut in the middle
@@ -241,7 +249,7 @@ def longbench(model: Any, data: Union[str, os.PathLike], presses: Sequence[Press
                     resume, share_prefill, batch_decode, shard, progress,
                     lambda run: _core.eval_longbench(
                         model._model, run, os.fspath(data), list(datasets), bool(e),
-                        int(max_length)))
+                        int(max_length)), cache_type_k, cache_type_v)
 
 
 for _f in (niah, ruler, longbench):

@@ -557,6 +557,8 @@ eval::LongctxBenchmarkRun longctx_run(const nb::dict& args) {
   run.options.resume = nb::cast<bool>(get("resume"));
   run.options.share_prefill = nb::cast<bool>(get("share_prefill"));
   run.options.batch_decode = nb::cast<bool>(get("batch_decode"));
+  run.options.cache_type = {kv_cache_type_from_name(nb::cast<std::string>(get("cache_type_k"))),
+                            kv_cache_type_from_name(nb::cast<std::string>(get("cache_type_v")))};
   run.options.progress = nb::cast<bool>(get("progress"));
   run.options.progress_sink = python_progress(nb::borrow(get("progress_callback")));
   run.out_dir = nb::cast<std::string>(get("out"));

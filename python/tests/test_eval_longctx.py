@@ -252,3 +252,16 @@ def test_equal_memory_runs_store_the_asked_share(recall):
                             depths=[0], progress=False)
     assert out["summary"][0]["skipped"] == 1
     assert "out of reach" in out["skipped"][0]["error"]
+
+
+def test_cache_types_store_every_run_in_their_rows(recall):
+    # q8_0 rows: 34 bytes per 32 values instead of 128; the reference stores them too.
+    kwargs = dict(lengths=[256], depths=[50], progress=False)
+    f32 = protokv.eval.niah(recall, ["full", "snapkv"], [32], **kwargs)
+    q8 = protokv.eval.niah(recall, ["full", "snapkv"], [32], cache_type_k="q8_0",
+                           cache_type_v="q8_0", **kwargs)
+    assert q8["config"]["cache_type_k"] == q8["config"]["cache_type_v"] == "q8_0"
+    for a, b in zip(f32["summary"], q8["summary"]):
+        assert b["kv_bytes"] * 128 == a["kv_bytes"] * 34, b["run"]
+    with pytest.raises(protokv.Error, match="unknown KV cache type 'q4_1'"):
+        protokv.eval.ruler(recall, ["full"], cache_type_v="q4_1", progress=False)

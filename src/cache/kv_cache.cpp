@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "protokv/kv_cache.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -23,12 +26,9 @@ size_t row_bytes_of(DType type, int head_dim) {
 }  // namespace
 
 std::string kv_cache_type_names() {
-  std::string names;
-  for (const DType type : kCacheTypes) {
-    if (!names.empty()) names += ", ";
-    names += dtype_name(type);
-  }
-  return names;
+  std::array<std::string_view, kCacheTypes.size()> names;
+  std::transform(kCacheTypes.begin(), kCacheTypes.end(), names.begin(), dtype_name);
+  return fmt::format("{}", fmt::join(names, ", "));
 }
 
 DType kv_cache_type_from_name(std::string_view name) {
@@ -87,24 +87,48 @@ void HeadCache::reset_sharing() {
   lender_query_ = false;
 }
 
-void HeadCache::read_keys(int64_t begin, int64_t count, float* out) const {
+const uint8_t* HeadCache::checked_key_rows(int64_t begin, int64_t count) const {
   if (begin < 0 || count < 0 || begin + count > size())
     fail("kv cache: cannot read keys [{}, {}) of {}", begin, begin + count, size());
-  if (count == 0) return;
   // Rows on one side of the shared range are consecutive in keys_.
-  if (shares_keys() && begin < shared_end_ && begin + count > shared_begin_)
+  if (count > 0 && shares_keys() && begin < shared_end_ && begin + count > shared_begin_)
     fail("kv cache: keys [{}, {}) include shared ones [{}, {})", begin, begin + count,
          shared_begin_, shared_end_);
-  dequantize_row(type_.key, keys_.data() + static_cast<size_t>(key_row(begin)) * key_row_bytes_,
-                 out, count * head_dim_);
+  return keys_.data() + static_cast<size_t>(key_row(begin)) * key_row_bytes_;
+}
+
+const uint8_t* HeadCache::checked_value_rows(int64_t begin, int64_t count) const {
+  if (begin < 0 || count < 0 || begin + count > size())
+    fail("kv cache: cannot read values [{}, {}) of {}", begin, begin + count, size());
+  return values_.data() + static_cast<size_t>(begin) * value_row_bytes_;
+}
+
+void HeadCache::read_keys(int64_t begin, int64_t count, float* out) const {
+  const uint8_t* rows = checked_key_rows(begin, count);
+  if (count > 0) dequantize_row(type_.key, rows, out, count * head_dim_);
 }
 
 void HeadCache::read_values(int64_t begin, int64_t count, float* out) const {
-  if (begin < 0 || count < 0 || begin + count > size())
-    fail("kv cache: cannot read values [{}, {}) of {}", begin, begin + count, size());
-  if (count == 0) return;
-  dequantize_row(type_.value, values_.data() + static_cast<size_t>(begin) * value_row_bytes_, out,
-                 count * head_dim_);
+  const uint8_t* rows = checked_value_rows(begin, count);
+  if (count > 0) dequantize_row(type_.value, rows, out, count * head_dim_);
+}
+
+const float* HeadCache::keys_as_f32(int64_t begin, int64_t count,
+                                    std::vector<float>& scratch) const {
+  const uint8_t* rows = checked_key_rows(begin, count);
+  if (type_.key == DType::F32) return reinterpret_cast<const float*>(rows);
+  scratch.resize(static_cast<size_t>(count * head_dim_));
+  if (count > 0) dequantize_row(type_.key, rows, scratch.data(), count * head_dim_);
+  return scratch.data();
+}
+
+const float* HeadCache::values_as_f32(int64_t begin, int64_t count,
+                                      std::vector<float>& scratch) const {
+  const uint8_t* rows = checked_value_rows(begin, count);
+  if (type_.value == DType::F32) return reinterpret_cast<const float*>(rows);
+  scratch.resize(static_cast<size_t>(count * head_dim_));
+  if (count > 0) dequantize_row(type_.value, rows, scratch.data(), count * head_dim_);
+  return scratch.data();
 }
 
 std::vector<float> HeadCache::key_floats(int64_t i) const {

@@ -40,6 +40,7 @@ struct LongctxArgs {
   bool share_prefill = false;
   bool batch_decode = false;
   bool quiet = false;
+  CacheTypeOptions cache_type;
 };
 
 void add_longctx_options(CLI::App& cmd, LongctxArgs& args) {
@@ -85,6 +86,7 @@ void add_longctx_options(CLI::App& cmd, LongctxArgs& args) {
                  "job array; `protokv eval merge` joins the N output folders into one run's "
                  "tables (docs/scale-out.md)");
   cmd.add_flag("--quiet", args.quiet, "no progress bar");
+  add_cache_type_options(cmd, args.cache_type);  // every run's, the reference's too
 }
 
 // The shared flags as a library run (eval/longctx_bench.h); the model is loaded after the
@@ -115,6 +117,7 @@ eval::LongctxBenchmarkRun make_run(const LongctxArgs& args) {
   run.options.resume = args.resume;
   run.options.share_prefill = args.share_prefill;
   run.options.batch_decode = args.batch_decode;
+  run.options.cache_type = parse_cache_type(args.cache_type);
   run.out_dir = args.out_dir;
   run.limit = args.limit;
   if (!args.shard.empty()) run.shard = eval::EvalShard::parse(args.shard);

@@ -136,7 +136,8 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   check_memory_fits(fmt::format("generating {} tokens after a {}-token prompt (a KV cache of up to "
                                 "{} tokens)",
                                 o.n_predict, prompt_tokens, held),
-                    kv_cache_bytes(model.weights.config, held), available_memory());
+                    kv_cache_bytes(model.weights.config, held, setup.cache_type),
+                    available_memory());
 
   SessionOptions session_options = setup.session_options();
   session_options.ubatch = o.ubatch;

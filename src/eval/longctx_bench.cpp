@@ -59,6 +59,8 @@ void prepare(const LoadedModel& model, const std::string& benchmark, LongctxBenc
   c["alloc"] = run.options.alloc.empty() ? "default" : run.options.alloc;
   c["mode"] = run.options.query_agnostic ? "query-agnostic" : "query-aware";
   c["reference"] = run.options.reference;
+  c["cache_type_k"] = dtype_name(run.options.cache_type.key);
+  c["cache_type_v"] = dtype_name(run.options.cache_type.value);
   c["limit"] = run.limit;
   c["threads"] = num_threads();
   c["decoding"] = "greedy (argmax), stop at EOS";

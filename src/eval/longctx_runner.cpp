@@ -251,6 +251,9 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   PROTOKV_CHECK(!(options.resume && options.jsonl_path.empty()), "resuming needs a results file");
   const int64_t context_length = weights.config.context_length;
   const std::string mode = options.query_agnostic ? "query-agnostic" : "query-aware";
+  // A cache type the model's heads cannot hold fails here, not as an error in every record.
+  check_kv_cache_type(options.cache_type.key, weights.config.head_dim(), "--cache-type-k");
+  check_kv_cache_type(options.cache_type.value, weights.config.head_dim(), "--cache-type-v");
 
   // Presses are built up front so that a bad spec fails before any work.
   std::vector<std::shared_ptr<const PressSpec>> presses;
@@ -276,6 +279,10 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
   nlohmann::json header = {{"mode", mode},
                            {"alloc", options.alloc.empty() ? "default" : options.alloc}};
   if (!options.shard.empty()) header["shard"] = options.shard;
+  if (options.cache_type != KvCacheType{}) {  // F32 files written before the types resume as-is
+    header["cache_type_k"] = dtype_name(options.cache_type.key);
+    header["cache_type_v"] = dtype_name(options.cache_type.value);
+  }
   std::map<std::pair<std::string, std::string>, LongctxRecord> previous;
   if (options.resume) {
     int64_t record_no = 0;
@@ -338,7 +345,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
       PROTOKV_CHECK(need <= context_length,
                     "prompt {} + {} new tokens exceeds the model's context of {} tokens",
                     rec.prompt_tokens, sample.max_new_tokens, context_length);
-      rec.full_kv_bytes = full_kv_bytes(weights.config, rec.prompt_tokens);
+      rec.full_kv_bytes = full_kv_bytes(weights.config, rec.prompt_tokens, options.cache_type);
       session.reset();
       std::vector<int32_t> prefill = sample.context;
       if (!options.query_agnostic)
@@ -347,14 +354,14 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
       if (spec.memory_share > 0.0) {
         auto prompt = [&]() -> const PrefilledPrompt& {
           if (shared == nullptr) {
-            own = PrefilledPrompt::make(weights, prefill);
+            own = PrefilledPrompt::make(weights, prefill, 0, options.cache_type);
             shared = own.get();
           }
           return *shared;
         };
         const MemoryShareBudget solved =
             solve_memory_share(weights, presses[run_index], static_cast<int64_t>(prefill.size()),
-                               prompt, spec.memory_share);
+                               prompt, spec.memory_share, options.cache_type);
         Budget budget;
         budget.entries = solved.entries;
         session.set_budget(budget);
@@ -424,6 +431,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
     SessionOptions session_options;
     session_options.press = presses[run_index];
     session_options.budget = options.runs[run_index].budget;
+    session_options.cache_type = options.cache_type;
     sessions.push_back(std::make_unique<Session>(weights, session_options));
   }
   // Records in run-major order whatever the order of computation.
@@ -454,7 +462,7 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
           if (!options.query_agnostic)
             prompt.insert(prompt.end(), sample.question.begin(), sample.question.end());
           if (static_cast<int64_t>(prompt.size()) + sample.max_new_tokens <= context_length)
-            shared = PrefilledPrompt::make(weights, prompt);
+            shared = PrefilledPrompt::make(weights, prompt, 0, options.cache_type);
         }
         Session& session = *sessions[run_index];
         Answer a = begin_answer(run_index, session, sample, shared.get());

@@ -80,6 +80,9 @@ struct LongctxOptions {
   std::vector<LongctxRunSpec> runs;
   std::string alloc;  // budget allocator for scoring presses; empty: method default
   bool query_agnostic = false;
+  // Every run's KV cache type (llama.cpp's -ctk / -ctv; the reference run's too: its memory is
+  // then the type's full cache, and every memory share a share of that).
+  KvCacheType cache_type;
   std::string reference = "full";  // label of the run the others are paired against
   std::string jsonl_path;          // empty: keep records in memory only
   bool resume = false;             // reuse records of jsonl_path whose (run, id) match

@@ -91,18 +91,17 @@ uint64_t full_cache_entries(const ModelConfig& config, int64_t tokens) {
 
 }  // namespace
 
-uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens) {
-  // Per entry and KV head: key and value rows, a position (int32) and a log-weight (float).
-  const uint64_t entry_bytes =
-      (2 * static_cast<uint64_t>(config.head_dim()) + 2) * sizeof(float) * config.n_kv_heads;
-  return full_cache_entries(config, tokens) * entry_bytes;
-}
-
 size_t full_kv_bytes(const ModelConfig& config, int64_t tokens, KvCacheType type) {
   const int d = config.head_dim();
   const auto per_entry = static_cast<size_t>(config.n_kv_heads) *
                          (dtype_row_bytes(type.key, d) + dtype_row_bytes(type.value, d));
   return static_cast<size_t>(full_cache_entries(config, tokens)) * per_entry;
+}
+
+uint64_t kv_cache_bytes(const ModelConfig& config, int64_t tokens, KvCacheType type) {
+  // Per entry and KV head, besides the key and value rows: a position (int32) and a log-weight.
+  const uint64_t meta_bytes = (sizeof(int32_t) + sizeof(float)) * config.n_kv_heads;
+  return full_kv_bytes(config, tokens, type) + full_cache_entries(config, tokens) * meta_bytes;
 }
 
 }  // namespace protokv

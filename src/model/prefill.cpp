@@ -144,7 +144,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
                         positions[static_cast<size_t>(i)]);
           std::vector<float>& key_floats = gathered_keys[static_cast<size_t>(h)];
           std::vector<float>& value_floats = gathered_values[static_cast<size_t>(h)];
-          const float* keys = static_cast<const float*>(head.key_rows());
+          const float* keys = nullptr;
           if (head.shares_keys()) {
             // PoD: the chunk's rows read the distant entries' keys from the block's lowest layer
             // (already run for this chunk), gathered once per chunk; the entries that leave the
@@ -163,17 +163,10 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
               next += segment.count * hd;
             }
             keys = key_floats.data();
-          } else if (cache_type.key != DType::F32) {
-            key_floats.resize(static_cast<size_t>(head.size() * hd));
-            head.read_keys(0, head.size(), key_floats.data());
-            keys = key_floats.data();
+          } else {
+            keys = head.keys_as_f32(0, head.size(), key_floats);
           }
-          const float* values = static_cast<const float*>(head.value_rows());
-          if (cache_type.value != DType::F32) {
-            value_floats.resize(static_cast<size_t>(head.size() * hd));
-            head.read_values(0, head.size(), value_floats.data());
-            values = value_floats.data();
-          }
+          const float* values = head.values_as_f32(0, head.size(), value_floats);
           kv_rows[static_cast<size_t>(h)] = {
               keys, values, hd, head.has_log_weights() ? head.log_weights().data() : nullptr,
               head_past};

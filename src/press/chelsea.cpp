@@ -232,18 +232,8 @@ struct MergedHeadRows {
 struct HeadCacheRows {
   HeadCache& head;
   std::vector<float> key_copy = {}, value_copy = {};
-  const float* keys() {
-    if (head.type().key == DType::F32) return static_cast<const float*>(head.key_rows());
-    key_copy.resize(static_cast<size_t>(head.size() * head.head_dim()));
-    head.read_keys(0, head.size(), key_copy.data());
-    return key_copy.data();
-  }
-  const float* values() {
-    if (head.type().value == DType::F32) return static_cast<const float*>(head.value_rows());
-    value_copy.resize(static_cast<size_t>(head.size() * head.head_dim()));
-    head.read_values(0, head.size(), value_copy.data());
-    return value_copy.data();
-  }
+  const float* keys() { return head.keys_as_f32(0, head.size(), key_copy); }
+  const float* values() { return head.values_as_f32(0, head.size(), value_copy); }
   void compact(std::span<const int32_t> kept) { head.compact(kept); }
   void set_merged(int64_t row, const float* key, const float* value, int64_t degree) {
     head.write_key(row, key);

@@ -221,25 +221,25 @@ double PodPress::layer_gate(int q_head, const float* q, const HeadCache& head) c
   const int d = head.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const std::span<const float> log_weights = head.log_weights();
-  // Online log-sum-exp (select() runs on several KV heads at once: a scratch per thread). The
-  // held keys, as F32, are those before and after the shared range.
-  thread_local std::vector<float> held;
-  held.resize(static_cast<size_t>((head.size() - (head.shared_end() - head.shared_begin())) * d));
-  head.read_keys(0, head.shared_begin(), held.data());
-  head.read_keys(head.shared_end(), head.size() - head.shared_end(),
-                 held.data() + head.shared_begin() * d);
+  // Online log-sum-exp over the held keys, those before and after the shared range (read in
+  // place from an F32 cache; select() runs on several KV heads at once: a scratch per thread).
+  thread_local std::vector<float> scratch;
   double max_logit = -std::numeric_limits<double>::infinity(), sum = 0.0;
-  for (int64_t e = 0, row = 0; e < head.size(); ++e) {
-    if (head.key_is_shared(e)) continue;
-    double logit = scale * kernels::dot(q, held.data() + (row++) * d, d);
-    if (head.has_log_weights()) logit += log_weights[static_cast<size_t>(e)];
-    if (logit > max_logit) {
-      sum = sum * std::exp(max_logit - logit) + 1.0;
-      max_logit = logit;
-    } else {
-      sum += std::exp(logit - max_logit);
+  const auto add_held = [&](int64_t begin, int64_t end) {
+    const float* keys = head.keys_as_f32(begin, end - begin, scratch);
+    for (int64_t e = begin; e < end; ++e) {
+      double logit = scale * kernels::dot(q, keys + (e - begin) * d, d);
+      if (head.has_log_weights()) logit += log_weights[static_cast<size_t>(e)];
+      if (logit > max_logit) {
+        sum = sum * std::exp(max_logit - logit) + 1.0;
+        max_logit = logit;
+      } else {
+        sum += std::exp(logit - max_logit);
+      }
     }
-  }
+  };
+  add_held(0, head.shared_begin());
+  add_held(head.shared_end(), head.size());
   if (sum == 0.0) return 0.0;  // no proximal entry
   const double lse_proximal = max_logit + std::log(sum);
   return 1.0 / (1.0 + std::exp(lse_distant - lse_proximal));
