@@ -16,6 +16,7 @@
 #include "protokv/press.h"
 #include "protokv/press_spec.h"
 #include "protokv/sampler.h"
+#include "protokv/threads.h"
 #include "test_engine_model.h"
 #include "test_util.h"
 
@@ -201,6 +202,35 @@ TEST(Session, DecodeFromEmptyCacheEqualsPrefill) {
   std::span<const float> last;
   for (int32_t t : tokens) last = b.decode(t);
   expect_close(last, prefilled, 1e-4f);
+}
+
+TEST(Session, DecodeGivesTheSameLogitsOnOneThreadAsOnTwo) {
+  // One KV head for 4 query heads (Gemma 3 270M's shape): on two threads decode cuts the group
+  // into two parts; each query head's attention must not depend on it. 600 entries of 4 heads of
+  // 16 put decode's attention above its serial threshold; clusterkv selects per query head.
+  RandomModelSpec spec;
+  spec.n_kv_heads = 1;
+  spec.context_length = 1024;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(600, 300, 8);
+  const int threads = num_threads();
+  for (const char* press : {"full", "clusterkv"}) {
+    SCOPED_TRACE(press);
+    SessionOptions options;
+    options.press = PressSpec::parse(press);
+    options.budget.entries = 256;
+    Session one(model.weights, options), two(model.weights, options);
+    set_threads(2);
+    one.prefill(tokens);
+    two.prefill(tokens);
+    for (const int32_t token : {5, 17, 42}) {
+      set_threads(1);
+      const auto expected = to_vector(one.decode(token));
+      set_threads(2);
+      EXPECT_EQ(to_vector(two.decode(token)), expected);
+    }
+  }
+  set_threads(threads);
 }
 
 TEST(Session, ResetAndRepeatedPrefillGiveIdenticalLogits) {

@@ -137,50 +137,216 @@ struct Avx2Ops {
   // K-quant weights (Q2_K ... Q6_K) against the K-quant int8 activation (quant_matvec.h's
   // quantize_activation: a scale per 256 values, the int16 sum of each group of 16), unpacking the
   // 2- to 6-bit values in registers as ggml's vec_dot_q*_K_q8_K do, instead of through
-  // UnpackedBlock in memory (dot_quantized_row). Per block the two integer sums are exactly
+  // UnpackedBlock in memory (dot_quantized_row). Per block the integer sums are exactly
   // dot_quantized_row's (scaled_dot = sum_g scale[g] * (q_g . x_g), min_dot = sum_g min[g] *
-  // sum(x_g)) and the F32 combination is its expression, so only the compiler's contraction of
-  // that expression can tell the two apart.
+  // sum(x_g)); their F32 combination runs in 8 lanes summed once per row, so the result differs
+  // from dot_quantized_row's in the last bits only.
   template <class Block>
   static float dot_kquant_q8_K(const Block* w, const int8_t* x, const float* x_scale,
                                const int16_t* x_sums, int64_t n_blocks) {
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const KBlockSums s = kquant_block_sums(w[b], x + kQkK * b, x_sums + kQkK / 16 * b);
-      sum += x_scale[b] *
-             (s.d * static_cast<float>(s.scaled_dot) - s.m * static_cast<float>(s.min_dot));
-    }
-    return sum;
-  }
-
-  // One K-quant block against its 256 activations: the integer sums and the block's d and m.
-  struct KBlockSums {
-    int32_t scaled_dot = 0, min_dot = 0;
-    float d = 0.0f, m = 0.0f;
-  };
-
-  // The unpacking each K-quant block type needs (the pairs share one routine with a flag).
-  template <class Block>
-  static KBlockSums kquant_block_sums(const Block& block, const int8_t* x, const int16_t* sums) {
     if constexpr (std::is_same_v<Block, BlockQ4_K> || std::is_same_v<Block, BlockQ5_K>) {
-      return k4_block_sums(block, x, sums);
-    } else if constexpr (std::is_same_v<Block, BlockQ2_K> || std::is_same_v<Block, BlockQ3_K>) {
-      return k2_block_sums(block, x, sums);
+      return dot_k4_q8_K(w, x, x_scale, x_sums, n_blocks);
+    } else if constexpr (std::is_same_v<Block, BlockQ6_K>) {
+      return dot_q6_q8_K(w, x, x_scale, x_sums, n_blocks);
     } else {
-      static_assert(std::is_same_v<Block, BlockQ6_K>, "not a K-quant block");
-      return q6_block_sums(block, x, sums);
+      static_assert(std::is_same_v<Block, BlockQ2_K> || std::is_same_v<Block, BlockQ3_K>,
+                    "not a K-quant block");
+      return dot_k2_q8_K(w, x, x_scale, x_sums, n_blocks);
     }
   }
 
-  // sum_g scale[g] * (q_g . x_g) for 32 quants q (<= 63: maddubs's pair sums, <= 2 * 63 * 127,
-  // cannot saturate) of groups g and g + 1, added to acc.
-  static __m256i add_two_groups(__m256i acc, __m256i q, const int8_t* x, int16_t scale_g,
-                                int16_t scale_next) {
-    const __m256i pairs =
-        _mm256_maddubs_epi16(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
-    return _mm256_add_epi32(
-        acc, _mm256_madd_epi16(
-                 pairs, _mm256_set_m128i(_mm_set1_epi16(scale_next), _mm_set1_epi16(scale_g))));
+  // Q4_K and Q5_K with ggml's division of the work (ggml_vec_dot_q4_K_q8_K): a block's 8 scales
+  // and 8 mins come out of their 12 packed bytes with a few integer operations on three words
+  // (the same values as quant::k4_scale_min), the mins meet the activation's sums of 32 in one
+  // madd, each scale reaches the 16-bit lanes of its 32 values by a byte shuffle, and the block's
+  // int32 lanes are converted and added by FMA: one horizontal sum per row, not per block. The
+  // integer sums per sub-block are dot_quantized_row's; only the F32 order differs.
+  template <class Block>
+  static float dot_k4_q8_K(const Block* w, const int8_t* x, const float* x_scale,
+                           const int16_t* x_sums, int64_t n_blocks) {
+    constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
+    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_min = _mm_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const Block& block = w[b];
+      const int8_t* xb = x + kQkK * b;
+      uint32_t packed[3], unpacked[4];
+      std::memcpy(packed, block.scales, sizeof(packed));
+      unpacked[0] = packed[0] & kLow6;                                               // scales 0-3
+      unpacked[1] = (packed[2] & kLow4) | (((packed[0] >> 6) & kLow2) << 4);         // scales 4-7
+      unpacked[2] = packed[1] & kLow6;                                               // mins 0-3
+      unpacked[3] = ((packed[2] >> 4) & kLow4) | (((packed[1] >> 6) & kLow2) << 4);  // mins 4-7
+      const __m256i scales_mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(unpacked)));  // 8 scales, then 8 mins (int16)
+      // The activation's sums of 32 values (<= 32 * 128: no int16 overflow) times the mins.
+      const __m256i sums16 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_sums + kQkK / 16 * b));
+      const __m128i sums32 =
+          _mm_hadd_epi16(_mm256_castsi256_si128(sums16), _mm256_extracti128_si256(sums16, 1));
+      const __m128i min_dot = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);
+      acc_min = _mm_fmadd_ps(_mm_set1_ps(x_scale[b] * _cvtsh_ss(block.dmin)),
+                             _mm_cvtepi32_ps(min_dot), acc_min);
+      const __m128i scales128 = _mm256_castsi256_si128(scales_mins);
+      const __m256i scales = _mm256_set_m128i(scales128, scales128);
+      [[maybe_unused]] __m256i qh;
+      if constexpr (kFifthBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh));
+      __m256i sum = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i bits =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * j));
+        __m256i low = _mm256_and_si256(bits, low4);
+        __m256i high = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+        if constexpr (kFifthBit) {
+          low = _mm256_or_si256(low, bit_as(qh, 2 * j, 0x10));
+          high = _mm256_or_si256(high, bit_as(qh, 2 * j + 1, 0x10));
+        }
+        // Scale 2j (low nibbles) and 2j + 1 (high nibbles) in every 16-bit lane.
+        const __m256i scale_low = _mm256_shuffle_epi8(
+            scales, _mm256_broadcastsi128_si256(broadcast_epi16_control(2 * j)));
+        const __m256i scale_high = _mm256_shuffle_epi8(
+            scales, _mm256_broadcastsi128_si256(broadcast_epi16_control(2 * j + 1)));
+        // q <= 31 and |x| <= 128: maddubs's pair sums fit int16; scale <= 63 keeps madd in int32.
+        const __m256i x_low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 64 * j));
+        const __m256i x_high =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 64 * j + 32));
+        sum = _mm256_add_epi32(
+            sum,
+            _mm256_add_epi32(_mm256_madd_epi16(scale_low, _mm256_maddubs_epi16(low, x_low)),
+                             _mm256_madd_epi16(scale_high, _mm256_maddubs_epi16(high, x_high))));
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(x_scale[b] * _cvtsh_ss(block.d)),
+                            _mm256_cvtepi32_ps(sum), acc);
+    }
+    __m128 mins = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+    mins = _mm_add_ss(mins, _mm_movehdup_ps(mins));
+    return hsum(acc) - _mm_cvtss_f32(mins);
+  }
+
+  // The byte-shuffle control that copies 16-bit element e of each 128-bit lane to all of its
+  // lane's 16-bit elements.
+  static __m128i broadcast_epi16_control(int e) {
+    return _mm_set1_epi16(static_cast<int16_t>(0x0100 * (2 * e + 1) + 2 * e));
+  }
+
+  // Q6_K in ggml's manner (ggml_vec_dot_q6_K_q8_K): the 16 signed scales widened once per block,
+  // the offset 32 (a min of 32 * scale) dotted with the activation's sums of 16 in one madd and
+  // taken off the block's int32 lanes (|lanes| < 2^31 for any block), each pair of scales
+  // shuffled into the two 128-bit lanes of its 32 values, one FMA per block and one horizontal
+  // sum per row. The same integer sum per block as q6_block_sums.
+  static float dot_q6_q8_K(const BlockQ6_K* w, const int8_t* x, const float* x_scale,
+                           const int16_t* x_sums, int64_t n_blocks) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const BlockQ6_K& block = w[b];
+      const int8_t* xb = x + kQkK * b;
+      const __m256i scales =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block.scales)));
+      const __m256i sums16 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_sums + kQkK / 16 * b));
+      __m256i sum = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                     _mm256_slli_epi32(_mm256_madd_epi16(scales, sums16), 5));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i half_scales = _mm256_broadcastsi128_si256(
+            h == 0 ? _mm256_castsi256_si128(scales) : _mm256_extracti128_si256(scales, 1));
+        const auto* ql = block.ql + 64 * h;
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
+        const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
+                                              _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2)),
+                              _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                              _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2)),
+                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                              _mm256_and_si256(qh, top2)),
+                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2))};
+        for (int k = 0; k < 4; ++k) {
+          // Scale 8h + 2k for the first 16 values (low lane), 8h + 2k + 1 for the next 16.
+          const __m256i scale = scale_pair(half_scales, k);
+          const __m256i xk =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 128 * h + 32 * k));
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(scale, _mm256_maddubs_epi16(q[k], xk)));
+        }
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(x_scale[b] * _cvtsh_ss(block.d)),
+                            _mm256_cvtepi32_ps(sum), acc);
+    }
+    return hsum(acc);
+  }
+
+  // The scale of value 16 g + i (i < 16) of 32 values starting at value 128 h + 32 j, in every
+  // 16-bit element: scale 8 h + 2 j in the low 128-bit lane, 8 h + 2 j + 1 in the high one, from
+  // the block's 16 scales [16] (int16) with the half h already broadcast to both lanes.
+  static __m256i scale_pair(__m256i half_scales, int j) {
+    return _mm256_shuffle_epi8(half_scales, _mm256_set_m128i(broadcast_epi16_control(2 * j + 1),
+                                                             broadcast_epi16_control(2 * j)));
+  }
+
+  // Q2_K and Q3_K in ggml's manner (ggml_vec_dot_q2_K_q8_K / q3_K): the 16 scales (and Q2_K's
+  // 16 mins) widened once per block (Q3_K's 6-bit scales out of their 12 packed bytes with
+  // integer operations on three words, the values of quant::q3k_scale), the mins dotted with the
+  // activation's sums of 16 in one madd (Q3_K's offset 4 is a min of 4 * scale, taken off the
+  // int32 lanes), one FMA per block and one horizontal sum per row. The same integer sums per
+  // block as k2_block_sums.
+  template <class Block>
+  static float dot_k2_q8_K(const Block* w, const int8_t* x, const float* x_scale,
+                           const int16_t* x_sums, int64_t n_blocks) {
+    constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
+    const __m256i low2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    [[maybe_unused]] __m256 acc_min = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const Block& block = w[b];
+      const int8_t* xb = x + kQkK * b;
+      const __m256i sums16 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_sums + kQkK / 16 * b));
+      __m256i scales, sum;
+      if constexpr (kQ3) {
+        constexpr uint32_t kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+        uint32_t packed[3], unpacked[4];
+        std::memcpy(packed, block.scales, sizeof(packed));
+        unpacked[0] = (packed[0] & kLow4) | ((packed[2] & kLow2) << 4);
+        unpacked[1] = (packed[1] & kLow4) | (((packed[2] >> 2) & kLow2) << 4);
+        unpacked[2] = ((packed[0] >> 4) & kLow4) | (((packed[2] >> 4) & kLow2) << 4);
+        unpacked[3] = ((packed[1] >> 4) & kLow4) | (((packed[2] >> 6) & kLow2) << 4);
+        scales = _mm256_sub_epi16(
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(unpacked))),
+            _mm256_set1_epi16(32));
+        sum = _mm256_sub_epi32(_mm256_setzero_si256(),
+                               _mm256_slli_epi32(_mm256_madd_epi16(scales, sums16), 2));
+      } else {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.scales));
+        const __m128i low4 = _mm_set1_epi8(0x0f);
+        scales = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low4));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low4));
+        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(x_scale[b] * _cvtsh_ss(block.dmin)),
+                                  _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, sums16)), acc_min);
+        sum = _mm256_setzero_si256();
+      }
+      [[maybe_unused]] __m256i hmask;
+      if constexpr (kQ3) hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.hmask));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i half_scales = _mm256_broadcastsi128_si256(
+            h == 0 ? _mm256_castsi256_si128(scales) : _mm256_extracti128_si256(scales, 1));
+        const __m256i bits =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * h));
+        for (int j = 0; j < 4; ++j) {
+          __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), low2);
+          if constexpr (kQ3) q = _mm256_or_si256(q, bit_as(hmask, 4 * h + j, 0x04));
+          const __m256i xj =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 128 * h + 32 * j));
+          sum = _mm256_add_epi32(
+              sum, _mm256_madd_epi16(scale_pair(half_scales, j), _mm256_maddubs_epi16(q, xj)));
+        }
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(x_scale[b] * _cvtsh_ss(block.d)),
+                            _mm256_cvtepi32_ps(sum), acc);
+    }
+    if constexpr (kQ3) return hsum(acc);
+    return hsum(acc) - hsum(acc_min);
   }
 
   // 0x10 (Q5_K's fifth bit) or 0x04 (Q3_K's third) in each byte of `bits` whose bit `bit` is set.
@@ -188,112 +354,6 @@ struct Avx2Ops {
     const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << bit));
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask),
                             _mm256_set1_epi8(value));
-  }
-
-  // Q4_K and Q5_K: value 64 j + l (l < 32) is the low nibble of qs[32 j + l], value 64 j + 32 + l
-  // its high nibble; Q5_K's fifth bit of value 64 j + 32 k + l is bit 2 j + k of qh[l]. Eight
-  // 6-bit scales and mins per 32 values (quant::k4_scale_min).
-  template <class Block>
-  static KBlockSums k4_block_sums(const Block& block, const int8_t* x, const int16_t* group_sums) {
-    constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
-    KBlockSums s;
-    int16_t scale[16];
-    for (int sub = 0; sub < 8; ++sub) {
-      int sub_scale, min;
-      quant::k4_scale_min(block.scales, sub, sub_scale, min);
-      scale[2 * sub] = scale[2 * sub + 1] = static_cast<int16_t>(sub_scale);
-      s.min_dot += min * (group_sums[2 * sub] + group_sums[2 * sub + 1]);
-    }
-    [[maybe_unused]] __m256i qh;
-    if constexpr (kFifthBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh));
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256i acc = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * j));
-      __m256i low = _mm256_and_si256(bits, low4);
-      __m256i high = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-      if constexpr (kFifthBit) {
-        low = _mm256_or_si256(low, bit_as(qh, 2 * j, 0x10));
-        high = _mm256_or_si256(high, bit_as(qh, 2 * j + 1, 0x10));
-      }
-      acc = add_two_groups(acc, low, x + 64 * j, scale[4 * j], scale[4 * j + 1]);
-      acc = add_two_groups(acc, high, x + 64 * j + 32, scale[4 * j + 2], scale[4 * j + 3]);
-    }
-    s.scaled_dot = hsum_epi32(acc);
-    s.d = _cvtsh_ss(block.d);
-    s.m = _cvtsh_ss(block.dmin);
-    return s;
-  }
-
-  // Q2_K and Q3_K: value 128 h + 32 j + l has its low two bits at bits 2j, 2j + 1 of
-  // qs[32 h + l]; Q3_K adds a third from bit 4 h + j of hmask[l] (quant q - 4: offset 4 as a min
-  // of 4 * scale, UnpackQ3_K); Q2_K has a 4-bit scale and min per group of 16.
-  template <class Block>
-  static KBlockSums k2_block_sums(const Block& block, const int8_t* x, const int16_t* group_sums) {
-    constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
-    KBlockSums s;
-    int16_t scale[16];
-    for (int g = 0; g < 16; ++g) {
-      int min;
-      if constexpr (kQ3) {
-        scale[g] = static_cast<int16_t>(quant::q3k_scale(block.scales, g));
-        min = 4 * scale[g];
-      } else {
-        scale[g] = static_cast<int16_t>(block.scales[g] & 0x0f);
-        min = block.scales[g] >> 4;
-      }
-      s.min_dot += min * group_sums[g];
-    }
-    [[maybe_unused]] __m256i hmask;
-    if constexpr (kQ3) hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.hmask));
-    const __m256i low2 = _mm256_set1_epi8(3);
-    __m256i acc = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * h));
-      for (int j = 0; j < 4; ++j) {
-        __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), low2);
-        if constexpr (kQ3) q = _mm256_or_si256(q, bit_as(hmask, 4 * h + j, 0x04));
-        const int g = 8 * h + 2 * j;
-        acc = add_two_groups(acc, q, x + 128 * h + 32 * j, scale[g], scale[g + 1]);
-      }
-    }
-    s.scaled_dot = hsum_epi32(acc);
-    s.d = s.m = _cvtsh_ss(block.d);
-    if constexpr (!kQ3) s.m = _cvtsh_ss(block.dmin);
-    return s;
-  }
-
-  // Q6_K: value 128 h + 32 k + l has its low nibble in ql[64 h + 32 (k % 2) + l] (the high
-  // nibble for k >= 2) and its top bits at bits 2k, 2k + 1 of qh[32 h + l], moved to bits 4 and 5
-  // (the 16-bit shifts carry bits across bytes only into positions the mask clears); a signed
-  // 8-bit scale per 16 values, offset 32 as a min of 32 * scale (UnpackQ6_K).
-  static KBlockSums q6_block_sums(const BlockQ6_K& block, const int8_t* x,
-                                  const int16_t* group_sums) {
-    KBlockSums s;
-    for (int g = 0; g < 16; ++g) s.min_dot += 32 * block.scales[g] * group_sums[g];
-    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
-    __m256i acc = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const auto* ql = block.ql + 64 * h;
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
-      const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
-                                            _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2)),
-                            _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2)),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                            _mm256_and_si256(qh, top2)),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2))};
-      for (int k = 0; k < 4; ++k) {
-        const int g = 8 * h + 2 * k;
-        acc = add_two_groups(acc, q[k], x + 128 * h + 32 * k, block.scales[g], block.scales[g + 1]);
-      }
-    }
-    s.scaled_dot = hsum_epi32(acc);
-    s.d = s.m = _cvtsh_ss(block.d);
-    return s;
   }
 
   // sum over i of q_i x_i for 32 int8 pairs as 8 int32 lanes: the sign of x moves onto |q| so

@@ -10,6 +10,7 @@
 #include "kernels/kernels.h"
 #include "model/session_impl.h"
 #include "protokv/error.h"
+#include "protokv/threads.h"
 
 namespace protokv {
 
@@ -61,10 +62,10 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
   // One pass over each KV head's entries for its whole group of query heads. Short caches stay
   // serial: waking the thread pool would cost more than the attention itself.
   constexpr int64_t kParallelMinWork = int64_t{1} << 15;
-  // One KV head: its group of query heads over its entries (its own keys, or PoD's segments).
-  const auto decode_kv_head = [&](int kv) {
+  // Query heads [begin, end) of KV head kv's group over the head's entries (its own keys, or
+  // PoD's segments).
+  const auto decode_query_heads = [&](int kv, int64_t begin, int64_t end) {
     const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
-    const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
     const float* log_weights = head.has_log_weights() ? head.log_weights().data() : nullptr;
     // PoD: the keys of the head's distant entries are those of its block's lowest layer (and
     // with scores=lower, their logits use that layer's query too, PoD Eq. 3).
@@ -76,17 +77,17 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
                                   ? cache.layer(lender_layer(head)).heads[static_cast<size_t>(kv)]
                                   : head;  // a dense head's one segment is its own keys
     const int segment_count = head.key_segments(
-        lender, segments, lender_queries != nullptr ? lender_queries + first * hd : nullptr);
+        lender, segments, lender_queries != nullptr ? lender_queries + begin * hd : nullptr);
     const std::span<const KeySegment> key_segments(segments.data(),
                                                    static_cast<size_t>(segment_count));
     const ValueRows values(head.value_rows(), head.type().value);
     if (!selecting) {
       kernels::attention_decode_group_segments(
-          q + first * hd, group, key_segments, values, log_weights, hd, att + first * hd,
-          want_probs ? probs.data() + first * probs_stride : nullptr);
+          q + begin * hd, static_cast<int>(end - begin), key_segments, values, log_weights, hd,
+          att + begin * hd, want_probs ? probs.data() + begin * probs_stride : nullptr);
       return;
     }
-    for (int64_t h = first; h < first + group; ++h) {
+    for (int64_t h = begin; h < end; ++h) {
       std::vector<int32_t>& chosen = selections[static_cast<size_t>(h)];
       press->select(press_layer, static_cast<int>(h), q + h * hd, head, chosen);
       float* head_probs = want_probs ? probs.data() + h * probs_stride : nullptr;
@@ -97,11 +98,21 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
                                                   chosen, hd, att + h * hd, head_probs);
     }
   };
+  // One pass over each KV head's entries for its whole group of query heads; with fewer KV heads
+  // than threads (Gemma 3 270M: one) each group is cut into parts so that every thread works,
+  // each part reading the head's entries once (from cache after the first). Each query head's
+  // result does not depend on the parts (tests/test_engine.cpp).
+  const int threads = num_threads();
+  const int parts = n_kv < threads ? std::min(group, (threads + n_kv - 1) / n_kv) : 1;
   // A press's select() and the key sharing's checks may throw: never out of the parallel region.
   ParallelErrors errors;
 #pragma omp parallel for schedule(static) if (longest * hd * n_heads >= kParallelMinWork)
-  for (int kv = 0; kv < n_kv; ++kv) {
-    errors.run([&] { decode_kv_head(kv); });
+  for (int item = 0; item < n_kv * parts; ++item) {
+    const int kv = item / parts, part = item % parts;
+    const int64_t first = static_cast<int64_t>(kv) * group;
+    errors.run([&] {
+      decode_query_heads(kv, first + group * part / parts, first + group * (part + 1) / parts);
+    });
   }
   errors.rethrow();
   // Bytes of keys and values this layer's attention read, per KV head's worth of query heads, in
