@@ -45,8 +45,7 @@ BenchWeight make_weight(DType type, int64_t rows, int64_t cols) {
 const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
 // BM_Matvec also streams the 4-bit types the real models use (make_weight's quantisers).
 const DType kMatvecTypes[] = {DType::F32,  DType::F16,  DType::BF16,
-                              DType::Q8_0, DType::Q4_0, DType::Q4_K,
-                              DType::Q5_K, DType::Q6_K};
+                              DType::Q8_0, DType::Q4_0, DType::Q4_K};
 
 void set_flops(benchmark::State& state, double flops_per_iteration) {
   state.counters["GFLOP/s"] =

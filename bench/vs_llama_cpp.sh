@@ -13,7 +13,8 @@
 #     --random              also the random benchmark models (the default when no model is given):
 #                           dim 1024, 8 layers, 16 / 4 heads, ffn 2816, vocab 32000, context 8192,
 #                           in $TYPES (llama-quantize from the F16 file)
-#     --markdown            a Markdown table (the README's and docs/results/'), not fixed columns
+#     --markdown            Markdown tables, not fixed columns: every row (docs/results/), then the
+#                           ratios alone, one line per model and cache type (the README's table)
 #
 # Environment: THREADS (2), PP ("512,2048"), TG (64: decode tokens per test), DEPTHS ("0,4096":
 # tokens in the cache before decoding), REPS (3), TYPES ("F16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"),
@@ -116,11 +117,13 @@ context_of() {
 fmt_ts() { if [[ -n $1 ]]; then printf '%.1f' "$1"; else printf 'n/a'; fi; }
 ratio() { if [[ -n $1 && -n $2 ]]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; fi; }
 # A ratio below 1 is bold in Markdown: a target missed.
+bold_miss() {
+  if [[ -n $1 ]] && awk -v x="$1" 'BEGIN { exit !(x < 1) }'; then echo "**$1**"; else echo "${1:-n/a}"; fi
+}
+summary=()  # Markdown mode: "| model | KV | ratio | ratio ..." per model and cache type
 row() {
   if [[ $markdown == 1 ]]; then
-    local r=$6
-    if [[ -n $r ]] && awk -v x="$r" 'BEGIN { exit !(x < 1) }'; then r="**$r**"; fi
-    printf '| %s | %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" "$5" "$r"
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" "$5" "$(bold_miss "$6")"
   else
     printf '%-34s %-6s %-12s %12s %12s %10s\n' "$@"
   fi
@@ -160,18 +163,23 @@ for file in "${files[@]}"; do
       pk='{"results": []}'
     fi
 
+    line="| $name | $kv"
     for p in "${pp_list[@]}"; do
       a=$(jq -r --argjson n "$p" '.[] | select(.n_prompt == $n and .n_gen == 0) | .avg_ts' <<<"$lb_pp")
       b=$(jq -r --argjson n "$p" '.results[] | select(.context == $n) | .prefill_tokens_per_s' <<<"$pk")
       row "$name" "$kv" "pp$p" "$(fmt_ts "$a")" "$(fmt_ts "$b")" "$(ratio "$b" "$a")"
+      line+=" | $(bold_miss "$(ratio "$b" "$a")")"
     done
-    for d in "${depths[@]}"; do
+    for d in "${depth_list_all[@]}"; do
+      if [[ " ${depths[*]} " != *" $d "* ]]; then line+=" | -"; continue; fi
       a=$(jq -r --argjson d "$d" --argjson n "$TG" \
         '.[] | select(.n_depth == $d and .n_gen == $n and .n_prompt == 0) | .avg_ts' <<<"$lb_tg")
       b=$(jq -r --argjson c "$((d > 0 ? d : 1))" \
         '.results[] | select(.context == $c and .decode_ms_per_token > 0) | 1000 / .decode_ms_per_token' <<<"$pk")
       row "$name" "$kv" "tg$TG@d$d" "$(fmt_ts "$a")" "$(fmt_ts "$b")" "$(ratio "$b" "$a")"
+      line+=" | $(bold_miss "$(ratio "$b" "$a")")"
     done
+    summary+=("$line |")
   done
   echo "$name: protokv ran OpenBLAS's $(jq -r '.config.blas_core // "?"' <<<"$pk") kernels" >&2
   for d in "${depth_list_all[@]}"; do
@@ -179,3 +187,13 @@ for file in "${files[@]}"; do
       echo "$name: depth $d left out: $d + $TG tokens exceed its context of $ctx" >&2
   done
 done
+
+if [[ $markdown == 1 ]]; then
+  # The ratios alone (protokv / llama.cpp tokens/s; "-": a depth beyond the model's context).
+  header="| model | KV"
+  rule="| --- | ---"
+  for p in "${pp_list[@]}"; do header+=" | pp$p"; rule+=" | ---"; done
+  for d in "${depth_list_all[@]}"; do header+=" | tg$TG@d$d"; rule+=" | ---"; done
+  printf '\n%s |\n%s |\n' "$header" "$rule"
+  printf '%s\n' "${summary[@]}"
+fi

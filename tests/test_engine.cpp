@@ -205,20 +205,26 @@ TEST(Session, DecodeFromEmptyCacheEqualsPrefill) {
 }
 
 TEST(Session, DecodeGivesTheSameLogitsOnOneThreadAsOnTwo) {
-  // One KV head for 4 query heads (Gemma 3 270M's shape): on two threads decode cuts the group
-  // into two parts; each query head's attention must not depend on it. 600 entries of 4 heads of
-  // 16 put decode's attention above its serial threshold; clusterkv selects per query head.
-  RandomModelSpec spec;
-  spec.n_kv_heads = 1;
-  spec.context_length = 1024;
-  const auto model = make_random_model(spec);
+  // One KV head for 4 (Gemma 3 270M's shape) or 3 query heads: on two threads decode cuts the
+  // group into two parts (2 + 2, 1 + 2); each query head's attention must not depend on it. 600
+  // entries put decode's attention above its serial threshold; clusterkv selects per query head,
+  // h2o:decode=1 evicts by the step's attention probabilities (each part writes its heads' rows).
+  RandomModelSpec four_heads, three_heads;
+  four_heads.n_kv_heads = three_heads.n_kv_heads = 1;
+  four_heads.context_length = three_heads.context_length = 1024;
+  three_heads.dim = 96;
+  three_heads.n_heads = 3;
   const auto tokens = random_tokens(600, 300, 8);
   const int threads = num_threads();
-  for (const char* press : {"full", "clusterkv"}) {
-    SCOPED_TRACE(press);
+  for (const auto& [spec, press] :
+       {std::pair{four_heads, "full"}, std::pair{four_heads, "clusterkv"},
+        std::pair{four_heads, "h2o:decode=1"}, std::pair{three_heads, "full"},
+        std::pair{three_heads, "h2o:decode=1"}}) {
+    SCOPED_TRACE(::testing::Message() << press << ", " << spec.n_heads << " heads");
+    const auto model = make_random_model(spec);
     SessionOptions options;
     options.press = PressSpec::parse(press);
-    options.budget.entries = 256;
+    options.budget.entries = 520;  // compressed, and still above the serial threshold
     Session one(model.weights, options), two(model.weights, options);
     set_threads(2);
     one.prefill(tokens);
@@ -498,6 +504,32 @@ TEST(Session, ObserverSeesWeightsThatExplainTheAttentionOutput) {
             << l << " " << h << " " << c;
       }
     }
+}
+
+TEST(Session, ObserverSeesTheSameProbabilitiesOnOneThreadAsOnTwo) {
+  // One KV head for 4 query heads: on two threads each half of the group writes its heads' rows
+  // of probabilities where the observer (and a press) reads them.
+  RandomModelSpec spec;
+  spec.n_kv_heads = 1;
+  spec.context_length = 1024;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(600, 300, 9);  // above decode attention's serial threshold
+  const int threads = num_threads();
+  std::map<std::pair<int, int>, std::vector<float>> by_threads[2];
+  for (const int t : {1, 2}) {
+    Session session(model.weights);
+    RecordingObserver observer;
+    session.set_observer(&observer);
+    set_threads(2);
+    session.prefill(tokens);
+    set_threads(t);
+    // Several steps: the probabilities' row stride grows past the head's length after the first.
+    for (const int32_t token : {17, 4, 99}) session.decode(token);
+    by_threads[t - 1] = observer.probs;
+  }
+  set_threads(threads);
+  ASSERT_EQ(by_threads[0].size(), static_cast<size_t>(spec.n_layers * spec.n_heads));
+  EXPECT_EQ(by_threads[1], by_threads[0]);
 }
 
 TEST(Session, InputErrors) {

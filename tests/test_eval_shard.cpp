@@ -173,7 +173,7 @@ TEST(EvalMerge, ThreeNiahShardsMergeToOneRunsTablesAndHeatMaps) {
   PROTOKV_REQUIRE_STORIES();
   expect_three_shards_merge_to_one_run("eval niah " + stories_model() +
                                            " --lengths 256,480 --depths 0,50,100 --press "
-                                           "full,snapkv --budget 48",
+                                           "full,snapkv --budget 48 -ctk f16 -ctv bf16",
                                        {"heatmap_full.svg", "heatmap_snapkv@48.svg"});
 }
 

@@ -149,7 +149,8 @@ class Press {
   virtual bool selects(int /*layer*/) const { return false; }
   // The entries of `head` (cache indices) that query head `q_head` attends at this decode step,
   // written to `out` (any order, no repeats). q: that head's post-RoPE query [head_dim]. Called
-  // before the layer's attention, concurrently for query heads of different KV heads.
+  // before the layer's attention, concurrently for different query heads (of one KV head too:
+  // decode cuts a group across threads when there are fewer KV heads than threads).
   virtual void select(int /*layer*/, int /*q_head*/, const float* /*q*/, const HeadCache& /*head*/,
                       std::vector<int32_t>& /*out*/) {}
 

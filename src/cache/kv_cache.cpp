@@ -23,6 +23,15 @@ size_t row_bytes_of(DType type, int head_dim) {
   return head_dim > 0 ? dtype_row_bytes(type, head_dim) : 0;
 }
 
+// `count` stored rows of `type` as F32: in place for F32, else dequantised into `scratch`.
+const float* rows_as_f32(DType type, const uint8_t* rows, int64_t count, int head_dim,
+                         std::vector<float>& scratch) {
+  if (type == DType::F32) return reinterpret_cast<const float*>(rows);
+  scratch.resize(static_cast<size_t>(count * head_dim));
+  if (count > 0) dequantize_row(type, rows, scratch.data(), count * head_dim);
+  return scratch.data();
+}
+
 }  // namespace
 
 std::string kv_cache_type_names() {
@@ -115,20 +124,12 @@ void HeadCache::read_values(int64_t begin, int64_t count, float* out) const {
 
 const float* HeadCache::keys_as_f32(int64_t begin, int64_t count,
                                     std::vector<float>& scratch) const {
-  const uint8_t* rows = checked_key_rows(begin, count);
-  if (type_.key == DType::F32) return reinterpret_cast<const float*>(rows);
-  scratch.resize(static_cast<size_t>(count * head_dim_));
-  if (count > 0) dequantize_row(type_.key, rows, scratch.data(), count * head_dim_);
-  return scratch.data();
+  return rows_as_f32(type_.key, checked_key_rows(begin, count), count, head_dim_, scratch);
 }
 
 const float* HeadCache::values_as_f32(int64_t begin, int64_t count,
                                       std::vector<float>& scratch) const {
-  const uint8_t* rows = checked_value_rows(begin, count);
-  if (type_.value == DType::F32) return reinterpret_cast<const float*>(rows);
-  scratch.resize(static_cast<size_t>(count * head_dim_));
-  if (count > 0) dequantize_row(type_.value, rows, scratch.data(), count * head_dim_);
-  return scratch.data();
+  return rows_as_f32(type_.value, checked_value_rows(begin, count), count, head_dim_, scratch);
 }
 
 std::vector<float> HeadCache::key_floats(int64_t i) const {

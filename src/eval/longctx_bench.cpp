@@ -234,6 +234,14 @@ std::vector<std::string> run_labels(const nlohmann::json& config) {
   return labels;
 }
 
+// The results file header of a run with this configuration (runs of builds before the cache
+// types recorded none: F32).
+nlohmann::json results_header_of(const nlohmann::json& config, const std::string& shard) {
+  return longctx_results_header(
+      config.at("mode").get<std::string>(), config.at("alloc").get<std::string>(), shard,
+      config.value("cache_type_k", "f32"), config.value("cache_type_v", "f32"));
+}
+
 // ", shard 2/8" in a shard's title line; nothing for a whole (or merged) run.
 std::string shard_note(const nlohmann::json& config) {
   if (!config.contains("shard")) return "";
@@ -796,8 +804,8 @@ LongctxReport merge_longctx_runs(const std::vector<std::string>& dirs, const std
   double wall_ms = 0.0;
   for (size_t fi = 0; fi < folders.size(); ++fi) {
     const ShardFolder& f = folders[fi];
-    nlohmann::json header = {{"mode", config.at("mode")}, {"alloc", config.at("alloc")}};
-    if (f.shard.active()) header["shard"] = f.shard.to_string();
+    const nlohmann::json header =
+        results_header_of(config, f.shard.active() ? f.shard.to_string() : "");
     const std::string path = (fs::path(f.dir) / "samples.jsonl").string();
     std::error_code ec;
     PROTOKV_CHECK(fs::is_regular_file(path, ec), "{}: missing", path);
@@ -853,8 +861,7 @@ LongctxReport merge_longctx_runs(const std::vector<std::string>& dirs, const std
     fs::create_directories(out_dir, ec);
     PROTOKV_CHECK(!ec, "cannot create {}: {}", out_dir, ec.message());
     ResultsFileWriter jsonl((fs::path(out_dir) / "samples.jsonl").string(),
-                            {{"mode", config.at("mode")}, {"alloc", config.at("alloc")}},
-                            /*resume=*/false);
+                            results_header_of(config, ""), /*resume=*/false);
     for (const auto& r : report.records) jsonl.append(r.to_json());
     write_report(out_dir, merged_config, report);
   }

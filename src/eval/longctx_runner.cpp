@@ -244,6 +244,18 @@ std::string format_eta(int64_t done, int64_t total, double elapsed_ms) {
   return fmt::format("{}s", secs);
 }
 
+nlohmann::json longctx_results_header(std::string_view mode, std::string_view alloc,
+                                      std::string_view shard, std::string_view cache_type_k,
+                                      std::string_view cache_type_v) {
+  nlohmann::json header = {{"mode", mode}, {"alloc", alloc}};
+  if (!shard.empty()) header["shard"] = shard;
+  if (cache_type_k != "f32" || cache_type_v != "f32") {
+    header["cache_type_k"] = cache_type_k;
+    header["cache_type_v"] = cache_type_v;
+  }
+  return header;
+}
+
 LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenizer,
                           const std::vector<LongctxSample>& samples, const LongctxScorer& scorer,
                           const LongctxOptions& options) {
@@ -276,13 +288,9 @@ LongctxResult run_longctx(const ModelWeights& weights, const Tokenizer& tokenize
     presses.push_back(PressSpec::parse(spec.press, options.alloc));
   }
 
-  nlohmann::json header = {{"mode", mode},
-                           {"alloc", options.alloc.empty() ? "default" : options.alloc}};
-  if (!options.shard.empty()) header["shard"] = options.shard;
-  if (options.cache_type != KvCacheType{}) {  // F32 files written before the types resume as-is
-    header["cache_type_k"] = dtype_name(options.cache_type.key);
-    header["cache_type_v"] = dtype_name(options.cache_type.value);
-  }
+  const nlohmann::json header = longctx_results_header(
+      mode, options.alloc.empty() ? "default" : options.alloc, options.shard,
+      dtype_name(options.cache_type.key), dtype_name(options.cache_type.value));
   std::map<std::pair<std::string, std::string>, LongctxRecord> previous;
   if (options.resume) {
     int64_t record_no = 0;

@@ -103,6 +103,14 @@ struct LongctxOptions {
   ProgressSink progress_sink;  // set: gets the steps instead of the stderr bar
 };
 
+// The header line of a long-context results file (samples.jsonl), which a resume and a merge
+// must match: the mode, the allocator ("default" when none), the shard ("I/N", empty for a whole
+// run) and the cache types (dtype names; named only when either is not f32, so that files of
+// F32 runs written before the types existed still match).
+nlohmann::json longctx_results_header(std::string_view mode, std::string_view alloc,
+                                      std::string_view shard, std::string_view cache_type_k,
+                                      std::string_view cache_type_v);
+
 // One sample answered by one run.
 struct LongctxRecord {
   std::string run;  // LongctxRunSpec::label()

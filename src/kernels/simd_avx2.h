@@ -234,7 +234,7 @@ struct Avx2Ops {
   // the offset 32 (a min of 32 * scale) dotted with the activation's sums of 16 in one madd and
   // taken off the block's int32 lanes (|lanes| < 2^31 for any block), each pair of scales
   // shuffled into the two 128-bit lanes of its 32 values, one FMA per block and one horizontal
-  // sum per row. The same integer sum per block as q6_block_sums.
+  // sum per row. The same integer sum per block as dot_quantized_row with UnpackQ6_K.
   static float dot_q6_q8_K(const BlockQ6_K* w, const int8_t* x, const float* x_scale,
                            const int16_t* x_sums, int64_t n_blocks) {
     const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
@@ -290,7 +290,7 @@ struct Avx2Ops {
   // integer operations on three words, the values of quant::q3k_scale), the mins dotted with the
   // activation's sums of 16 in one madd (Q3_K's offset 4 is a min of 4 * scale, taken off the
   // int32 lanes), one FMA per block and one horizontal sum per row. The same integer sums per
-  // block as k2_block_sums.
+  // block as dot_quantized_row with UnpackQ2_K / UnpackQ3_K.
   template <class Block>
   static float dot_k2_q8_K(const Block* w, const int8_t* x, const float* x_scale,
                            const int16_t* x_sums, int64_t n_blocks) {

@@ -59,13 +59,13 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
   if (want_probs) ensure_probs_capacity(longest);
   // A recall press picks each query head's entries before attention (DESIGN §4).
   const bool selecting = press != nullptr && press_layer >= 0 && press->selects(press_layer);
-  // One pass over each KV head's entries for its whole group of query heads. Short caches stay
-  // serial: waking the thread pool would cost more than the attention itself.
+  // Short caches stay serial: waking the thread pool would cost more than the attention itself.
   constexpr int64_t kParallelMinWork = int64_t{1} << 15;
   // Query heads [begin, end) of KV head kv's group over the head's entries (its own keys, or
   // PoD's segments).
   const auto decode_query_heads = [&](int kv, int64_t begin, int64_t end) {
     const HeadCache& head = layer_cache.heads[static_cast<size_t>(kv)];
+    const int64_t first = static_cast<int64_t>(kv) * group;  // first query head of the group
     const float* log_weights = head.has_log_weights() ? head.log_weights().data() : nullptr;
     // PoD: the keys of the head's distant entries are those of its block's lowest layer (and
     // with scores=lower, their logits use that layer's query too, PoD Eq. 3).
@@ -84,7 +84,11 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     if (!selecting) {
       kernels::attention_decode_group_segments(
           q + begin * hd, static_cast<int>(end - begin), key_segments, values, log_weights, hd,
-          att + begin * hd, want_probs ? probs.data() + begin * probs_stride : nullptr);
+          att + begin * hd,
+          // The group's rows of probabilities are packed at the head's length from its first
+          // query head's row (DecodeStep::group_probs).
+          want_probs ? probs.data() + first * probs_stride + (begin - first) * head.size()
+                     : nullptr);
       return;
     }
     for (int64_t h = begin; h < end; ++h) {
