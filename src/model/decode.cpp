@@ -102,15 +102,16 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
                                                   chosen, hd, att + h * hd, head_probs);
     }
   };
-  // One pass over each KV head's entries for its whole group of query heads; with fewer KV heads
-  // than threads (Gemma 3 270M: one) each group is cut into parts so that every thread works,
-  // each part reading the head's entries once (from cache after the first). Each query head's
-  // result does not depend on the parts (tests/test_engine.cpp).
+  // One pass over each KV head's entries for its whole group of query heads; in parallel with
+  // fewer KV heads than threads (Gemma 3 270M: one) each group is cut into parts so that every
+  // thread works, each part reading the head's entries once (from cache after the first). Each
+  // query head's result does not depend on the parts (tests/test_engine.cpp).
+  const bool parallel = longest * hd * n_heads >= kParallelMinWork;
   const int threads = num_threads();
-  const int parts = n_kv < threads ? std::min(group, (threads + n_kv - 1) / n_kv) : 1;
+  const int parts = parallel && n_kv < threads ? std::min(group, (threads + n_kv - 1) / n_kv) : 1;
   // A press's select() and the key sharing's checks may throw: never out of the parallel region.
   ParallelErrors errors;
-#pragma omp parallel for schedule(static) if (longest * hd * n_heads >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (parallel)
   for (int item = 0; item < n_kv * parts; ++item) {
     const int kv = item / parts, part = item % parts;
     const int64_t first = static_cast<int64_t>(kv) * group;
