@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -659,6 +660,27 @@ TEST(QuantKernels, MatmulMatchesReferenceAndMatvec) {
                                                      is_legacy(type)));
         }
       }
+    }
+  }
+}
+
+// Prefill converts weight panels with its variant's to_f32: bit for bit the portable
+// dequantize_row for every quantised type (the vector code must round d * q, then subtract the
+// min, as dequantize_blocks does, and not fuse the two into an FMA).
+TEST(QuantKernels, WeightRowToF32EqualsDequantizeRowBitForBit) {
+  std::mt19937 rng(29);
+  for (DType type : kQuantTypes) {
+    const int64_t cols = 4 * dtype_block_size(type);
+    const auto bytes = random_blocks(rng, type, 1, cols);
+    std::vector<float> expected(static_cast<size_t>(cols));
+    dequantize_row(type, bytes.data(), expected.data(), cols);
+    for (Isa isa : kernels::available_isas()) {
+      SCOPED_TRACE(::testing::Message() << kernels::isa_name(isa) << " " << dtype_name(type));
+      std::vector<float> got(static_cast<size_t>(cols), NAN);
+      kernels::weight_row_to_f32(isa, type, bytes.data(), got.data(), cols);
+      for (int64_t i = 0; i < cols; ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(expected[i]))
+            << "value " << i << ": " << got[i] << " vs " << expected[i];
     }
   }
 }

@@ -192,6 +192,10 @@ float legacy_quant_dot(Isa isa, DType type, const void* row, const QuantizedActi
   return table(isa).legacy_quant_dot(type, row, x, cols);
 }
 
+void weight_row_to_f32(Isa isa, DType type, const void* row, float* out, int64_t n) {
+  table(isa).weight_row_to_f32(type, row, out, n);
+}
+
 void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y) {
   table(isa).matmul(w, x, n, y);
 }

@@ -60,5 +60,8 @@ float vector_exp(Isa isa, float x);
 // activation blocks (kernels/quant_matvec.h): what matvec computes for that row.
 float legacy_quant_dot(Isa isa, DType type, const void* row, const QuantizedActivation& x,
                        int64_t cols);
+// One weight row of `n` values to F32 as the variant's prefill converts it: bit-identical to
+// dequantize_row for every dtype.
+void weight_row_to_f32(Isa isa, DType type, const void* row, float* out, int64_t n);
 
 }  // namespace protokv::kernels

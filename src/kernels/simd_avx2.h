@@ -165,19 +165,14 @@ struct Avx2Ops {
   static float dot_k4_q8_K(const Block* w, const int8_t* x, const float* x_scale,
                            const int16_t* x_sums, int64_t n_blocks) {
     constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
-    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_min = _mm_setzero_ps();
     for (int64_t b = 0; b < n_blocks; ++b) {
       const Block& block = w[b];
       const int8_t* xb = x + kQkK * b;
-      uint32_t packed[3], unpacked[4];
-      std::memcpy(packed, block.scales, sizeof(packed));
-      unpacked[0] = packed[0] & kLow6;                                               // scales 0-3
-      unpacked[1] = (packed[2] & kLow4) | (((packed[0] >> 6) & kLow2) << 4);         // scales 4-7
-      unpacked[2] = packed[1] & kLow6;                                               // mins 0-3
-      unpacked[3] = ((packed[2] >> 4) & kLow4) | (((packed[1] >> 6) & kLow2) << 4);  // mins 4-7
+      uint32_t unpacked[4];
+      k4_scales_mins(block.scales, unpacked);
       const __m256i scales_mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(
           reinterpret_cast<const __m128i*>(unpacked)));  // 8 scales, then 8 mins (int16)
       // The activation's sums of 32 values (<= 32 * 128: no int16 overflow) times the mins.
@@ -222,6 +217,19 @@ struct Avx2Ops {
     __m128 mins = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
     mins = _mm_add_ss(mins, _mm_movehdup_ps(mins));
     return hsum(acc) - _mm_cvtss_f32(mins);
+  }
+
+  // Q4_K / Q5_K's 8 six-bit scales and 8 six-bit mins out of their 12 packed bytes with integer
+  // operations on three words (the values of quant::k4_scale_min): bytes 0-7 of `unpacked` are
+  // scales 0-7, bytes 8-15 mins 0-7.
+  static void k4_scales_mins(const uint8_t* packed_bytes, uint32_t unpacked[4]) {
+    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+    uint32_t packed[3];
+    std::memcpy(packed, packed_bytes, sizeof(packed));
+    unpacked[0] = packed[0] & kLow6;                                               // scales 0-3
+    unpacked[1] = (packed[2] & kLow4) | (((packed[0] >> 6) & kLow2) << 4);         // scales 4-7
+    unpacked[2] = packed[1] & kLow6;                                               // mins 0-3
+    unpacked[3] = ((packed[2] >> 4) & kLow4) | (((packed[1] >> 6) & kLow2) << 4);  // mins 4-7
   }
 
   // The byte-shuffle control that copies 16-bit element e of each 128-bit lane to all of its
@@ -497,9 +505,133 @@ struct Avx2Ops {
         }
         return;
       }
+      case DType::Q4_0:
+        return dequantize_each<BlockQ4_0, kQ4BlockSize, dequantize_legacy<BlockQ4_0>>(src, dst, n);
+      case DType::Q4_1:
+        return dequantize_each<BlockQ4_1, kQ4BlockSize, dequantize_legacy<BlockQ4_1>>(src, dst, n);
+      case DType::Q5_0:
+        return dequantize_each<BlockQ5_0, kQ4BlockSize, dequantize_legacy<BlockQ5_0>>(src, dst, n);
+      case DType::Q5_1:
+        return dequantize_each<BlockQ5_1, kQ4BlockSize, dequantize_legacy<BlockQ5_1>>(src, dst, n);
+      case DType::Q4_K:
+        return dequantize_each<BlockQ4_K, kQkK, dequantize_k4<BlockQ4_K>>(src, dst, n);
+      case DType::Q5_K:
+        return dequantize_each<BlockQ5_K, kQkK, dequantize_k4<BlockQ5_K>>(src, dst, n);
+      case DType::Q6_K:
+        return dequantize_each<BlockQ6_K, kQkK, dequantize_q6>(src, dst, n);
       default:  // the other quantised types: the portable unpacking
         dequantize_row(type, src, dst, n);
         return;
+    }
+  }
+
+  template <class Block, int kValues, void (*kDequantize)(const Block&, float*)>
+  static void dequantize_each(const void* src, float* dst, int64_t n) {
+    const auto* blocks = static_cast<const Block*>(src);
+    for (int64_t b = 0; b < n / kValues; ++b) kDequantize(blocks[b], dst + kValues * b);
+  }
+
+  // dst[0..31] = scale * q - min for 32 values q < 32 (quant::dequantize_blocks' arithmetic). The
+  // product is exact (scale = F16 d times a 6-bit scale: at most 17 significant bits, times 5 bits
+  // of q), so an FMA the compiler may contract it into rounds as the multiply-then-subtract does.
+  static void dequantize_32(__m256i q, float scale, float min, float* dst) {
+    const __m256 s = _mm256_set1_ps(scale), m = _mm256_set1_ps(min);
+    const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 2; ++k) {
+        const __m256 v = _mm256_cvtepi32_ps(
+            _mm256_cvtepu8_epi32(k == 0 ? halves[h] : _mm_unpackhi_epi64(halves[h], halves[h])));
+        _mm256_storeu_ps(dst + 16 * h + 8 * k, _mm256_sub_ps(_mm256_mul_ps(v, s), m));
+      }
+  }
+
+  // One Q4_K / Q5_K block to F32, bit-identical to quant::dequantize_blocks (prefill converts
+  // weight panels with it): value = (d * scale) * q - dmin * min per sub-block of 32.
+  template <class Block>
+  static void dequantize_k4(const Block& block, float* dst) {
+    uint32_t unpacked[4];
+    k4_scales_mins(block.scales, unpacked);
+    const auto* scales = reinterpret_cast<const uint8_t*>(unpacked);
+    const float d = _cvtsh_ss(block.d), dmin = _cvtsh_ss(block.dmin);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    [[maybe_unused]] __m256i qh;
+    if constexpr (std::is_same_v<Block, BlockQ5_K>)
+      qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh));
+    for (int j = 0; j < 4; ++j) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 32 * j));
+      __m256i low = _mm256_and_si256(bits, low4);
+      __m256i high = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+      if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+        low = _mm256_or_si256(low, bit_as(qh, 2 * j, 0x10));
+        high = _mm256_or_si256(high, bit_as(qh, 2 * j + 1, 0x10));
+      }
+      dequantize_32(low, d * static_cast<float>(scales[2 * j]),
+                    dmin * static_cast<float>(scales[8 + 2 * j]), dst + 64 * j);
+      dequantize_32(high, d * static_cast<float>(scales[2 * j + 1]),
+                    dmin * static_cast<float>(scales[8 + 2 * j + 1]), dst + 64 * j + 32);
+    }
+  }
+
+  // One Q6_K block to F32, bit-identical to quant::dequantize_blocks: value = (d * scale) *
+  // (q - 32) per group of 16, the 6-bit q assembled as in dot_q6_q8_K.
+  static void dequantize_q6(const BlockQ6_K& block, float* dst) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    const float d = _cvtsh_ss(block.d);
+    for (int h = 0; h < 2; ++h) {
+      const auto* ql = block.ql + 64 * h;
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
+      const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
+                                            _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2)),
+                            _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                            _mm256_and_si256(qh, top2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2))};
+      for (int k = 0; k < 4; ++k) {
+        // q - 32 fits int8; each group of 16 has its own scale.
+        const __m256i centred = _mm256_sub_epi8(q[k], _mm256_set1_epi8(32));
+        for (int g = 0; g < 2; ++g) {
+          const int group = 8 * h + 2 * k + g;
+          scale_16(g == 0 ? _mm256_castsi256_si128(centred) : _mm256_extracti128_si256(centred, 1),
+                   d * static_cast<float>(block.scales[group]), dst + 16 * group);
+        }
+      }
+    }
+  }
+
+  // dst[0..15] = scale * q for 16 int8 values.
+  static void scale_16(__m128i q, float scale, float* dst) {
+    const __m256 s = _mm256_set1_ps(scale);
+    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s));
+    _mm256_storeu_ps(
+        dst + 8,
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q))), s));
+  }
+
+  // One Q4_0 / Q4_1 / Q5_0 / Q5_1 block to F32, bit-identical to quant::dequantize_blocks:
+  // d * (q - offset) for Q4_0 and Q5_0 (offset 8, 16), d * q + m for Q4_1 and Q5_1 (as
+  // dequantize_blocks' d * q - (-m)).
+  template <class Block>
+  static void dequantize_legacy(const Block& block, float* dst) {
+    constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_0> || std::is_same_v<Block, BlockQ5_1>;
+    constexpr bool kMin = std::is_same_v<Block, BlockQ4_1> || std::is_same_v<Block, BlockQ5_1>;
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.qs));
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    // Values 0-15 in the low nibbles, 16-31 in the high ones.
+    __m256i q =
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), low4), _mm_and_si128(bits, low4));
+    if constexpr (kFifthBit)
+      q = _mm256_or_si256(q, _mm256_and_si256(legacy_high_bits(block.qh), _mm256_set1_epi8(0x10)));
+    const float d = _cvtsh_ss(block.d);
+    if constexpr (kMin) {
+      dequantize_32(q, d, -_cvtsh_ss(block.m), dst);
+    } else {
+      const __m256i centred = _mm256_sub_epi8(q, _mm256_set1_epi8(kFifthBit ? 16 : 8));
+      scale_16(_mm256_castsi256_si128(centred), d, dst);
+      scale_16(_mm256_extracti128_si256(centred, 1), d, dst + 16);
     }
   }
 

@@ -202,6 +202,15 @@ struct Avx512Ops {
         }
         return;
       }
+      case DType::Q4_0:
+      case DType::Q4_1:
+      case DType::Q5_0:
+      case DType::Q5_1:
+      case DType::Q4_K:
+      case DType::Q5_K:
+      case DType::Q6_K:
+        Avx2Ops::to_f32(type, src, dst, n);
+        return;
       default:  // the other quantised types: the portable unpacking
         dequantize_row(type, src, dst, n);
         return;

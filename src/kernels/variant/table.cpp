@@ -13,6 +13,7 @@ const KernelVariant& kernel_table() {
       .matvec_rows = matvec_rows,
       .matmul = matmul,
       .legacy_quant_dot = legacy_quant_dot,
+      .weight_row_to_f32 = weight_row_to_f32,
       .attention_prefill_heads = attention_prefill_heads,
       .attention_prefill_cached = attention_prefill_cached,
       .attention_prefill = attention_prefill,
