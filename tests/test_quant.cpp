@@ -631,6 +631,59 @@ TEST(QuantKernels, LegacyKernelsExtremeBlocks) {
   }
 }
 
+// llama.cpp's arithmetic for a Q4_0 row of a matrix it repacks into 8-row blocks (AVX2 CPUs, rows a
+// multiple of 8; ggml_gemv_q4_0_8x8_q8_0): one F32 accumulator per row, block after block
+// acc = fma(float(exact int32 dot of q - 8 with q_x), d_w * d_x, acc).
+float llama_cpp_q4_0_gemv_emulation(const void* row, int64_t cols,
+                                    const kernels::QuantizedActivation& x) {
+  const auto* blocks = static_cast<const BlockQ4_0*>(row);
+  quant::UnpackedBlock u;
+  float acc = 0.0f;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    quant::UnpackQ4_0::unpack(blocks[b], u);
+    int32_t dot = 0;
+    for (int j = 0; j < 32; ++j) dot += (u.q[j] - 8) * x.q[static_cast<size_t>(32 * b + j)];
+    const float scale = u.d * x.scale[static_cast<size_t>(b)];
+    acc = std::fma(static_cast<float>(dot), scale, acc);
+  }
+  return acc;
+}
+
+// Q4_0 matrices of a multiple of 8 rows: the vector variants compute llama.cpp's 8-row gemv to the
+// bit (dot8_q4_0_q8_0), the portable one ggml's generic vec_dot (legacy_quant_dot); both within
+// the F32 rounding of ggml's formula. One activation block is all zero, one has an outlier, and
+// one weight block has every nibble 15 (the largest unsigned products).
+TEST(QuantKernels, Q4_0MatricesOfEightRowsRoundAsLlamaCppsGemv) {
+  std::mt19937 rng(31);
+  for (int64_t cols : {32, 96, 1024, 4096}) {
+    for (int64_t rows : {8, 24}) {
+      auto bytes = random_blocks(rng, DType::Q4_0, rows, cols);
+      std::memset(reinterpret_cast<BlockQ4_0*>(bytes.data())->qs, 0xff, 16);
+      const WeightMatrix w{DType::Q4_0, bytes.data(), rows, cols};
+      auto x = testing::random_vector(rng, cols);
+      x[1] = -9.0f;
+      if (cols >= 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);
+      kernels::QuantizedActivation xq;
+      kernels::quantize_activation_ggml_q8(x.data(), cols, false, xq);
+      for (Isa isa : kernels::available_isas()) {
+        SCOPED_TRACE(::testing::Message() << kernels::isa_name(isa) << " " << rows << "x" << cols);
+        std::vector<float> y(static_cast<size_t>(rows), NAN);
+        kernels::matvec(isa, w, x.data(), y.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          double abs_sum = 0.0;
+          const double expected = ggml_legacy_reference(DType::Q4_0, w.row(r), cols, xq, &abs_sum);
+          EXPECT_NEAR(y[r], expected, (static_cast<double>(cols) / 32 + 3) * 0x1p-24 * abs_sum)
+              << "row " << r;
+          const float exact = isa == Isa::kScalar
+                                  ? kernels::legacy_quant_dot(isa, DType::Q4_0, w.row(r), xq, cols)
+                                  : llama_cpp_q4_0_gemv_emulation(w.row(r), cols, xq);
+          EXPECT_EQ(y[r], exact) << "row " << r;
+        }
+      }
+    }
+  }
+}
+
 // Prefill's matmul (dequantised tiles through sgemm, F32 activations) against the dequantised
 // reference, and against decode's matvec within the int8-activation bound.
 TEST(QuantKernels, MatmulMatchesReferenceAndMatvec) {

@@ -75,7 +75,8 @@ inline void quantize_activation(const float* x, int64_t n, int block, QuantizedA
 //     ties away from zero; the x86 path, which llama.cpp runs on this machine, differs in both);
 //   Q8_1 only: s = FP16(d * sum of the block's q) with the unrounded F32 d (also in
 //     quantize_row_q8_1_ref): the weight's min m enters the dot as m * s.
-// An all-zero block gets d = 0, q = 0 and s = 0. `sums` is left as it was (K-quants only).
+// An all-zero block gets d = 0, q = 0 and s = 0. `sums`: the int16 sums of q over each group
+// of 16, as quantize_activation's (the 8-row Q4_0 kernel takes 8 * sum off its dots).
 inline void quantize_activation_ggml_q8(const float* x, int64_t n, bool q8_1,
                                         QuantizedActivation& out) {
   const int64_t n_blocks = n / kQ8BlockSize;
@@ -83,6 +84,7 @@ inline void quantize_activation_ggml_q8(const float* x, int64_t n, bool q8_1,
   out.q.resize(static_cast<size_t>(n));
   out.scale.resize(static_cast<size_t>(n_blocks));
   out.s.resize(q8_1 ? static_cast<size_t>(n_blocks) : 0);
+  out.sums.resize(static_cast<size_t>(2 * n_blocks));
   for (int64_t b = 0; b < n_blocks; ++b) {
     const float* xb = x + b * kQ8BlockSize;
     float amax = 0.0f;
@@ -90,12 +92,15 @@ inline void quantize_activation_ggml_q8(const float* x, int64_t n, bool q8_1,
     const float d = amax / 127.0f;
     const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
     int8_t* qb = out.q.data() + b * kQ8BlockSize;
-    int sum = 0;
+    int sum = 0, first_half = 0;
     for (int j = 0; j < kQ8BlockSize; ++j) {
       // |x * inv| <= 127 keeps it in int8.
       qb[j] = round_to_int8(xb[j] * inv);
       sum += qb[j];
+      if (j == kQ8BlockSize / 2 - 1) first_half = sum;
     }
+    out.sums[static_cast<size_t>(2 * b)] = static_cast<int16_t>(first_half);
+    out.sums[static_cast<size_t>(2 * b + 1)] = static_cast<int16_t>(sum - first_half);
     out.scale[static_cast<size_t>(b)] = f16_to_f32(f32_to_f16(d));
     if (q8_1) out.s[static_cast<size_t>(b)] = f16_to_f32(f32_to_f16(d * static_cast<float>(sum)));
   }

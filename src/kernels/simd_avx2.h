@@ -429,6 +429,71 @@ struct Avx2Ops {
     return hsum(acc);
   }
 
+  // Eight Q4_0 rows (row r's blocks at rows + r * row_stride) against one ggml Q8_0 activation,
+  // with the arithmetic llama.cpp runs on AVX2 CPUs for Q4_0 matrices of a multiple of 8 rows: it
+  // repacks them into 8-row interleaved blocks (ggml-cpu repack.cpp, q4_0_8x8_q8_0) and its gemv
+  // (gemv_q4_b32_8x8_q8_0_lut_avx) keeps the 8 rows in the lanes of one F32 accumulator, so that
+  // per row, block after block, acc = fma(float(isum), d_w * d_x, acc) with the block's exact
+  // int32 dot isum. Here the rows stay in place: each block's 8 x 16 bytes are transposed in
+  // registers into 4-byte groups of the 8 rows (one row per 32-bit lane), their nibbles multiplied
+  // as unsigned bytes (VNNI where the build has it) with the activation's 4-byte groups, and
+  // 8 * (the block's sum of x) taken off, which is the dot with q - 8. x_sums: the activation's
+  // int16 sums of 16 (quantize_activation_ggml_q8).
+  static void dot8_q4_0_q8_0(const BlockQ4_0* rows, int64_t row_stride, const int8_t* x,
+                             const float* xd, const int16_t* x_sums, int64_t n_blocks, float* out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const BlockQ4_0* block = rows + b;
+      auto qs = [&](int r) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(block[r * row_stride].qs));
+      };
+      // Row r's 16 bytes (4 dwords) in the low half, row r + 4's in the high half.
+      const __m256i a0 = _mm256_inserti128_si256(_mm256_castsi128_si256(qs(0)), qs(4), 1);
+      const __m256i a1 = _mm256_inserti128_si256(_mm256_castsi128_si256(qs(1)), qs(5), 1);
+      const __m256i a2 = _mm256_inserti128_si256(_mm256_castsi128_si256(qs(2)), qs(6), 1);
+      const __m256i a3 = _mm256_inserti128_si256(_mm256_castsi128_si256(qs(3)), qs(7), 1);
+      const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpacklo_epi32(a2, a3);
+      const __m256i t2 = _mm256_unpackhi_epi32(a0, a1), t3 = _mm256_unpackhi_epi32(a2, a3);
+      // groups[k]: bytes 4k..4k+3 of rows 0..7 (values 4k..4k+3 in the low nibbles, 16 + 4k ..
+      // 16 + 4k + 3 in the high ones).
+      const __m256i groups[4] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1),
+                                 _mm256_unpacklo_epi64(t2, t3), _mm256_unpackhi_epi64(t2, t3)};
+      const int8_t* xb = x + 32 * b;
+      __m256i isum = _mm256_set1_epi32(-8 * (x_sums[2 * b] + x_sums[2 * b + 1]));
+      for (int k = 0; k < 4; ++k) {
+        int32_t x_low, x_high;
+        std::memcpy(&x_low, xb + 4 * k, 4);
+        std::memcpy(&x_high, xb + 16 + 4 * k, 4);
+        isum = dot_u8i8_add(isum, _mm256_and_si256(groups[k], low4), _mm256_set1_epi32(x_low));
+        isum = dot_u8i8_add(isum, _mm256_and_si256(_mm256_srli_epi16(groups[k], 4), low4),
+                            _mm256_set1_epi32(x_high));
+      }
+      const __m128i d16 = _mm_setr_epi16(static_cast<int16_t>(block[0].d),
+                                         static_cast<int16_t>(block[row_stride].d),
+                                         static_cast<int16_t>(block[2 * row_stride].d),
+                                         static_cast<int16_t>(block[3 * row_stride].d),
+                                         static_cast<int16_t>(block[4 * row_stride].d),
+                                         static_cast<int16_t>(block[5 * row_stride].d),
+                                         static_cast<int16_t>(block[6 * row_stride].d),
+                                         static_cast<int16_t>(block[7 * row_stride].d));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
+                            _mm256_mul_ps(_mm256_cvtph_ps(d16), _mm256_set1_ps(xd[b])), acc);
+    }
+    _mm256_storeu_ps(out, acc);
+  }
+
+  // acc + the sums of the four products of each 32-bit lane's bytes, u unsigned and s signed
+  // (u <= 15 here, so maddubs's pair sums cannot saturate).
+  static __m256i dot_u8i8_add(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+  }
+
   static float dot_q5_0_q8_0(const BlockQ5_0* w, const int8_t* x, const float* xd,
                              int64_t n_blocks) {
     const __m256i high_clear = _mm256_set1_epi8(static_cast<char>(0xf0));
@@ -738,7 +803,9 @@ struct Avx2Ops {
     return _mm256_andnot_ps(underflow, result);
   }
 
-  static float exp(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
+  static float exp(float x) {
+    return _mm256_cvtss_f32(exp(_mm256_set1_ps(x)));
+  }
 
   static float exp_shifted_sum(float* x, float shift, int64_t n) {
     const __m256 vs = _mm256_set1_ps(shift);
@@ -757,7 +824,9 @@ struct Avx2Ops {
     return s;
   }
 
-  static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
+  static float sum_squares(const float* x, int64_t n) {
+    return dot(x, x, n);
+  }
 
   static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {
     const __m256 vs = _mm256_set1_ps(s);

@@ -147,6 +147,10 @@ struct Avx512Ops {
   // Legacy weights against ggml's Q8_0 / Q8_1 blocks: the AVX2 kernels. ggml's AVX-512 builds
   // run the same 256-bit vec_dot (their VNNI dpbusd gives the same int32 lanes), so the F32
   // rounding stays llama.cpp's.
+  static void dot8_q4_0_q8_0(const BlockQ4_0* rows, int64_t row_stride, const int8_t* x,
+                             const float* xd, const int16_t* x_sums, int64_t n_blocks, float* out) {
+    Avx2Ops::dot8_q4_0_q8_0(rows, row_stride, x, xd, x_sums, n_blocks, out);
+  }
   static float dot_q4_0_q8_0(const BlockQ4_0* w, const int8_t* x, const float* xd,
                              int64_t n_blocks) {
     return Avx2Ops::dot_q4_0_q8_0(w, x, xd, n_blocks);

@@ -32,6 +32,24 @@ void for_each_row(const WeightMatrix& w, int64_t n, float* y, RowDot row_dot) {
   }
 }
 
+// As for_each_row, `kRows` rows at a time (w.rows a multiple of kRows): group_dot(first row,
+// activation i, out) writes the group's kRows results to out.
+template <int kRows, class GroupDot>
+void for_each_row_group(const WeightMatrix& w, int64_t n, float* y, GroupDot group_dot) {
+  const auto* base = static_cast<const char*>(w.data);
+  const size_t row_bytes = dtype_row_bytes(w.type, w.cols);
+  const int64_t rows = w.rows;
+#pragma omp parallel for schedule(static) if (w.bytes() >= kParallelMinBytes)
+  for (int64_t g = 0; g < rows / kRows; ++g) {
+    const char* first = base + static_cast<size_t>(g * kRows) * row_bytes;
+    for (int64_t i = 0; i < n; ++i) {
+      float out[kRows];
+      group_dot(first, i, out);
+      for (int k = 0; k < kRows; ++k) y[i * rows + g * kRows + k] = out[k];
+    }
+  }
+}
+
 // The calling thread's quantised activations, one per row (reused: decode calls matvec hundreds
 // of times per token).
 std::vector<QuantizedActivation>& activation_scratch(int64_t n) {
@@ -85,6 +103,17 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
       for (int64_t i = 0; i < n; ++i) quantize_activation_ggml_q8(x_row(i), cols, q8_1, xq[i]);
       switch (w.type) {
         case DType::Q4_0:
+          if constexpr (requires { &Ops::dot8_q4_0_q8_0; }) {
+            if (w.rows % 8 == 0) {  // llama.cpp's arithmetic for such matrices (dot8_q4_0_q8_0)
+              const int64_t stride = static_cast<int64_t>(dtype_row_bytes(w.type, cols)) /
+                                     static_cast<int64_t>(sizeof(BlockQ4_0));
+              for_each_row_group<8>(w, n, y, [&](const void* rows, int64_t i, float* out) {
+                Ops::dot8_q4_0_q8_0(static_cast<const BlockQ4_0*>(rows), stride, xq[i].q.data(),
+                                    xq[i].scale.data(), xq[i].sums.data(), n_blocks, out);
+              });
+              return;
+            }
+          }
           for_each_row(w, n, y, [&](const void* row, int64_t i) {
             return Ops::dot_q4_0_q8_0(static_cast<const BlockQ4_0*>(row), xq[i].q.data(),
                                       xq[i].scale.data(), n_blocks);
