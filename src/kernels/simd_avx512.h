@@ -60,6 +60,7 @@ struct Avx512Ops {
            s3 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
+      Avx2Ops::prefetch_ahead(w + i, 128);
       s0 = _mm512_fmadd_ps(load_f16(w + i), _mm512_loadu_ps(x + i), s0);
       s1 = _mm512_fmadd_ps(load_f16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
       s2 = _mm512_fmadd_ps(load_f16(w + i + 32), _mm512_loadu_ps(x + i + 32), s2);
@@ -78,6 +79,7 @@ struct Avx512Ops {
            s3 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
+      Avx2Ops::prefetch_ahead(w + i, 128);
       s0 = _mm512_fmadd_ps(load_bf16(w + i), _mm512_loadu_ps(x + i), s0);
       s1 = _mm512_fmadd_ps(load_bf16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
       s2 = _mm512_fmadd_ps(load_bf16(w + i + 32), _mm512_loadu_ps(x + i + 32), s2);
@@ -131,6 +133,7 @@ struct Avx512Ops {
 #if defined(__AVX512VNNI__)
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n_blocks; ++b) {
+      Avx2Ops::prefetch_ahead(w + b);
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].quants));
       const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * b));
       const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(q, q),
