@@ -652,11 +652,13 @@ float llama_cpp_q4_0_gemv_emulation(const void* row, int64_t cols,
 // Q4_0 matrices of a multiple of 8 rows: the vector variants compute llama.cpp's 8-row gemv to the
 // bit (dot8_q4_0_q8_0), the portable one ggml's generic vec_dot (legacy_quant_dot); both within
 // the F32 rounding of ggml's formula. One activation block is all zero, one has an outlier, and
-// one weight block has every nibble 15 (the largest unsigned products).
+// one weight block has every nibble 15 (the largest unsigned products). 64 x 4096 (147 KB) splits
+// its row groups over the threads; three activations at once (matmul below 4 rows takes the
+// mat-vec path) give each its own row of results, bit for bit as one at a time.
 TEST(QuantKernels, Q4_0MatricesOfEightRowsRoundAsLlamaCppsGemv) {
   std::mt19937 rng(31);
   for (int64_t cols : {32, 96, 1024, 4096}) {
-    for (int64_t rows : {8, 24}) {
+    for (int64_t rows : {8, 24, 64}) {
       auto bytes = random_blocks(rng, DType::Q4_0, rows, cols);
       std::memset(reinterpret_cast<BlockQ4_0*>(bytes.data())->qs, 0xff, 16);
       const WeightMatrix w{DType::Q4_0, bytes.data(), rows, cols};
@@ -678,6 +680,15 @@ TEST(QuantKernels, Q4_0MatricesOfEightRowsRoundAsLlamaCppsGemv) {
                                   ? kernels::legacy_quant_dot(isa, DType::Q4_0, w.row(r), xq, cols)
                                   : llama_cpp_q4_0_gemv_emulation(w.row(r), cols, xq);
           EXPECT_EQ(y[r], exact) << "row " << r;
+        }
+        const auto x3 = testing::random_vector(rng, 3 * cols);
+        std::vector<float> y3(static_cast<size_t>(3 * rows), NAN);
+        kernels::matmul(isa, w, x3.data(), 3, y3.data());
+        for (int64_t i = 0; i < 3; ++i) {
+          kernels::matvec(isa, w, x3.data() + i * cols, y.data());
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_EQ(y3[static_cast<size_t>(i * rows + r)], y[r])
+                << "activation " << i << " row " << r;
         }
       }
     }

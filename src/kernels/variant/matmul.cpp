@@ -24,26 +24,18 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// Rows per panel: at most kPanelFloats of them (16 to 512 rows, a multiple of 16), and, when each
-// thread can have 16 rows, as many panels as a whole multiple of the threads, all of one size. A
-// thread's share is then whole panels of equal work: with the largest panels instead, a 1024-row
-// matrix of 2816 columns made 368 + 368 + 288 rows and one of two threads waited a third of the
-// time, and a matrix of one panel converted its rows on one thread (measured: the OpenMP wait was
-// 11% of a 512-token prefill of a Q4_K_M file on 2 threads).
+// Rows per panel: at most kPanelFloats of them (16 to 512 rows), and, when each thread can have
+// 16 rows, as many panels as a whole multiple of the threads, of sizes within one row of each
+// other. A thread's share is then whole panels of equal work: with the largest panels instead, a
+// 1024-row matrix of 2816 columns made 368 + 368 + 288 rows and one of two threads waited a third
+// of the time, and a matrix of one panel converted its rows on one thread (measured: the OpenMP
+// wait was 11% of a 512-token prefill of a Q4_K_M file on 2 threads).
 int64_t panel_rows_for(int64_t rows, int64_t cols, int64_t threads) {
   const int64_t max_rows =
       std::clamp<int64_t>(kPanelFloats / std::max<int64_t>(cols, 1) / 16 * 16, 16, 512);
   int64_t n_panels = ceil_div(rows, max_rows);
   if (rows >= 16 * threads) n_panels = ceil_div(n_panels, threads) * threads;
-  return ceil_div(ceil_div(rows, n_panels), 16) * 16;  // <= max_rows, a multiple of 16
-}
-
-// Y[:, r0 : r0 + panel_rows] = X · panel^T; panel [panel_rows, cols].
-void sgemm_xwt(const float* x, int64_t n, int64_t cols, const float* w, int64_t w_rows, float* y,
-               int64_t ldy) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-              static_cast<int>(w_rows), static_cast<int>(cols), 1.0f, x, static_cast<int>(cols), w,
-              static_cast<int>(cols), 0.0f, y, static_cast<int>(ldy));
+  return ceil_div(rows, n_panels);  // <= max_rows
 }
 
 template <class Ops>
