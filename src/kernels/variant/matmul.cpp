@@ -38,6 +38,14 @@ int64_t panel_rows_for(int64_t rows, int64_t cols, int64_t threads) {
   return ceil_div(rows, n_panels);  // <= max_rows
 }
 
+// Y[:, r0 : r0 + panel_rows] = X · panel^T; panel [panel_rows, cols].
+void sgemm_xwt(const float* x, int64_t n, int64_t cols, const float* w, int64_t w_rows, float* y,
+               int64_t ldy) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+              static_cast<int>(w_rows), static_cast<int>(cols), 1.0f, x, static_cast<int>(cols), w,
+              static_cast<int>(cols), 0.0f, y, static_cast<int>(ldy));
+}
+
 template <class Ops>
 void matmul_converted(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols;
