@@ -17,7 +17,7 @@
 #                           ratios alone, one line per model and cache type (the README's table)
 #
 # Environment: THREADS (2), PP ("512,2048"), TG (64: decode tokens per test), DEPTHS ("0,4096":
-# tokens in the cache before decoding), REPS (3), TYPES ("F16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"),
+# tokens in the cache before decoding), REPS (3), TYPES ("F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"),
 # CACHE_TYPES ("f16": llama.cpp's default KV cache; any of f32 f16 bf16 q8_0 q4_0, both engines'
 # -ctk/-ctv), LAYERS (8), PROTOKV_CACHE (~/.cache/protokv). A depth d needs d + TG tokens of
 # context: depths a model's context cannot hold are left out for that model.
@@ -34,7 +34,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 THREADS=${THREADS:-2}
-TYPES=${TYPES:-"F16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"}
+TYPES=${TYPES:-"F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"}
 CACHE_TYPES=${CACHE_TYPES:-f16}
 PP=${PP:-512,2048}
 TG=${TG:-64}
