@@ -262,7 +262,6 @@ struct Avx2Ops {
   // sum per row. The same integer sum per block as dot_quantized_row with UnpackQ6_K.
   static float dot_q6_q8_K(const BlockQ6_K* w, const int8_t* x, const float* x_scale,
                            const int16_t* x_sums, int64_t n_blocks) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n_blocks; ++b) {
       const BlockQ6_K& block = w[b];
@@ -277,18 +276,8 @@ struct Avx2Ops {
       for (int h = 0; h < 2; ++h) {
         const __m256i half_scales = _mm256_broadcastsi128_si256(
             h == 0 ? _mm256_castsi256_si128(scales) : _mm256_extracti128_si256(scales, 1));
-        const auto* ql = block.ql + 64 * h;
-        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
-        const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
-                                              _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2)),
-                              _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                                              _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2)),
-                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                              _mm256_and_si256(qh, top2)),
-                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2))};
+        __m256i q[4];
+        q6_half(block, h, q);
         for (int k = 0; k < 4; ++k) {
           // Scale 8h + 2k for the first 16 values (low lane), 8h + 2k + 1 for the next 16.
           const __m256i scale = scale_pair(half_scales, k);
@@ -301,6 +290,25 @@ struct Avx2Ops {
                             _mm256_cvtepi32_ps(sum), acc);
     }
     return hsum(acc);
+  }
+
+  // The 6-bit values of half h (128 values) of a Q6_K block: q[k] holds values 128 h + 32 k ..
+  // + 31, the low 4 bits from ql (low nibbles for k < 2, high for k >= 2), the top 2 from bits
+  // 2k..2k+1 of qh (ggml's layout).
+  static void q6_half(const BlockQ6_K& block, int h, __m256i q[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    const auto* ql = block.ql + 64 * h;
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4),
+                           _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                           _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                           _mm256_and_si256(qh, top2));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
   }
 
   // The scale of value 16 g + i (i < 16) of 32 values starting at value 128 h + 32 j, in every
@@ -664,23 +672,12 @@ struct Avx2Ops {
   }
 
   // One Q6_K block to F32, bit-identical to quant::dequantize_blocks: value = (d * scale) *
-  // (q - 32) per group of 16, the 6-bit q assembled as in dot_q6_q8_K.
+  // (q - 32) per group of 16 (q6_half).
   static void dequantize_q6(const BlockQ6_K& block, float* dst) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
     const float d = _cvtsh_ss(block.d);
     for (int h = 0; h < 2; ++h) {
-      const auto* ql = block.ql + 64 * h;
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + 32 * h));
-      const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
-                                            _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2)),
-                            _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2)),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                            _mm256_and_si256(qh, top2)),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2))};
+      __m256i q[4];
+      q6_half(block, h, q);
       for (int k = 0; k < 4; ++k) {
         // q - 32 fits int8; each group of 16 has its own scale.
         const __m256i centred = _mm256_sub_epi8(q[k], _mm256_set1_epi8(32));
