@@ -35,6 +35,15 @@ RandomModelSpec model_spec() {
   return spec;
 }
 
+// Heads of 64 values (dim 128, 2 heads, 1 KV head): quantised types store them rotated
+// (KvCacheType::hadamard), so decode dots rotated queries with the stored rows.
+RandomModelSpec rotated_model_spec() {
+  RandomModelSpec spec = model_spec();
+  spec.n_heads = 2;
+  spec.n_kv_heads = 1;
+  return spec;
+}
+
 const std::vector<DType>& lossy_types() {
   static const std::vector<DType> types = {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
   return types;
@@ -59,30 +68,33 @@ float max_abs_difference(std::span<const float> a, std::span<const float> b) {
 }
 
 TEST(CacheTypes, EveryPressRunsOnEveryCacheTypeInItsRowBytes) {
-  const auto model = make_random_model(model_spec());
-  const auto prompt = random_tokens(240, model.weights.config.vocab_size, 7);
-  for (const std::string& name : press_names()) {
-    for (const DType type : lossy_types()) {
-      SCOPED_TRACE(name + " " + std::string(dtype_name(type)));
-      SessionOptions options;
-      if (name != "full") {
-        options.press = PressSpec::parse(name);
-        options.budget.entries = 96;  // room for chelsea's sinks and recent entries
+  for (const RandomModelSpec& spec : {model_spec(), rotated_model_spec()})
+    for (const std::string& name : press_names()) {
+      const auto model = make_random_model(spec);
+      const auto prompt = random_tokens(240, model.weights.config.vocab_size, 7);
+      for (const DType type : lossy_types()) {
+        SCOPED_TRACE(name + " " + std::string(dtype_name(type)) + " head of " +
+                     std::to_string(model.weights.config.head_dim()));
+        SessionOptions options;
+        if (name != "full") {
+          options.press = PressSpec::parse(name);
+          options.budget.entries = 96;  // room for chelsea's sinks and recent entries
+        }
+        options.cache_type = {type, type};
+        Session session(model.weights, options);
+        session.prefill(prompt);
+        for (int step = 0; step < 6; ++step) {
+          const auto logits = session.decode(static_cast<int32_t>(step + 3));
+          for (const float x : logits) ASSERT_TRUE(std::isfinite(x));
+        }
+        const KvCache& cache = session.cache();
+        EXPECT_EQ(cache.type(), (KvCacheType{type, type}));
+        EXPECT_EQ(cache.kv_bytes(), typed_row_bytes(cache));
+        // Smaller than the same entries in F32.
+        EXPECT_LT(cache.kv_bytes(), static_cast<size_t>(cache.total_entries()) * 2 *
+                                        static_cast<size_t>(cache.head_dim()) * sizeof(float));
       }
-      options.cache_type = {type, type};
-      Session session(model.weights, options);
-      session.prefill(prompt);
-      for (int step = 0; step < 6; ++step) {
-        const auto logits = session.decode(static_cast<int32_t>(step + 3));
-        for (const float x : logits) ASSERT_TRUE(std::isfinite(x));
-      }
-      const KvCache& cache = session.cache();
-      EXPECT_EQ(cache.type(), (KvCacheType{type, type}));
-      EXPECT_EQ(cache.kv_bytes(), typed_row_bytes(cache));
-      // Smaller than the same entries in F32 (an F32 row is 128 bytes here).
-      EXPECT_LT(cache.kv_bytes(), static_cast<size_t>(cache.total_entries()) * 2 * 128);
     }
-  }
 }
 
 // F16 and Q8_0 keep the full cache's logits close to the F32 cache's; each type's cost is
@@ -111,6 +123,57 @@ TEST(CacheTypes, LogitsStayCloseToTheF32CacheInOrderOfPrecision) {
   EXPECT_LT(q8, 3e-2f);
   EXPECT_LT(f16, q8);
   EXPECT_LT(q8, q4);
+}
+
+// Rotated rows (heads of 64): a token decoded after the prompt gets the logits the prompt's
+// prefill gives it as its last row (decode: rotated queries against the stored rows, output
+// rotated back; prefill: the rows read back unrotated), for q8_0 and q4_0 keys and values; the
+// rotation is really on (without it the logits differ). PoD's borrowed keys and the lender
+// layer's queries (scores=lower, the default) meet rotated too: its q8_0 decode stays as close to
+// its F32-cache decode as the full cache's does.
+TEST(CacheTypes, RotatedRowsDecodeAsThePromptPrefillsThem) {
+  const auto model = make_random_model(rotated_model_spec());
+  const auto prompt = random_tokens(100, model.weights.config.vocab_size, 13);
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(17);
+  for (const DType type : {DType::Q8_0, DType::Q4_0}) {
+    SCOPED_TRACE(dtype_name(type));
+    SessionOptions options;
+    options.cache_type = {type, type};
+    Session prefilled(model.weights, options), decoded(model.weights, options);
+    ASSERT_EQ(prefilled.cache().layer(0).heads[0].key_rotation(), 64);
+    ASSERT_EQ(prefilled.cache().layer(0).heads[0].value_rotation(), 64);
+    const auto expected = prefilled.prefill(longer);
+    decoded.prefill(prompt);
+    const auto got = decoded.decode(17);
+    EXPECT_LT(max_abs_difference(got, expected), 2e-4f);
+    SessionOptions unrotated = options;
+    unrotated.cache_type.hadamard = false;
+    Session plain(model.weights, unrotated);
+    plain.prefill(prompt);
+    EXPECT_GT(max_abs_difference(plain.decode(17), got), 1e-4f);
+  }
+  const auto pod_logits = [&](KvCacheType cache_type) {
+    SessionOptions options;
+    options.cache_type = cache_type;
+    options.press = PressSpec::parse("pod:sinks=4");
+    options.budget.entries = 32;
+    Session session(model.weights, options);
+    session.prefill(prompt);
+    std::vector<float> all;
+    for (int step = 0; step < 4; ++step) {
+      const auto logits = session.decode(static_cast<int32_t>(step + 5));
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    bool shared = false;
+    for (int l = 0; l < session.cache().n_layers(); ++l)
+      shared = shared || session.cache().layer(l).heads[0].shares_keys();
+    EXPECT_TRUE(shared);
+    return all;
+  };
+  EXPECT_LT(max_abs_difference(pod_logits({DType::Q8_0, DType::Q8_0}),
+                               pod_logits({DType::F32, DType::F32})),
+            3e-2f);
 }
 
 // The prompt's own attention reads K/V as the cache stores them (llama.cpp's does too): the

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -180,9 +181,11 @@ TEST(KvCache, TotalsOverLayersAndHeads) {
   EXPECT_EQ(cache.n_layers(), 3);
 }
 
-// A row as a cache of `type` reads it back.
+// A row as a cache of `type` reads it back as a key (rotated where the type rotates keys).
 std::vector<float> stored(DType type, std::vector<float> row) {
-  round_trip_to_cache_type(type, row.data(), 1, static_cast<int>(row.size()));
+  const int width = static_cast<int>(row.size());
+  round_trip_to_cache_type(type, key_rotation_width(KvCacheType{type, DType::F32}, width),
+                           row.data(), 1, width);
   return row;
 }
 
@@ -237,6 +240,116 @@ TEST(HeadCache, TypedRowsReadBackAsTheirRoundTripAndMoveWhole) {
     EXPECT_EQ(head.kv_bytes(), 2 * dtype_row_bytes(type, kWidth) + 3 * kWidth * sizeof(float));
     EXPECT_THROW(head.read_keys(0, 2, mean.data()), Error);  // entry 1's key is the lender's
   }
+}
+
+// llama.cpp's rotation matrix (ggml_gen_hadamard in src/llama-kv-cache.cpp), built the same way.
+std::vector<float> llama_cpp_hadamard(int n) {
+  std::vector<float> h(static_cast<size_t>(n * n));
+  h[0] = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int s = 1; s < n; s *= 2)
+    for (int i = 0; i < s; ++i)
+      for (int j = 0; j < s; ++j) {
+        const float value = h[static_cast<size_t>(i * n + j)];
+        h[static_cast<size_t>((i + s) * n + j)] = value;
+        h[static_cast<size_t>(i * n + j + s)] = value;
+        h[static_cast<size_t>((i + s) * n + j + s)] = -value;
+      }
+  return h;
+}
+
+// hadamard_rows multiplies each slice by llama.cpp's matrix (to F32 rounding) and is its own
+// inverse; a head of 192 rotates its three 64-wide slices apart.
+TEST(KvCacheHadamard, RotationIsLlamaCppsOrthonormalMatrix) {
+  for (const int width : {64, 128, 256}) {
+    SCOPED_TRACE(width);
+    const auto h = llama_cpp_hadamard(width);
+    std::vector<float> x(static_cast<size_t>(width));
+    for (int i = 0; i < width; ++i)
+      x[static_cast<size_t>(i)] = std::sin(1.3f * i) + (i == 5 ? 9.0f : 0.0f);
+    std::vector<float> y = x;
+    hadamard_rows(y.data(), 1, width, width);
+    for (int i = 0; i < width; ++i) {
+      double expected = 0.0, magnitude = 0.0;
+      for (int j = 0; j < width; ++j) {
+        expected +=
+            static_cast<double>(h[static_cast<size_t>(i * width + j)]) * x[static_cast<size_t>(j)];
+        magnitude += std::fabs(x[static_cast<size_t>(j)]);
+      }
+      ASSERT_NEAR(y[static_cast<size_t>(i)], expected, 1e-6 * magnitude) << i;
+    }
+    hadamard_rows(y.data(), 1, width, width);
+    for (int i = 0; i < width; ++i)
+      ASSERT_NEAR(y[static_cast<size_t>(i)], x[static_cast<size_t>(i)], 1e-5) << i;
+  }
+  std::vector<float> row(192);
+  for (int i = 0; i < 192; ++i) row[static_cast<size_t>(i)] = static_cast<float>(i % 7) - 3.0f;
+  std::vector<float> slices = row;
+  hadamard_rows(slices.data(), 1, 192, 64);
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> slice(row.begin() + 64 * s, row.begin() + 64 * (s + 1));
+    hadamard_rows(slice.data(), 1, 64, 64);
+    for (int i = 0; i < 64; ++i)
+      EXPECT_EQ(slices[static_cast<size_t>(64 * s + i)], slice[static_cast<size_t>(i)]);
+  }
+}
+
+// As llama.cpp: quantised types only, heads divisible by 64; keys in the largest power-of-two
+// slice dividing the head, values in slices of 64.
+TEST(KvCacheHadamard, WidthsFollowLlamaCpp) {
+  const KvCacheType q4{DType::Q4_0, DType::Q8_0};
+  EXPECT_EQ(key_rotation_width(q4, 64), 64);
+  EXPECT_EQ(key_rotation_width(q4, 128), 128);
+  EXPECT_EQ(key_rotation_width(q4, 256), 256);
+  EXPECT_EQ(key_rotation_width(q4, 192), 64);
+  EXPECT_EQ(key_rotation_width(q4, 96), 0);
+  EXPECT_EQ(key_rotation_width(q4, 32), 0);
+  EXPECT_EQ(value_rotation_width(q4, 256), 64);
+  EXPECT_EQ(key_rotation_width({DType::F16, DType::BF16}, 128), 0);
+  EXPECT_EQ(value_rotation_width({DType::F16, DType::BF16}, 128), 0);
+  EXPECT_EQ(key_rotation_width({DType::Q4_0, DType::Q4_0, false}, 128), 0);
+  EXPECT_EQ(value_rotation_width({DType::Q4_0, DType::Q4_0, false}, 128), 0);
+}
+
+// A rotating head stores the quantised H k (the bytes quantize_row gives for H k) and reads back
+// H dequant(stored): its rows are the rotated round trip, not the plain one. (Which of the two
+// loses less depends on the rows: one huge channel alone is kept better unrotated, a head whose
+// blocks all hold a few large channels rotated; on SmolLM2's keys the rotation is far better,
+// docs/results/kv_cache_types.md.)
+TEST(KvCacheHadamard, HeadsStoreRotatedRowsAndReadThemBackUnrotated) {
+  constexpr int kWidth = 128;
+  std::vector<float> key(kWidth), value(kWidth);
+  for (int c = 0; c < kWidth; ++c) {
+    key[static_cast<size_t>(c)] = 0.3f * std::sin(0.9f * c);
+    value[static_cast<size_t>(c)] = 0.2f * std::cos(0.4f * c);
+  }
+  key[5] = 40.0f;
+  HeadCache rotating(kWidth, {DType::Q4_0, DType::Q4_0});
+  HeadCache plain(kWidth, {DType::Q4_0, DType::Q4_0, false});
+  ASSERT_EQ(rotating.key_rotation(), 128);
+  ASSERT_EQ(rotating.value_rotation(), 64);
+  ASSERT_EQ(plain.key_rotation(), 0);
+  rotating.append(key.data(), value.data(), 0);
+  plain.append(key.data(), value.data(), 0);
+  std::vector<float> rotated = key;
+  hadamard_rows(rotated.data(), 1, kWidth, 128);
+  std::vector<uint8_t> expected_bytes(dtype_row_bytes(DType::Q4_0, kWidth));
+  quantize_row(DType::Q4_0, rotated.data(), expected_bytes.data(), kWidth);
+  EXPECT_EQ(std::memcmp(rotating.key_rows(), expected_bytes.data(), expected_bytes.size()), 0);
+  std::vector<float> raw(kWidth);
+  dequantize_row(DType::Q4_0, rotating.key_rows(), raw.data(), kWidth);
+  hadamard_rows(raw.data(), 1, kWidth, 128);
+  EXPECT_EQ(rotating.key_floats(0), raw);
+  EXPECT_EQ(rotating.key_floats(0), stored(DType::Q4_0, key));
+  std::vector<float> plain_round_trip = key;
+  round_trip_to_cache_type(DType::Q4_0, 0, plain_round_trip.data(), 1, kWidth);
+  EXPECT_EQ(plain.key_floats(0), plain_round_trip);
+  EXPECT_NE(rotating.key_floats(0), plain.key_floats(0));
+  std::vector<float> value_round_trip = value;
+  round_trip_to_cache_type(DType::Q4_0, 64, value_round_trip.data(), 1, kWidth);
+  EXPECT_EQ(rotating.value_floats(0), value_round_trip);
+  std::vector<float> scratch;
+  const float* as_f32 = rotating.values_as_f32(0, 1, scratch);
+  EXPECT_EQ(std::vector<float>(as_f32, as_f32 + kWidth), value_round_trip);
 }
 
 TEST(KvCache, RefusesCacheTypesThatDoNotFitTheHead) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -23,13 +24,35 @@ size_t row_bytes_of(DType type, int head_dim) {
   return head_dim > 0 ? dtype_row_bytes(type, head_dim) : 0;
 }
 
-// `count` stored rows of `type` as F32: in place for F32, else dequantised into `scratch`.
-const float* rows_as_f32(DType type, const uint8_t* rows, int64_t count, int head_dim,
+// `count` stored rows of `type` as F32: in place for F32, else dequantised (and rotated back)
+// into `scratch`.
+const float* rows_as_f32(DType type, int rotation, const uint8_t* rows, int64_t count, int head_dim,
                          std::vector<float>& scratch) {
   if (type == DType::F32) return reinterpret_cast<const float*>(rows);
   scratch.resize(static_cast<size_t>(count * head_dim));
   if (count > 0) dequantize_row(type, rows, scratch.data(), count * head_dim);
+  hadamard_rows(scratch.data(), count, head_dim, rotation);
   return scratch.data();
+}
+
+// The rotation width of rows of `type` in a head of `head_dim` with slices of `width` (0 for
+// none): the quantised types only, and only heads divisible by 64, as llama.cpp.
+int rotation_width(const KvCacheType& cache, DType type, int head_dim, int width) {
+  if (!cache.hadamard || dtype_block_size(type) == 1 || head_dim <= 0 || head_dim % 64 != 0)
+    return 0;
+  return width;
+}
+
+// Quantises a row through a rotated copy (the calling thread's scratch) when rotation is set.
+void store_row(DType type, int rotation, const float* row, uint8_t* out, int head_dim) {
+  if (rotation == 0) {
+    quantize_row(type, row, out, head_dim);
+    return;
+  }
+  thread_local std::vector<float> rotated;
+  rotated.assign(row, row + head_dim);
+  hadamard_rows(rotated.data(), 1, head_dim, rotation);
+  quantize_row(type, rotated.data(), out, head_dim);
 }
 
 }  // namespace
@@ -56,19 +79,53 @@ void check_kv_cache_type(DType type, int head_dim, std::string_view what) {
          what, dtype_name(type), block, head_dim);
 }
 
-void round_trip_to_cache_type(DType type, float* rows, int64_t n_rows, int head_dim) {
+int key_rotation_width(const KvCacheType& type, int head_dim) {
+  if (head_dim <= 0) return 0;
+  int width = 64;  // llama.cpp's build_input_k_rot: the largest power of two dividing the width
+  while (head_dim % (2 * width) == 0) width *= 2;
+  return rotation_width(type, type.key, head_dim, width);
+}
+
+int value_rotation_width(const KvCacheType& type, int head_dim) {
+  return rotation_width(type, type.value, head_dim, 64);  // llama.cpp's build_input_v_rot
+}
+
+void hadamard_rows(float* rows, int64_t n_rows, int head_dim, int width) {
+  if (width == 0) return;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(width));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int begin = 0; begin < head_dim; begin += width) {
+      float* x = rows + r * head_dim + begin;
+      // The fast Walsh-Hadamard transform in Sylvester (natural) order: y_i = sum_j (-1)^
+      // popcount(i & j) x_j, the unscaled matrix llama.cpp builds.
+      for (int half = 1; half < width; half *= 2)
+        for (int block = 0; block < width; block += 2 * half)
+          for (int i = block; i < block + half; ++i) {
+            const float a = x[i], b = x[i + half];
+            x[i] = a + b;
+            x[i + half] = a - b;
+          }
+      for (int i = 0; i < width; ++i) x[i] *= scale;
+    }
+  }
+}
+
+void round_trip_to_cache_type(DType type, int rotation, float* rows, int64_t n_rows, int head_dim) {
   if (type == DType::F32 || n_rows <= 0) return;
   std::vector<uint8_t> stored(dtype_row_bytes(type, head_dim));
   for (int64_t r = 0; r < n_rows; ++r) {
     float* row = rows + r * head_dim;
-    quantize_row(type, row, stored.data(), head_dim);
+    store_row(type, rotation, row, stored.data(), head_dim);
     dequantize_row(type, stored.data(), row, head_dim);
+    hadamard_rows(row, 1, head_dim, rotation);
   }
 }
 
 HeadCache::HeadCache(int head_dim, KvCacheType type)
     : head_dim_(head_dim),
       type_(type),
+      key_rotation_(key_rotation_width(type, head_dim)),
+      value_rotation_(value_rotation_width(type, head_dim)),
       key_row_bytes_(row_bytes_of(type.key, head_dim)),
       value_row_bytes_(row_bytes_of(type.value, head_dim)) {}
 
@@ -115,21 +172,33 @@ const uint8_t* HeadCache::checked_value_rows(int64_t begin, int64_t count) const
 void HeadCache::read_keys(int64_t begin, int64_t count, float* out) const {
   const uint8_t* rows = checked_key_rows(begin, count);
   if (count > 0) dequantize_row(type_.key, rows, out, count * head_dim_);
+  hadamard_rows(out, count, head_dim_, key_rotation_);
 }
 
 void HeadCache::read_values(int64_t begin, int64_t count, float* out) const {
   const uint8_t* rows = checked_value_rows(begin, count);
   if (count > 0) dequantize_row(type_.value, rows, out, count * head_dim_);
+  hadamard_rows(out, count, head_dim_, value_rotation_);
 }
 
 const float* HeadCache::keys_as_f32(int64_t begin, int64_t count,
                                     std::vector<float>& scratch) const {
-  return rows_as_f32(type_.key, checked_key_rows(begin, count), count, head_dim_, scratch);
+  return rows_as_f32(type_.key, key_rotation_, checked_key_rows(begin, count), count, head_dim_,
+                     scratch);
 }
 
 const float* HeadCache::values_as_f32(int64_t begin, int64_t count,
                                       std::vector<float>& scratch) const {
-  return rows_as_f32(type_.value, checked_value_rows(begin, count), count, head_dim_, scratch);
+  return rows_as_f32(type_.value, value_rotation_, checked_value_rows(begin, count), count,
+                     head_dim_, scratch);
+}
+
+void HeadCache::store_key(const float* key, uint8_t* out) const {
+  store_row(type_.key, key_rotation_, key, out, head_dim_);
+}
+
+void HeadCache::store_value(const float* value, uint8_t* out) const {
+  store_row(type_.value, value_rotation_, value, out, head_dim_);
 }
 
 std::vector<float> HeadCache::key_floats(int64_t i) const {
@@ -147,21 +216,19 @@ std::vector<float> HeadCache::value_floats(int64_t i) const {
 void HeadCache::write_key(int64_t i, const float* key) {
   if (i < 0 || i >= size() || key_is_shared(i))
     fail("kv cache: cannot write key {} of {}", i, size());
-  quantize_row(type_.key, key, keys_.data() + static_cast<size_t>(key_row(i)) * key_row_bytes_,
-               head_dim_);
+  store_key(key, keys_.data() + static_cast<size_t>(key_row(i)) * key_row_bytes_);
 }
 
 void HeadCache::write_value(int64_t i, const float* value) {
   if (i < 0 || i >= size()) fail("kv cache: cannot write value {} of {}", i, size());
-  quantize_row(type_.value, value, values_.data() + static_cast<size_t>(i) * value_row_bytes_,
-               head_dim_);
+  store_value(value, values_.data() + static_cast<size_t>(i) * value_row_bytes_);
 }
 
 void HeadCache::append(const float* key, const float* value, int32_t position, float log_weight) {
   keys_.resize(keys_.size() + key_row_bytes_);
-  quantize_row(type_.key, key, keys_.data() + keys_.size() - key_row_bytes_, head_dim_);
+  store_key(key, keys_.data() + keys_.size() - key_row_bytes_);
   values_.resize(values_.size() + value_row_bytes_);
-  quantize_row(type_.value, value, values_.data() + values_.size() - value_row_bytes_, head_dim_);
+  store_value(value, values_.data() + values_.size() - value_row_bytes_);
   positions_.push_back(position);
   log_weights_.push_back(log_weight);
   any_log_weight_ = any_log_weight_ || log_weight != 0.0f;
@@ -175,9 +242,8 @@ void HeadCache::assign_rows(const float* keys, const float* values, const int32_
   std::vector<int32_t> new_positions(n);
   for (size_t i = 0; i < n; ++i) {
     const size_t src = static_cast<size_t>(indices[i]);
-    quantize_row(type_.key, keys + src * d, new_keys.data() + i * key_row_bytes_, head_dim_);
-    quantize_row(type_.value, values + src * d, new_values.data() + i * value_row_bytes_,
-                 head_dim_);
+    store_key(keys + src * d, new_keys.data() + i * key_row_bytes_);
+    store_value(values + src * d, new_values.data() + i * value_row_bytes_);
     new_positions[i] = positions[src];
   }
   keys_ = std::move(new_keys);
@@ -328,7 +394,7 @@ int HeadCache::key_segments(const HeadCache& lender, std::array<KeySegment, 3>& 
     return count;
   }
   if (lender.shares_keys() || lender.size() < shared_end_ || lender.head_dim_ != head_dim_ ||
-      lender.type_.key != type_.key)
+      lender.type_.key != type_.key || lender.key_rotation_ != key_rotation_)
     fail("kv cache: layer {} cannot lend keys [{}, {}) (it holds {} entries{})", key_lender_,
          shared_begin_, shared_end_, lender.size(),
          lender.shares_keys() ? " and shares keys itself" : "");

@@ -81,14 +81,36 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     const std::span<const KeySegment> key_segments(segments.data(),
                                                    static_cast<size_t>(segment_count));
     const ValueRows values(head.value_rows(), head.type().value);
+    // Rotated rows (KvCacheType::hadamard): the kernels dot the stored H k' with H q, and their
+    // output sum p H v' is rotated back (H = H^-1). Presses and observers see q and the output
+    // unrotated.
+    thread_local std::vector<float> rotated_queries, rotated_lender_queries;
+    const float* queries = q;
+    if (head.key_rotation() != 0) {
+      rotated_queries.assign(q, q + q_dim);
+      hadamard_rows(rotated_queries.data() + begin * hd, end - begin, hd, head.key_rotation());
+      queries = rotated_queries.data();
+      if (lender_queries != nullptr) {
+        rotated_lender_queries.assign(lender_queries, lender_queries + q_dim);
+        hadamard_rows(rotated_lender_queries.data() + begin * hd, end - begin, hd,
+                      head.key_rotation());
+        for (KeySegment& segment : segments)
+          if (segment.query != nullptr)
+            segment.query = rotated_lender_queries.data() + (segment.query - lender_queries);
+      }
+    }
+    const auto rotate_output_back = [&] {
+      hadamard_rows(att + begin * hd, end - begin, hd, head.value_rotation());
+    };
     if (!selecting) {
       kernels::attention_decode_group_segments(
-          q + begin * hd, static_cast<int>(end - begin), key_segments, values, log_weights, hd,
-          att + begin * hd,
+          queries + begin * hd, static_cast<int>(end - begin), key_segments, values, log_weights,
+          hd, att + begin * hd,
           // The group's rows of probabilities are packed at the head's length from its first
           // query head's row (DecodeStep::group_probs).
           want_probs ? probs.data() + first * probs_stride + (begin - first) * head.size()
                      : nullptr);
+      rotate_output_back();
       return;
     }
     for (int64_t h = begin; h < end; ++h) {
@@ -97,10 +119,14 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
       float* head_probs = want_probs ? probs.data() + h * probs_stride : nullptr;
       // The lender's query of this very query head (the group segment holds the group's).
       for (KeySegment& segment : segments)
-        if (segment.query != nullptr) segment.query = lender_queries + h * hd;
-      kernels::attention_decode_gathered_segments(q + h * hd, key_segments, values, log_weights,
-                                                  chosen, hd, att + h * hd, head_probs);
+        if (segment.query != nullptr)
+          segment.query =
+              (head.key_rotation() != 0 ? rotated_lender_queries.data() : lender_queries) + h * hd;
+      kernels::attention_decode_gathered_segments(queries + h * hd, key_segments, values,
+                                                  log_weights, chosen, hd, att + h * hd,
+                                                  head_probs);
     }
+    rotate_output_back();
   };
   // One pass over each KV head's entries for its whole group of query heads; in parallel with
   // fewer KV heads than threads (Gemma 3 270M: one) each group is cut into parts so that every

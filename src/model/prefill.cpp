@@ -85,8 +85,10 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
     // A quantised cache: every attention reads K/V as the cache holds them (llama.cpp's
     // attention reads its -ctk/-ctv cache too), the press scores those, and storing them again
     // changes nothing (each type's round trip is idempotent).
-    round_trip_to_cache_type(cache_type.key, b.k.data(), n * n_kv, hd);
-    round_trip_to_cache_type(cache_type.value, b.v.data(), n * n_kv, hd);
+    round_trip_to_cache_type(cache_type.key, key_rotation_width(cache_type, hd), b.k.data(),
+                             n * n_kv, hd);
+    round_trip_to_cache_type(cache_type.value, value_rotation_width(cache_type, hd), b.v.data(),
+                             n * n_kv, hd);
     const int press_layer = press_index[static_cast<size_t>(l)];
     const int64_t window = config.is_local_layer(l) ? config.sliding_window : 0;
 
@@ -162,6 +164,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
               dequantize_row(segment.type, segment.keys, next, segment.count * hd);
               next += segment.count * hd;
             }
+            hadamard_rows(key_floats.data(), head.size(), hd, head.key_rotation());
             keys = key_floats.data();
           } else {
             keys = head.keys_as_f32(0, head.size(), key_floats);
