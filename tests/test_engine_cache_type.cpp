@@ -35,10 +35,13 @@ RandomModelSpec model_spec() {
   return spec;
 }
 
-// Heads of 64 values (dim 128, 2 heads, 1 KV head): quantised types store them rotated
-// (KvCacheType::hadamard), so decode dots rotated queries with the stored rows.
+// Heads of 128 values (dim 256, 2 heads, 1 KV head): quantised types store them rotated
+// (KvCacheType::hadamard), keys in one slice of 128, values in two of 64, so decode dots rotated
+// queries with the stored rows; from 128 entries on, decode splits the group of 2 query heads
+// over 2 threads (a part that starts at the second head).
 RandomModelSpec rotated_model_spec() {
   RandomModelSpec spec = model_spec();
+  spec.dim = 256;
   spec.n_heads = 2;
   spec.n_kv_heads = 1;
   return spec;
@@ -129,11 +132,11 @@ TEST(CacheTypes, LogitsStayCloseToTheF32CacheInOrderOfPrecision) {
 // prefill gives it as its last row (decode: rotated queries against the stored rows, output
 // rotated back; prefill: the rows read back unrotated), for q8_0 and q4_0 keys and values; the
 // rotation is really on (without it the logits differ). PoD's borrowed keys and the lender
-// layer's queries (scores=lower, the default) meet rotated too: its q8_0 decode stays as close to
-// its F32-cache decode as the full cache's does.
+// layer's queries (scores=lower, the default) meet rotated too, in decode and in appended rows:
+// its q8_0 logits stay as close to its F32-cache logits as the full cache's do.
 TEST(CacheTypes, RotatedRowsDecodeAsThePromptPrefillsThem) {
   const auto model = make_random_model(rotated_model_spec());
-  const auto prompt = random_tokens(100, model.weights.config.vocab_size, 13);
+  const auto prompt = random_tokens(140, model.weights.config.vocab_size, 13);
   std::vector<int32_t> longer = prompt;
   longer.push_back(17);
   for (const DType type : {DType::Q8_0, DType::Q4_0}) {
@@ -141,7 +144,7 @@ TEST(CacheTypes, RotatedRowsDecodeAsThePromptPrefillsThem) {
     SessionOptions options;
     options.cache_type = {type, type};
     Session prefilled(model.weights, options), decoded(model.weights, options);
-    ASSERT_EQ(prefilled.cache().layer(0).heads[0].key_rotation(), 64);
+    ASSERT_EQ(prefilled.cache().layer(0).heads[0].key_rotation(), 128);
     ASSERT_EQ(prefilled.cache().layer(0).heads[0].value_rotation(), 64);
     const auto expected = prefilled.prefill(longer);
     decoded.prefill(prompt);
@@ -160,7 +163,10 @@ TEST(CacheTypes, RotatedRowsDecodeAsThePromptPrefillsThem) {
     options.budget.entries = 32;
     Session session(model.weights, options);
     session.prefill(prompt);
-    std::vector<float> all;
+    // Appended rows attend over the borrowed keys gathered as F32 (prefill's cached path).
+    const auto appended = random_tokens(8, model.weights.config.vocab_size, 21);
+    const auto appended_logits = session.append(appended);
+    std::vector<float> all(appended_logits.begin(), appended_logits.end());
     for (int step = 0; step < 4; ++step) {
       const auto logits = session.decode(static_cast<int32_t>(step + 5));
       all.insert(all.end(), logits.begin(), logits.end());

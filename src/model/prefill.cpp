@@ -84,7 +84,8 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
     attention_inputs(l, n, positions.data(), b);
     // A quantised cache: every attention reads K/V as the cache holds them (llama.cpp's
     // attention reads its -ctk/-ctv cache too), the press scores those, and storing them again
-    // changes nothing (each type's round trip is idempotent).
+    // changes nothing (each type's round trip is idempotent; with rotated rows, up to the float
+    // rounding of the rotation, which would have to move a value across a rounding boundary).
     round_trip_to_cache_type(cache_type.key, key_rotation_width(cache_type, hd), b.k.data(),
                              n * n_kv, hd);
     round_trip_to_cache_type(cache_type.value, value_rotation_width(cache_type, hd), b.v.data(),
