@@ -69,10 +69,25 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     const float* log_weights = head.has_log_weights() ? head.log_weights().data() : nullptr;
     // PoD: the keys of the head's distant entries are those of its block's lowest layer (and
     // with scores=lower, their logits use that layer's query too, PoD Eq. 3).
-    std::array<KeySegment, 3> segments;
     const float* lender_queries = head.shares_keys() && head.uses_lender_query()
                                       ? step_queries.data() + lender_layer(head) * q_dim
                                       : nullptr;
+    // Rotated rows (KvCacheType::hadamard): the kernels dot the stored H k' with H q (and H of
+    // the lender's query), and their output sum p H v' is rotated back (H = H^-1). Presses and
+    // observers see q and the output unrotated.
+    thread_local std::vector<float> rotated_queries, rotated_lender_queries;
+    const float* queries = q;
+    if (head.key_rotation() != 0) {
+      const auto rotated = [&](const float* rows, std::vector<float>& out) {
+        out.assign(rows, rows + q_dim);
+        hadamard_rows(out.data() + begin * hd, end - begin, hd, head.key_rotation());
+        return out.data();
+      };
+      queries = rotated(q, rotated_queries);
+      if (lender_queries != nullptr)
+        lender_queries = rotated(lender_queries, rotated_lender_queries);
+    }
+    std::array<KeySegment, 3> segments;
     const HeadCache& lender = head.shares_keys()
                                   ? cache.layer(lender_layer(head)).heads[static_cast<size_t>(kv)]
                                   : head;  // a dense head's one segment is its own keys
@@ -81,24 +96,6 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     const std::span<const KeySegment> key_segments(segments.data(),
                                                    static_cast<size_t>(segment_count));
     const ValueRows values(head.value_rows(), head.type().value);
-    // Rotated rows (KvCacheType::hadamard): the kernels dot the stored H k' with H q, and their
-    // output sum p H v' is rotated back (H = H^-1). Presses and observers see q and the output
-    // unrotated.
-    thread_local std::vector<float> rotated_queries, rotated_lender_queries;
-    const float* queries = q;
-    if (head.key_rotation() != 0) {
-      rotated_queries.assign(q, q + q_dim);
-      hadamard_rows(rotated_queries.data() + begin * hd, end - begin, hd, head.key_rotation());
-      queries = rotated_queries.data();
-      if (lender_queries != nullptr) {
-        rotated_lender_queries.assign(lender_queries, lender_queries + q_dim);
-        hadamard_rows(rotated_lender_queries.data() + begin * hd, end - begin, hd,
-                      head.key_rotation());
-        for (KeySegment& segment : segments)
-          if (segment.query != nullptr)
-            segment.query = rotated_lender_queries.data() + (segment.query - lender_queries);
-      }
-    }
     const auto rotate_output_back = [&] {
       hadamard_rows(att + begin * hd, end - begin, hd, head.value_rotation());
     };
@@ -119,9 +116,7 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
       float* head_probs = want_probs ? probs.data() + h * probs_stride : nullptr;
       // The lender's query of this very query head (the group segment holds the group's).
       for (KeySegment& segment : segments)
-        if (segment.query != nullptr)
-          segment.query =
-              (head.key_rotation() != 0 ? rotated_lender_queries.data() : lender_queries) + h * hd;
+        if (segment.query != nullptr) segment.query = lender_queries + h * hd;
       kernels::attention_decode_gathered_segments(queries + h * hd, key_segments, values,
                                                   log_weights, chosen, hd, att + h * hd,
                                                   head_probs);
