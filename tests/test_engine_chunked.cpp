@@ -67,6 +67,9 @@ struct ChunkCase {
   int ubatch;
 };
 
+// A chunk of one token takes decode's mat-vec, which rounds quantised and F16 activations as
+// llama.cpp does (kernels::matmul), so the quantised and F16 cases split 37 tokens into chunks
+// that leave at least 2 in the last one (5 x 7 + 2, 7 x 5 + 2).
 class ChunkedPrefill : public ::testing::TestWithParam<ChunkCase> {};
 
 TEST_P(ChunkedPrefill, EqualsOneShotPrefillAndDecodesTheSame) {
@@ -95,7 +98,7 @@ TEST_P(ChunkedPrefill, EqualsOneShotPrefillAndDecodesTheSame) {
 INSTANTIATE_TEST_SUITE_P(Sizes, ChunkedPrefill,
                          ::testing::Values(ChunkCase{DType::F32, 1}, ChunkCase{DType::F32, 4},
                                            ChunkCase{DType::F32, 16}, ChunkCase{DType::F32, 36},
-                                           ChunkCase{DType::Q8_0, 5}, ChunkCase{DType::F16, 9}),
+                                           ChunkCase{DType::Q8_0, 5}, ChunkCase{DType::F16, 7}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.type)) + "_ubatch" +
                                   std::to_string(info.param.ubatch);

@@ -175,6 +175,29 @@ TEST(Kernels, RmsnormMatchesReferenceAndMayAlias) {
   }
 }
 
+// RMSNorm rounds as ggml's rms_norm: squares in float summed in double in index order, the mean
+// rounded to float, x * (1 / sqrt(mean + eps)) * weight in float (a float sum of the squares, as
+// before, rounds the mean differently in most of these rows). Every third value is scaled down by
+// up to 2^-24, so that the squares span many binades.
+TEST(Kernels, RmsnormRoundsAsGgml) {
+  std::mt19937 rng(5);
+  for (Isa isa : available_isas()) {
+    for (int64_t n : {1, 64, 576, 4099}) {
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " n=" << n);
+      auto x = random_vector(rng, n, 2.0f);
+      for (int64_t i = 0; i < n; i += 3) x[i] *= std::ldexp(1.0f, -static_cast<int>(i % 25));
+      const auto weight = random_vector(rng, n);
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
+      const auto mean = static_cast<float>(sum / static_cast<double>(n));
+      const float scale = 1.0f / std::sqrt(mean + 1e-6f);
+      std::vector<float> out(static_cast<size_t>(n));
+      rmsnorm(isa, out.data(), x.data(), weight.data(), n, 1e-6f);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], x[i] * scale * weight[i]) << i;
+    }
+  }
+}
+
 TEST(Kernels, RmsnormRowsNormalisesEachRow) {
   std::mt19937 rng(4);
   const int64_t rows = 37, n = 2048;  // enough work to take the parallel path

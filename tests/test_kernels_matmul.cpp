@@ -37,11 +37,14 @@ double f32_tolerance(const float* w_row, const float* x, int64_t cols) {
   return 1e-5 * ref_abs_dot(w_row, x, cols) + 1e-6;
 }
 
-// Mat-vec multiplies Q8_0 weights with int8-quantised activations (as ggml does), so its error
-// bound includes the activation rounding; the plain types stay at F32 rounding.
+// Mat-vec multiplies Q8_0 weights with int8-quantised activations and F16 weights with the
+// activations rounded to F16 (as ggml does), so its error bound includes the activation
+// rounding: for F16 half an F16 ulp, 2^-11 of each |w x| term; F32 and BF16 stay at F32 rounding.
 double matvec_tolerance(DType type, const float* w_row, const float* x, int64_t cols) {
   if (type == DType::Q8_0)
-    return protokv::testing::int8_activation_bound(w_row, x, cols, kQ8BlockSize);
+    return protokv::testing::int8_activation_bound(w_row, x, cols, kQ8BlockSize, true);
+  if (type == DType::F16)
+    return 0x1p-11 * ref_abs_dot(w_row, x, cols) + f32_tolerance(w_row, x, cols);
   return f32_tolerance(w_row, x, cols);
 }
 
@@ -61,6 +64,73 @@ TEST(KernelsMatvec, EveryDtypeMatchesDequantisedReference) {
           const float* w_row = w.values.data() + r * s.cols;
           const double tolerance = matvec_tolerance(type, w_row, x.data(), s.cols);
           ASSERT_NEAR(y[r], expected[r], tolerance) << "row " << r;
+        }
+      }
+    }
+  }
+}
+
+// ggml_vec_dot_f16 of the build for `isa` (ggml-cpu/vec.cpp, simd-mappings.h), emulated: the
+// activation rounded to F16; `lanes` F32 lanes in 4 accumulators over whole steps of 4 * lanes
+// values (fma per lane), reduced as GGML_F32x8_REDUCE (AVX2) or GGML_F32Cx16_REDUCE with GCC's
+// _mm512_reduce_add_ps (AVX-512), then the leftovers' float products added in double; no SIMD
+// (scalar): every product added in double.
+float ggml_vec_dot_f16_emulation(Isa isa, const uint16_t* w, const float* x, int64_t n) {
+  std::vector<float> xh(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) xh[i] = f16_to_f32(f32_to_f16(x[i]));
+  const int lanes = isa == Isa::kAvx512 ? 16 : isa == Isa::kAvx2 ? 8 : 0;
+  const int64_t whole = lanes == 0 ? 0 : n / (4 * lanes) * (4 * lanes);
+  double sum = 0.0;
+  if (lanes > 0) {
+    std::vector<float> acc(static_cast<size_t>(4 * lanes), 0.0f);
+    for (int64_t i = 0; i < whole; i += 4 * lanes)
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < lanes; ++l) {
+          const int64_t k = i + j * lanes + l;
+          float& a = acc[static_cast<size_t>(j * lanes + l)];
+          a = std::fma(f16_to_f32(w[k]), xh[static_cast<size_t>(k)], a);
+        }
+    std::vector<float> r(static_cast<size_t>(lanes));
+    for (int l = 0; l < lanes; ++l)
+      r[l] = (acc[l] + acc[2 * lanes + l]) + (acc[lanes + l] + acc[3 * lanes + l]);
+    if (lanes == 8) {
+      float t[4];
+      for (int k = 0; k < 4; ++k) t[k] = r[k] + r[k + 4];
+      sum = (t[0] + t[1]) + (t[2] + t[3]);
+    } else {
+      float h[8], q[4];
+      for (int k = 0; k < 8; ++k) h[k] = r[k + 8] + r[k];
+      for (int k = 0; k < 4; ++k) q[k] = h[k + 4] + h[k];
+      sum = (q[0] + q[2]) + (q[1] + q[3]);
+    }
+  }
+  for (int64_t i = whole; i < n; ++i)
+    sum += static_cast<double>(f16_to_f32(w[i]) * xh[static_cast<size_t>(i)]);
+  return static_cast<float>(sum);
+}
+
+// F16 rows round as llama.cpp's (ggml_vec_dot_f16 of the same instruction set), bit for bit,
+// whole steps and leftovers alike; several activations at once (batched decode) as one at a time.
+TEST(KernelsMatvec, F16RowsRoundAsGgmlVecDotF16) {
+  std::mt19937 rng(14);
+  for (Isa isa : available_isas()) {
+    for (int64_t cols : {1, 31, 64, 172, 256, 1000}) {
+      SCOPED_TRACE(::testing::Message() << isa_name(isa) << " x" << cols);
+      const int64_t rows = 6;
+      const TestWeight w = random_weight(rng, DType::F16, rows, cols);
+      const auto x = random_vector(rng, 2 * cols);
+      std::vector<float> y(static_cast<size_t>(2 * rows), NAN);
+      matvec_rows(w.matrix, x.data(), 2, y.data());  // the active instruction set
+      for (int64_t i = 0; i < 2; ++i) {
+        std::vector<float> one(static_cast<size_t>(rows), NAN);
+        matvec(isa, w.matrix, x.data() + i * cols, one.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto* row = static_cast<const uint16_t*>(w.matrix.row(r));
+          EXPECT_EQ(one[r], ggml_vec_dot_f16_emulation(isa, row, x.data() + i * cols, cols))
+              << "activation " << i << " row " << r;
+          if (isa == active_isa()) {
+            EXPECT_EQ(y[i * rows + r], one[r]);
+          }
         }
       }
     }

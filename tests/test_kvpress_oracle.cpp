@@ -171,9 +171,15 @@ TEST(KvpressOracle, RecallModelKeepsWhatKvpressKeeps) {
   const auto rows = compare_with_kvpress(
       std::filesystem::path(PROTOKV_SOURCE_DIR) / "models" / "protokv-recall.gguf", fixture);
   print(rows);
-  // F16 weights in both engines (transformers dequantises to F32, protokv converts as it
-  // multiplies): the same numbers up to float rounding.
-  EXPECT_LT(rows[0].logit_gap, 1e-3f) << "the full cache's logits differ from transformers'";
+  // F16 weights in both engines: transformers dequantises them and multiplies in F32, protokv's
+  // prefill too, but its decode rounds the activations to F16 as llama.cpp does (ggml's
+  // vec_dot_type for F16), which moves the logits (measured 0.0071 full, 0.0066 streaming_llm,
+  // 0.026 snapkv, 0.0071 expected_attention; 1e-3 or less in F32): about 3x that is allowed.
+  auto gap_limit = [](const std::string& press) {
+    return press.starts_with("snapkv") ? 0.08f : 0.02f;
+  };
+  EXPECT_LT(rows[0].logit_gap, gap_limit(rows[0].press))
+      << "the full cache's logits differ from transformers'";
   for (const PressComparison& c : rows) {
     if (c.press == "knorm") {
       // Layer 0's keys depend on the token id only, so every repeated token's key norm ties up to
@@ -181,7 +187,7 @@ TEST(KvpressOracle, RecallModelKeepsWhatKvpressKeeps) {
       EXPECT_LT(c.tie_spread, 1e-5) << "knorm's selections differ by more than ties";
     } else if (c.expect == "same") {
       EXPECT_EQ(c.heads_differ, 0) << c.press;
-      EXPECT_LT(c.logit_gap, 1e-3f) << c.press;
+      EXPECT_LT(c.logit_gap, gap_limit(c.press)) << c.press;
     }
   }
   expect_documented_differences(rows, /*h2o=*/0.45, /*pyramidkv=*/0.75, /*adakv=*/0.95);

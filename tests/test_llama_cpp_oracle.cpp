@@ -83,8 +83,9 @@ void PrintTo(const OracleCase& c, std::ostream* os) {
 // on the dequantised weights: the difference expected is manifest.tsv's act_rounding (llama.cpp on
 // the file vs llama.cpp on its F32 dequantisation; measured 0.0012 F16, 0.008 BF16, 0.027 Q8_0,
 // 0.030-0.046 Q4_0..Q6_K). Tolerances are about 3x act_rounding, rounded up; protokv's decode
-// mat-vec also quantises activations to int8 for every quantised type (Q4_0/Q4_1/Q5_0/Q5_1 to
-// ggml's own Q8_0 / Q8_1 blocks, with its vec_dot arithmetic), which the 3x covers (each test
+// mat-vec also rounds activations as llama.cpp does for every quantised type and F16 (Q8_0 and
+// Q4_0/Q4_1/Q5_0/Q5_1 to ggml's own Q8_0 / Q8_1 blocks, with its vec_dot arithmetic; F16 to F16,
+// in ggml_vec_dot_f16's order), which the 3x covers (each test
 // prints its measured difference as "[ oracle   ]"). With those, decode is bit-identical to
 // llama.cpp on the Q4_1 fixtures, llama Q5_1 and gemma3 Q5_0; llama.cpp repacks Q4_0 for its
 // own GEMM, and elsewhere an F32 ulp upstream can move one activation's int8 rounding.

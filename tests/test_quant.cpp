@@ -42,6 +42,12 @@ bool is_legacy(DType type) {
          std::end(kLegacyTypes);
 }
 
+// The types whose decode takes ggml's own activation blocks (FP16 scales): the legacy types and
+// Q8_0.
+bool takes_ggml_q8_blocks(DType type) {
+  return is_legacy(type) || type == DType::Q8_0;
+}
+
 bool takes_q8_1(DType type) {
   return type == DType::Q4_1 || type == DType::Q5_1;
 }
@@ -399,7 +405,7 @@ TEST(QuantKernels, MatvecEveryIsaMatchesDequantisedReference) {
             const double exact = testing::ref_dot(wr, x.data(), cols);
             ASSERT_NEAR(y[r], exact,
                         testing::int8_activation_bound(wr, x.data(), cols, activation_block(type),
-                                                       is_legacy(type)))
+                                                       takes_ggml_q8_blocks(type)))
                 << "row " << r;
             // The integer part is exact in every variant: they differ by F32 summation order only.
             ASSERT_NEAR(y[r], scalar[r], 2e-6 * testing::ref_abs_dot(wr, x.data(), cols) + 1e-6)
@@ -412,12 +418,12 @@ TEST(QuantKernels, MatvecEveryIsaMatchesDequantisedReference) {
 }
 
 // The kernels' integer ranges at their extremes: every quant bit and small scale set (all 0xff
-// bytes) and activations at +-127 after quantisation. Not the legacy types: their activation has
-// an FP16 scale, so +-1 comes back as +-127 * FP16(1 / 127); LegacyKernelsExtremeBlocks checks
-// them against ggml's formula instead.
+// bytes) and activations at +-127 after quantisation. Not the legacy types and Q8_0: their
+// activation has an FP16 scale, so +-1 comes back as +-127 * FP16(1 / 127);
+// LegacyKernelsExtremeBlocks and Q8_0RowsRoundAsGgmlVecDot check them against ggml's formula.
 TEST(QuantKernels, ExtremeBlocksStayExact) {
   for (DType type : kQuantTypes) {
-    if (is_legacy(type)) continue;
+    if (takes_ggml_q8_blocks(type)) continue;
     const int64_t cols = 512, rows = 2;
     std::vector<uint8_t> bytes(dtype_row_bytes(type, cols) * rows, 0xff);
     const size_t block_bytes = dtype_row_bytes(type, dtype_block_size(type));
@@ -631,6 +637,58 @@ TEST(QuantKernels, LegacyKernelsExtremeBlocks) {
   }
 }
 
+// Q8_0 rows against ggml's Q8_0 activation blocks: ggml's x86 ggml_vec_dot_q8_0_q8_0 (8 F32
+// lanes, lane l accumulating fma(d_w * d_x, int32 dot of values 4l..4l+3), hsum_float_8) to the
+// bit in the vector variants, its formula within F32 rounding in all. Blocks at the extremes
+// (every weight -128 or 127, activations +-max) included.
+TEST(QuantKernels, Q8_0RowsRoundAsGgmlVecDot) {
+  std::mt19937 rng(29);
+  for (int64_t cols : {32, 96, 1024}) {
+    const int64_t rows = 5;
+    auto bytes = random_blocks(rng, DType::Q8_0, rows, cols);
+    auto* first = reinterpret_cast<BlockQ8_0*>(bytes.data());
+    for (int j = 0; j < 32; ++j) first->quants[j] = static_cast<int8_t>(j % 2 ? -128 : 127);
+    const WeightMatrix w{DType::Q8_0, bytes.data(), rows, cols};
+    auto x = testing::random_vector(rng, cols);
+    for (int j = 0; j < 32; ++j) x[static_cast<size_t>(j)] = j % 3 ? 2.0f : -2.0f;
+    kernels::QuantizedActivation xq;
+    kernels::quantize_activation_ggml_q8(x.data(), cols, false, xq);
+    for (Isa isa : kernels::available_isas()) {
+      SCOPED_TRACE(::testing::Message() << kernels::isa_name(isa) << " x" << cols);
+      std::vector<float> y(static_cast<size_t>(rows), NAN);
+      kernels::matvec(isa, w, x.data(), y.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto* blocks = static_cast<const BlockQ8_0*>(w.row(r));
+        float lanes[8] = {};
+        double formula = 0.0, abs_sum = 0.0;
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          const float d = f16_to_f32(blocks[b].scale) * xq.scale[static_cast<size_t>(b)];
+          int64_t block_dot = 0, block_abs = 0;
+          for (int l = 0; l < 8; ++l) {
+            int32_t dot = 0;
+            for (int k = 0; k < 4; ++k) {
+              const int32_t p =
+                  blocks[b].quants[4 * l + k] * xq.q[static_cast<size_t>(32 * b + 4 * l + k)];
+              dot += p;
+              block_abs += p < 0 ? -p : p;
+            }
+            block_dot += dot;
+            lanes[l] = std::fma(d, static_cast<float>(dot), lanes[l]);
+          }
+          formula += static_cast<double>(d) * static_cast<double>(block_dot);
+          abs_sum += std::fabs(d) * static_cast<double>(block_abs);
+        }
+        EXPECT_NEAR(y[r], formula, (static_cast<double>(cols) / 32 + 3) * 0x1p-24 * abs_sum + 1e-30)
+            << "row " << r;
+        if (isa == Isa::kScalar) continue;
+        float t[4];
+        for (int k = 0; k < 4; ++k) t[k] = lanes[k] + lanes[k + 4];
+        EXPECT_EQ(y[r], (t[0] + t[2]) + (t[1] + t[3])) << "row " << r;
+      }
+    }
+  }
+}
+
 // llama.cpp's arithmetic for a Q4_0 row of a matrix it repacks into 8-row blocks (AVX2 CPUs, rows a
 // multiple of 8; ggml_gemv_q4_0_8x8_q8_0): one F32 accumulator per row, block after block
 // acc = fma(float(exact int32 dot of q - 8 with q_x), d_w * d_x, acc).
@@ -722,7 +780,7 @@ TEST(QuantKernels, MatmulMatchesReferenceAndMatvec) {
                       1e-5 * testing::ref_abs_dot(wr, xt, cols) + 1e-6);
           ASSERT_NEAR(y[t * rows + r], row_out[r],
                       testing::int8_activation_bound(wr, xt, cols, activation_block(type),
-                                                     is_legacy(type)));
+                                                     takes_ggml_q8_blocks(type)));
         }
       }
     }

@@ -77,8 +77,9 @@ void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y);
 // Y[n, rows] = X[n, cols] · W^T (prefill projections), W in any supported dtype, through BLAS.
 // F32 calls sgemm directly; other dtypes convert W in panels of rows to F32 scratch (per thread,
 // never the whole matrix) and run one sgemm per panel. n = 1 uses matvec, and so does n < 4 for
-// plain dtypes; quantised weights with n >= 2 keep F32 activations (prefill gives the same
-// result whatever its chunking).
+// F32 and BF16; quantised and F16 weights with n >= 2 keep F32 activations (their matvec rounds
+// the activations as llama.cpp's does), so that prefill gives the same result whatever its
+// chunking, except for a chunk of a single row, which takes the mat-vec.
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
 
 // Causal attention of one query head over its KV head, all n tokens of a prefill:

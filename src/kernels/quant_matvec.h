@@ -2,14 +2,14 @@
 #pragma once
 // Integer mat-vec for the quantised weight types: as in ggml, the activation vector is quantised
 // once per call to int8 blocks, and each weight block is multiplied with them in int32.
-//  - Q2_K ... Q6_K (and Q8_0's int8 path): quantize_activation, per 256 values for the K-quants
-//    like ggml's Q8_K (per 32 for Q8_0), each block with a float scale and the int sums of its
-//    groups of 16; the weight block is unpacked (quant_blocks.h) and multiplied by the
-//    instruction set's dot_q_groups. The only rounding against the dequantised weights is the
-//    activation's (|error| <= scale / 2 per value) and the F32 sum.
-//  - Q4_0, Q4_1, Q5_0, Q5_1: quantize_activation_ggml_q8, ggml's own Q8_0 / Q8_1 blocks (FP16
-//    scales), and the instruction set's dot_q4_0_q8_0 ... dot_q5_1_q8_1, ggml's vec_dot
-//    arithmetic, so that decode rounds as llama.cpp does.
+//  - Q2_K ... Q6_K: quantize_activation, per 256 values like ggml's Q8_K, each block with a
+//    float scale and the int sums of its groups of 16; the weight block is unpacked
+//    (quant_blocks.h) and multiplied by the instruction set's dot_q_groups. The only rounding
+//    against the dequantised weights is the activation's (|error| <= scale / 2 per value) and the
+//    F32 sum.
+//  - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: quantize_activation_ggml_q8, ggml's own Q8_0 / Q8_1 blocks
+//    (FP16 scales), and the instruction set's dot_q8_0_int8, dot_q4_0_q8_0 ... dot_q5_1_q8_1,
+//    ggml's vec_dot arithmetic, so that decode rounds as llama.cpp does.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -73,21 +73,34 @@ struct Avx2Ops {
     return s;
   }
 
+  // F16 weights against an F16 activation (see ScalarOps::dot_f16) in the order of ggml's AVX2
+  // ggml_vec_dot_f16 (GGML_F16_STEP 32: four 8-lane F32 accumulators, GGML_F32x8_REDUCE, the
+  // leftovers after the last whole 32 added in double), so that a row rounds as llama.cpp's.
   static float dot_f16(const uint16_t* w, const float* x, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
            s3 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
+    const int64_t whole = n & ~int64_t{31};
+    for (int64_t i = 0; i < whole; i += 32) {
       prefetch_ahead(w + i);
       s0 = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), s0);
       s1 = _mm256_fmadd_ps(load_f16(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
       s2 = _mm256_fmadd_ps(load_f16(w + i + 16), _mm256_loadu_ps(x + i + 16), s2);
       s3 = _mm256_fmadd_ps(load_f16(w + i + 24), _mm256_loadu_ps(x + i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), s0);
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; ++i) s += _cvtsh_ss(w[i]) * x[i];
-    return s;
+    const __m256 r = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    auto sum = static_cast<double>(_mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
+    for (int64_t i = whole; i < n; ++i) sum += static_cast<double>(_cvtsh_ss(w[i]) * x[i]);
+    return static_cast<float>(sum);
+  }
+
+  static void round_to_f16(const float* x, float* out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+    for (; i < n; ++i) out[i] = f16_to_f32(f32_to_f16(x[i]));
   }
 
   static float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
@@ -845,10 +858,6 @@ struct Avx2Ops {
       s += x[i];
     }
     return s;
-  }
-
-  static float sum_squares(const float* x, int64_t n) {
-    return dot(x, x, n);
   }
 
   static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {

@@ -55,23 +55,46 @@ struct Avx512Ops {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
   }
 
+  // As Avx2Ops::dot_f16 in the order of ggml's AVX-512 ggml_vec_dot_f16 (GGML_F16_STEP 64: four
+  // 16-lane accumulators, GGML_F32Cx16_REDUCE, leftovers after the last whole 64 in double). A
+  // llama.cpp built for AVX512-FP16 (-march=native on Sapphire Rapids and later) accumulates in
+  // FP16 instead; tools/llama_cpp/build.sh builds without it.
   static float dot_f16(const uint16_t* w, const float* x, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
            s3 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
+    const int64_t whole = n & ~int64_t{63};
+    for (int64_t i = 0; i < whole; i += 64) {
       Avx2Ops::prefetch_ahead(w + i, 128);
       s0 = _mm512_fmadd_ps(load_f16(w + i), _mm512_loadu_ps(x + i), s0);
       s1 = _mm512_fmadd_ps(load_f16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
       s2 = _mm512_fmadd_ps(load_f16(w + i + 32), _mm512_loadu_ps(x + i + 32), s2);
       s3 = _mm512_fmadd_ps(load_f16(w + i + 48), _mm512_loadu_ps(x + i + 48), s3);
     }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load_f16(w + i), _mm512_loadu_ps(x + i), s0);
-    if (i < n) {
-      const __mmask16 m = tail_mask(n - i);
-      s1 = _mm512_fmadd_ps(load_f16(w + i, m), _mm512_maskz_loadu_ps(m, x + i), s1);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    auto sum = static_cast<double>(
+        reduce_add_as_gcc(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))));
+    for (int64_t i = whole; i < n; ++i) sum += static_cast<double>(_cvtsh_ss(w[i]) * x[i]);
+    return static_cast<float>(sum);
+  }
+
+  // _mm512_reduce_add_ps in GCC's order (its avx512fintrin.h, which the llama.cpp that
+  // tools/llama_cpp/build.sh compiles uses): upper + lower 256 bits, then 128, then lanes 2,3 onto
+  // 0,1, then lane 0 + lane 1. Spelled out so that another compiler's reduction order cannot
+  // change a result.
+  static float reduce_add_as_gcc(__m512 v) {
+    const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    const __m256 half = _mm256_add_ps(upper, _mm512_castps512_ps256(v));
+    const __m128 quarter = _mm_add_ps(_mm256_extractf128_ps(half, 1), _mm256_castps256_ps128(half));
+    const __m128 pairs =
+        _mm_add_ps(quarter, _mm_shuffle_ps(quarter, quarter, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+  }
+
+  static void round_to_f16(const float* x, float* out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+    Avx2Ops::round_to_f16(x + i, out + i, n - i);
   }
 
   static float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
@@ -376,10 +399,6 @@ struct Avx512Ops {
       sum0 = _mm512_add_ps(sum0, _mm512_maskz_mov_ps(m, e));
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
-  }
-
-  static float sum_squares(const float* x, int64_t n) {
-    return dot(x, x, n);
   }
 
   static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {

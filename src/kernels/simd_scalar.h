@@ -33,16 +33,20 @@ struct ScalarOps {
     return (s0 + s1) + (s2 + s3);
   }
 
+  // F16 weights against an activation already rounded to F16 (round_to_f16; kept as the floats
+  // those F16 values are, which F16 -> F32 gives exactly), as llama.cpp multiplies them (ggml-cpu's
+  // vec_dot_type for F16 is F16): ggml_vec_dot_f16 of a build without SIMD, each product in float
+  // (exact: 11-bit significands) summed in double.
   static float dot_f16(const uint16_t* w, const float* x, int64_t n) {
     const float* table = f16_table();
-    float s0 = 0, s1 = 0;
-    int64_t i = 0;
-    for (; i + 2 <= n; i += 2) {
-      s0 += table[w[i]] * x[i];
-      s1 += table[w[i + 1]] * x[i + 1];
-    }
-    if (i < n) s0 += table[w[i]] * x[i];
-    return s0 + s1;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(table[w[i]] * x[i]);
+    return static_cast<float>(sum);
+  }
+
+  // x rounded to F16, round to nearest even (as ggml_cpu_fp32_to_fp16), and back to F32.
+  static void round_to_f16(const float* x, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(f32_to_f16(x[i]));
   }
 
   static float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
@@ -208,8 +212,6 @@ struct ScalarOps {
     }
     return sum;
   }
-
-  static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
 
   // out[i] = x[i] * s * w[i]
   static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {

@@ -54,9 +54,33 @@ void rope_apply(float* x, int n_heads, int head_dim, int rot_dims, int first, in
 
 void rmsnorm_rows(float* out, const float* x, const float* weight, int64_t rows, int64_t n,
                   float eps) {
-  // Rows are cheap (O(n)); threads only pay off for a prefill's worth of them.
+  // Rows are cheap (O(n)); threads only pay off for a prefill's worth of them. Four rows at a time:
+  // each row's sum of squares is a chain of dependent double adds in index order (ggml's order,
+  // see rmsnorm), four such chains interleave; the results are rmsnorm's to the bit.
+  constexpr int64_t kGroup = 4;
+  const int64_t groups = (rows + kGroup - 1) / kGroup;
 #pragma omp parallel for schedule(static) if (rows * n >= (1 << 16))
-  for (int64_t r = 0; r < rows; ++r) rmsnorm(out + r * n, x + r * n, weight, n, eps);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t r0 = g * kGroup;
+    if (rows - r0 < kGroup) {
+      for (int64_t r = r0; r < rows; ++r) rmsnorm(out + r * n, x + r * n, weight, n, eps);
+      continue;
+    }
+    const float* x0 = x + r0 * n;
+    double sums[kGroup] = {};
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < kGroup; ++k) {
+        const float v = x0[k * n + i];
+        sums[k] += static_cast<double>(v * v);
+      }
+    for (int64_t k = 0; k < kGroup; ++k) {
+      const auto mean_square = static_cast<float>(sums[k] / static_cast<double>(n));
+      const float scale = 1.0f / std::sqrt(mean_square + eps);
+      const float* xr = x0 + k * n;
+      float* o = out + (r0 + k) * n;
+      for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * scale * weight[i];
+    }
+  }
 }
 
 RopeTable make_rope_table(int head_dim, float theta, bool neox) {

@@ -480,7 +480,8 @@ std::span<const float> Session::Impl::append(std::span<const int32_t> tokens,
   const int64_t chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
   RowBuffers rows(chunk, config);
   // Every row's logits: each row multiplied as a decode step multiplies it (matvec_rows: int8
-  // activations for the quantised types, as llama.cpp's batches have them too), the weights
+  // activations for the quantised types, F16 ones for F16, as llama.cpp's batches have them
+  // too), the weights
   // streamed once for all rows of the chunk.
   rows.independent_rows = static_cast<bool>(on_logits);
   for (int64_t r0 = 0; r0 < n; r0 += chunk)

@@ -10,7 +10,8 @@
 #   tools/llama_cpp/build.sh            # prints the build folder; skips what is already built
 #
 # Cache: ${PROTOKV_CACHE:-$HOME/.cache/protokv}/llama.cpp-src (clone) and llama.cpp-build
-# (binaries in bin/). Needs npm, git, cmake, a C++ compiler; about 5-8 minutes on 2 cores.
+# (binaries in bin/). Needs npm, git, cmake, a C++ compiler that knows -mno-avx512fp16 (GCC 12,
+# clang 14 or later); about 5-8 minutes on 2 cores.
 set -euo pipefail
 
 NODE_LLAMA_CPP_VERSION=${NODE_LLAMA_CPP_VERSION:-3.22}
@@ -38,10 +39,14 @@ fi
 
 # -march=native without AMX: ggml's AMX kernels died with SIGILL at their first `tilezero` on a
 # KVM guest whose CPU reports amx_tile and amx_int8 (Xeon, family 6 model 207, 2026-11-27), in
-# llama-bench and llama-perplexity alike. A change of these flags rebuilds (the stamp file).
+# llama-bench and llama-perplexity alike. Without AVX512-FP16 too: with it (Sapphire Rapids and
+# later) ggml_vec_dot_f16 accumulates F16 dot products in FP16 arithmetic (GGML_F16_STEP 128,
+# _mm512_fmadd_ph), 2e-3 relative on a row of 128, where every other x86 build, and protokv,
+# accumulates in F32; the oracle is that common arithmetic. A change of these flags rebuilds (the
+# stamp file).
+NATIVE_EXCEPT="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -mno-avx512fp16"
 CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF
-  "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-  "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+  "-DCMAKE_C_FLAGS=$NATIVE_EXCEPT" "-DCMAKE_CXX_FLAGS=$NATIVE_EXCEPT")
 have_all=1
 for t in "${TARGETS[@]}"; do [[ -x $BUILD/bin/$t ]] || have_all=0; done
 [[ "$(cat "$BUILD/protokv-cmake-flags" 2>/dev/null)" == "${CMAKE_FLAGS[*]}" ]] || have_all=0

@@ -1,18 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// protokv-dump-logits: llama.cpp's logits for given token ids, teacher-forced in one batch, for the
-// fixtures of tests/test_llama_cpp_oracle.cpp. Built by tools/llama_cpp/build.sh against the
-// llama.cpp it builds (not part of protokv's build).
+// protokv-dump-logits: llama.cpp's logits for given token ids, teacher-forced (by default in one
+// batch), for the fixtures of tests/test_llama_cpp_oracle.cpp. Built by tools/llama_cpp/build.sh
+// against the llama.cpp it builds (not part of protokv's build).
 //
-//   protokv-dump-logits MODEL.gguf OUT.logits TOKEN_ID...
+//   protokv-dump-logits [--prompt K] [--flash-attn] MODEL.gguf OUT.logits TOKEN_ID...
 //   protokv-dump-logits --max-diff A.logits B.logits    # prints max |logit A - logit B|
 //
-// The context keeps K/V in F32 and runs without flash attention, so the reference carries only
-// the rounding of the weights and of llama.cpp's own kernels (e.g. int8 activations in quantised
-// mat-muls), not of an F16 cache.
+// The context keeps K/V in F32 and by default runs without flash attention, so the reference
+// carries only the rounding of the weights and of llama.cpp's own kernels (e.g. int8 activations in
+// quantised mat-muls), not of an F16 cache. `--prompt K` evaluates the first K tokens in one batch
+// and each later one alone, as llama-completion generates (its mat-vec kernels, not its batched
+// ones);
+// `--flash-attn` turns llama.cpp's flash attention on (llama-completion's default on a CPU).
 //
 // OUT.logits (little-endian): "PKVLOGIT", uint32 version (1), uint32 n_tokens, uint32 n_vocab,
 // int32 tokens[n_tokens], int32 argmax[n_tokens], float32 logits[n_tokens][n_vocab].
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -65,17 +69,38 @@ int max_diff(const char* a_path, const char* b_path) {
 
 int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "--max-diff") == 0) return max_diff(argv[2], argv[3]);
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: %s MODEL.gguf OUT.logits TOKEN_ID...\n", argv[0]);
+  int first = 1;
+  long prompt_tokens = -1;  // all in one batch
+  bool flash_attn = false;
+  for (; first < argc && argv[first][0] == '-' && argv[first][1] == '-'; ++first) {
+    if (std::strcmp(argv[first], "--flash-attn") == 0) {
+      flash_attn = true;
+    } else if (std::strcmp(argv[first], "--prompt") == 0) {
+      if (first + 1 >= argc) return die("--prompt needs a token count");
+      char* end = nullptr;
+      errno = 0;
+      prompt_tokens = std::strtol(argv[++first], &end, 10);
+      if (end == argv[first] || *end != '\0' || errno != 0 || prompt_tokens < 1 ||
+          prompt_tokens > INT32_MAX)
+        return die(std::string("--prompt needs a positive count, not ") + argv[first]);
+    } else {
+      return die(std::string("unknown option ") + argv[first]);
+    }
+  }
+  if (argc - first < 3) {
+    std::fprintf(stderr,
+                 "usage: %s [--prompt K] [--flash-attn] MODEL.gguf OUT.logits TOKEN_ID...\n",
+                 argv[0]);
     return 1;
   }
-  const std::string model_path = argv[1];
-  const std::string out_path = argv[2];
+  const std::string model_path = argv[first];
+  const std::string out_path = argv[first + 1];
   std::vector<llama_token> tokens;
-  for (int i = 3; i < argc; ++i) {
+  for (int i = first + 2; i < argc; ++i) {
     char* end = nullptr;
+    errno = 0;
     const long id = std::strtol(argv[i], &end, 10);
-    if (end == argv[i] || *end != '\0' || id < 0)
+    if (end == argv[i] || *end != '\0' || errno != 0 || id < 0 || id > INT32_MAX)
       return die(std::string("bad token id ") + argv[i]);
     tokens.push_back(static_cast<llama_token>(id));
   }
@@ -102,31 +127,40 @@ int main(int argc, char** argv) {
   ctx_params.n_threads_batch = 1;
   ctx_params.type_k = GGML_TYPE_F32;
   ctx_params.type_v = GGML_TYPE_F32;
-  ctx_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  ctx_params.flash_attn_type =
+      flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama_context* ctx = llama_init_from_model(model, ctx_params);
   if (ctx == nullptr) return die("cannot create a context");
 
-  llama_batch batch = llama_batch_init(n_tokens, 0, 1);
-  for (int32_t i = 0; i < n_tokens; ++i) {
-    batch.token[i] = tokens[static_cast<size_t>(i)];
-    batch.pos[i] = i;
-    batch.n_seq_id[i] = 1;
-    batch.seq_id[i][0] = 0;
-    batch.logits[i] = 1;  // logits at every position (teacher forcing)
-  }
-  batch.n_tokens = n_tokens;
-  if (llama_decode(ctx, batch) != 0) return die("llama_decode failed");
-
   std::vector<float> logits(static_cast<size_t>(n_tokens) * static_cast<size_t>(n_vocab));
   std::vector<int32_t> argmax(static_cast<size_t>(n_tokens));
-  for (int32_t i = 0; i < n_tokens; ++i) {
-    const float* row = llama_get_logits_ith(ctx, i);
-    if (row == nullptr) return die("no logits for position " + std::to_string(i));
-    std::memcpy(logits.data() + static_cast<size_t>(i) * n_vocab, row, sizeof(float) * n_vocab);
-    int32_t best = 0;
-    for (int32_t v = 1; v < n_vocab; ++v)
-      if (row[v] > row[best]) best = v;
-    argmax[static_cast<size_t>(i)] = best;
+  llama_batch batch = llama_batch_init(n_tokens, 0, 1);
+  const int32_t batch_size =
+      prompt_tokens < 0 ? n_tokens : static_cast<int32_t>(std::min<long>(prompt_tokens, n_tokens));
+  // Teacher forcing: logits at every position, from one batch of `batch_size` tokens and then
+  // one token per llama_decode.
+  for (int32_t start = 0; start < n_tokens;) {
+    const int32_t count = start == 0 ? batch_size : 1;
+    for (int32_t i = 0; i < count; ++i) {
+      batch.token[i] = tokens[static_cast<size_t>(start + i)];
+      batch.pos[i] = start + i;
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = 0;
+      batch.logits[i] = 1;
+    }
+    batch.n_tokens = count;
+    if (llama_decode(ctx, batch) != 0) return die("llama_decode failed");
+    for (int32_t i = 0; i < count; ++i) {
+      const float* row = llama_get_logits_ith(ctx, i);
+      if (row == nullptr) return die("no logits for position " + std::to_string(start + i));
+      const size_t at = static_cast<size_t>(start + i);
+      std::memcpy(logits.data() + at * n_vocab, row, sizeof(float) * n_vocab);
+      int32_t best = 0;
+      for (int32_t v = 1; v < n_vocab; ++v)
+        if (row[v] > row[best]) best = v;
+      argmax[at] = best;
+    }
+    start += count;
   }
 
   std::FILE* out = std::fopen(out_path.c_str(), "wb");

@@ -74,11 +74,12 @@ void matmul_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
     std::fill(y, y + n * w.rows, 0.0f);
     return;
   }
-  // Quantised weights: mat-vec multiplies int8-quantised activations, so only a single row
-  // takes it; several rows stay on the F32-activation path and a prompt gives the same result
-  // whatever its chunking (a last chunk of 2 rows included).
-  const bool int8_matvec = dtype_block_size(w.type) > 1;
-  if (n == 1 || (n < kMinGemmTokens && !int8_matvec)) {
+  // Quantised and F16 weights: mat-vec rounds the activations (to int8, to F16) as llama.cpp's
+  // decode does, so only a single row takes it; several rows stay on the F32-activation path
+  // (closer to the F32 model) and a prompt gives the same result whatever its chunking (a last
+  // chunk of 2 rows included).
+  const bool matvec_rounds_activations = dtype_block_size(w.type) > 1 || w.type == DType::F16;
+  if (n == 1 || (n < kMinGemmTokens && !matvec_rounds_activations)) {
     PROTOKV_KERNEL_VARIANT::matvec_rows(w, x, n, y);  // each row as matvec(w, x + i * cols)
     return;
   }

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Mat-vec for decode: y = W x, W in any supported dtype. Memory-bound: each weight byte is
 // read once, rows are split across threads in contiguous static chunks so that each thread
-// streams its own region. Q8_0 and the K-quants multiply int8-quantised activations in integer
-// arithmetic, as ggml does (quant_matvec.h); Q4_0/Q4_1/Q5_0/Q5_1 with ggml's own Q8_0 / Q8_1
-// activation blocks and vec_dot arithmetic, so that their rows round as llama.cpp's do.
+// streams its own region. The K-quants multiply int8-quantised activations in integer
+// arithmetic, as ggml does (quant_matvec.h); Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 with ggml's own Q8_0 / Q8_1
+// activation blocks and vec_dot arithmetic, F16 against the activation rounded to F16 in
+// ggml_vec_dot_f16's order, so that their rows round as llama.cpp's do.
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -68,11 +69,19 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
         return Ops::dot(static_cast<const float*>(row), x_row(i), cols);
       });
       return;
-    case DType::F16:
+    case DType::F16: {
+      // As llama.cpp: the activation rounded to F16 once (kept as F32 values, which are exact),
+      // then each row in ggml_vec_dot_f16's order (Ops::dot_f16). (A pointer, not the
+      // thread_local's name, goes into the parallel loop: each thread would see its own vector.)
+      thread_local std::vector<float> rounded_scratch;
+      rounded_scratch.resize(static_cast<size_t>(n * cols));
+      float* rounded = rounded_scratch.data();
+      Ops::round_to_f16(x, rounded, n * cols);
       for_each_row(w, n, y, [&](const void* row, int64_t i) {
-        return Ops::dot_f16(static_cast<const uint16_t*>(row), x_row(i), cols);
+        return Ops::dot_f16(static_cast<const uint16_t*>(row), rounded + i * cols, cols);
       });
       return;
+    }
     case DType::BF16:
       for_each_row(w, n, y, [&](const void* row, int64_t i) {
         return Ops::dot_bf16(static_cast<const uint16_t*>(row), x_row(i), cols);
@@ -81,7 +90,9 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
     case DType::Q8_0: {
       const int64_t n_blocks = cols / kQ8BlockSize;
       std::vector<QuantizedActivation>& xq = activation_scratch(n);
-      for (int64_t i = 0; i < n; ++i) quantize_activation(x_row(i), cols, kQ8BlockSize, xq[i]);
+      // ggml's own Q8_0 activation blocks: with them the kernel's arithmetic is ggml's
+      // ggml_vec_dot_q8_0_q8_0 and a row rounds as llama.cpp's.
+      for (int64_t i = 0; i < n; ++i) quantize_activation_ggml_q8(x_row(i), cols, false, xq[i]);
       for_each_row(w, n, y, [&](const void* row, int64_t i) {
         return Ops::dot_q8_0_int8(static_cast<const BlockQ8_0*>(row), xq[i].q.data(),
                                   xq[i].scale.data(), n_blocks);
