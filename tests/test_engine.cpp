@@ -116,6 +116,67 @@ INSTANTIATE_TEST_SUITE_P(Types, SessionDtypes,
                                            DtypeCase{DType::Q8_0, "q8_0"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// Prompt rows of the legacy types are multiplied as decode multiplies a token when the session
+// asks (SessionOptions::llama_cpp_prompt_rounding): layer 0's keys and values, which
+// depend on the embedding, RMSNorm and the projections only, equal token-by-token decode's to the
+// bit; with F32 prompt rows they differ by the int8 rounding of the activations.
+TEST(PromptRounding, LegacyPromptRowsRoundAsDecodeUnlessF32IsAsked) {
+  for (DType type : {DType::Q8_0, DType::Q4_0}) {
+    SCOPED_TRACE(dtype_name(type));
+    RandomModelSpec spec;
+    spec.type = type;
+    spec.n_layers = 2;
+    const auto model = make_random_model(spec);
+    const auto tokens = random_tokens(19, spec.vocab_size, 3);
+    Session stepwise(model.weights);
+    stepwise.prefill(std::span<const int32_t>(tokens.data(), 1));
+    for (size_t i = 1; i < tokens.size(); ++i) stepwise.decode(tokens[i]);
+    for (bool rounding : {true, false}) {
+      SessionOptions options;
+      options.llama_cpp_prompt_rounding = rounding;
+      Session whole(model.weights, options);
+      whole.prefill(tokens);
+      for (int h = 0; h < spec.n_kv_heads; ++h) {
+        const HeadCache& a = whole.cache().layer(0).heads[static_cast<size_t>(h)];
+        const HeadCache& b = stepwise.cache().layer(0).heads[static_cast<size_t>(h)];
+        const auto keys = testing::cache_keys(a), values = testing::cache_values(a);
+        if (rounding) {
+          EXPECT_EQ(keys, testing::cache_keys(b)) << h;
+          EXPECT_EQ(values, testing::cache_values(b)) << h;
+        } else {
+          EXPECT_NE(keys, testing::cache_keys(b)) << h;
+          EXPECT_LE(relative_error(keys.data(), testing::cache_keys(b).data(),
+                                   static_cast<int64_t>(keys.size())),
+                    0.03)
+              << h;
+        }
+      }
+    }
+  }
+}
+
+// A prompt run once (PrefilledPrompt) serves sessions that round their prompts as it did only.
+TEST(PromptRounding, PrefilledPromptServesItsOwnRoundingOnly) {
+  RandomModelSpec spec;
+  spec.type = DType::Q8_0;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(9, spec.vocab_size, 4);
+  const auto rounded = PrefilledPrompt::make(model.weights, tokens, 0, {}, true);
+  SessionOptions f32;  // the default: F32 prompt rows
+  Session session(model.weights, f32);
+  try {
+    session.prefill(*rounded);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rounded as llama.cpp's, this session asks for F32"),
+              std::string::npos)
+        << e.what();
+  }
+  const auto f32_prompt = PrefilledPrompt::make(model.weights, tokens);
+  Session own(model.weights, f32);
+  EXPECT_EQ(to_vector(session.prefill(*f32_prompt)), to_vector(own.prefill(tokens)));
+}
+
 TEST(Session, DecodeStepsMatchReference) {
   RandomModelSpec spec;
   spec.n_heads = 4;

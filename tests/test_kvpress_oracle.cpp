@@ -90,16 +90,20 @@ std::vector<PressComparison> compare_with_kvpress(const std::filesystem::path& m
   const LoadedModel model = load_model(model_path.string());
   const auto prompt = fixture["prompt"].get<std::vector<int32_t>>();
   std::vector<PressComparison> out;
-  Session full(model.weights);
+  // transformers multiplies the prompt with F32 activations: so does protokv (its default, said
+  // here because the comparison depends on it), not rounding them as llama.cpp does.
+  SessionOptions f32_prompt;
+  f32_prompt.llama_cpp_prompt_rounding = false;
+  Session full(model.weights, f32_prompt);
   full.prefill(prompt);
   {
-    Session forced(model.weights);
+    Session forced(model.weights, f32_prompt);
     forced.prefill(prompt);
     out.push_back({"full", "same", 1.0, 0, 0, 0.0,
                    max_logit_gap(forced, fixture["continuation"], fixture["full"]["top_logits"])});
   }
   for (const json& entry : fixture["presses"]) {
-    SessionOptions options;
+    SessionOptions options = f32_prompt;
     options.press = PressSpec::parse(entry["protokv"].get<std::string>());
     options.budget.entries = entry["budget"].get<int64_t>();
     Session session(model.weights, options);

@@ -754,6 +754,43 @@ TEST(QuantKernels, Q4_0MatricesOfEightRowsRoundAsLlamaCppsGemv) {
   }
 }
 
+// Several rows at once (prompt rows multiplied as decode, sequences' decode rows) of the legacy
+// types round each (row, token) as one mat-vec does: matvec_rows equals matvec token by token, bit
+// for bit, in every instruction set. Row counts: Q4_0's 8-row tiles (8, 24) and the lane-form
+// tiles with and without a remainder (5, 37); token counts that fill the tiles and leave a
+// remainder; one weight block of 0x7f bytes (Q8_0's values at +127, the nibbles at 15 and 7).
+TEST(QuantKernels, LegacyRowsRoundAsOneMatvecEach) {
+  std::mt19937 rng(37);
+  for (DType type : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
+    for (int64_t cols : {32, 96, 1024}) {
+      for (int64_t rows : {5, 8, 24, 37}) {
+        auto bytes = random_blocks(rng, type, rows, cols);
+        const size_t block_bytes = dtype_row_bytes(type, 32);
+        const size_t scales = takes_q8_1(type) ? 4 : 2;  // d (and m) lead each block
+        std::memset(bytes.data() + scales, 0x7f, block_bytes - scales);
+        const WeightMatrix w{type, bytes.data(), rows, cols};
+        for (int64_t n : {2, 3, 9, 17}) {
+          auto x = testing::random_vector(rng, n * cols);
+          x[1] = -9.0f;
+          for (Isa isa : kernels::available_isas()) {
+            SCOPED_TRACE(::testing::Message() << kernels::isa_name(isa) << " " << dtype_name(type)
+                                              << " " << rows << "x" << cols << " n=" << n);
+            std::vector<float> y(static_cast<size_t>(n * rows), NAN),
+                one(static_cast<size_t>(rows));
+            kernels::matvec_rows(isa, w, x.data(), n, y.data());
+            for (int64_t t = 0; t < n; ++t) {
+              kernels::matvec(isa, w, x.data() + t * cols, one.data());
+              for (int64_t r = 0; r < rows; ++r)
+                ASSERT_EQ(y[static_cast<size_t>(t * rows + r)], one[static_cast<size_t>(r)])
+                    << "token " << t << " row " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Prefill's matmul (dequantised tiles through sgemm, F32 activations) against the dequantised
 // reference, and against decode's matvec within the int8-activation bound.
 TEST(QuantKernels, MatmulMatchesReferenceAndMatvec) {

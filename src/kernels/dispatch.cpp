@@ -183,6 +183,9 @@ void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y) {
 void matvec(const WeightMatrix& w, const float* x, float* y) {
   active().matvec_rows(w, x, 1, y);
 }
+void matvec_rows(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y) {
+  table(isa).matvec_rows(w, x, n, y);
+}
 void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   active().matvec_rows(w, x, n, y);
 }
@@ -201,6 +204,10 @@ void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y)
 }
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   active().matmul(w, x, n, y);
+}
+
+void round_to_f16(const float* x, float* out, int64_t n) {
+  active().round_to_f16(x, out, n);
 }
 
 void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,

@@ -82,6 +82,9 @@ void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y);
 // chunking, except for a chunk of a single row, which takes the mat-vec.
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
 
+// out = x rounded to F16 (nearest even, as ggml_cpu_fp32_to_fp16) and back to F32; may alias.
+void round_to_f16(const float* x, float* out, int64_t n);
+
 // Causal attention of one query head over its KV head, all n tokens of a prefill:
 // q, k, v [n, d]; out [n, d]; query i sees keys 0..i. Tiled with online softmax: never
 // materialises an n×n matrix. Logits scaled by 1/sqrt(d). Single-threaded.

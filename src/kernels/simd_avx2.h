@@ -527,8 +527,96 @@ struct Avx2Ops {
     _mm256_storeu_ps(out, acc);
   }
 
+  // Prefill's tile for the legacy types' lane form: R rows times T tokens with, per (row, token),
+  // the arithmetic of dot_q8_0_int8 / dot_q4_0_q8_0 ... dot_q5_1_q8_1 exactly: 8 F32 lanes, lane l
+  // accumulating fma(d_w * d_x, int32 dot of values 4l .. 4l + 3), block after block, then hsum,
+  // plus (kMins) the FMA-accumulated m_w * s_x. The rows come unpacked once for every token
+  // (matvec_rows' pack_legacy_rows): row r's block b is 32 bytes at w + r * w_stride + 32 * b, its
+  // scale dw[r * n_blocks + b], its min wm[r * n_blocks + b]. kSigned: the bytes are the int8
+  // values (Q8_0; sign trick); else unsigned u with value u - offset, and token t's lane init
+  // x_init[(t * n_blocks + b) * 8 + l] = -offset * (its 4 values of lane l), which the dot starts
+  // from. Token t's ggml Q8_0 / Q8_1 values start at x + t * x_stride, its block scales at
+  // xd + t * n_blocks, its s at xs + t * n_blocks. out [R][T].
+  template <int R, int T, bool kSigned, bool kMins>
+  static void legacy_lanes_tile(const uint8_t* w, int64_t w_stride, const float* dw,
+                                const float* wm, const int8_t* x, int64_t x_stride, const float* xd,
+                                const float* xs, const int32_t* x_init, int64_t n_blocks,
+                                float* out) {
+    __m256 acc[R][T];
+    float mins[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), mins[r][t] = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      __m256i xb[T], init[T];
+      for (int t = 0; t < T; ++t) {
+        xb[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + t * x_stride + 32 * b));
+        if constexpr (!kSigned)
+          init[t] =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_init + (t * n_blocks + b) * 8));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i u =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * w_stride + 32 * b));
+        const float d_w = dw[r * n_blocks + b];
+        for (int t = 0; t < T; ++t) {
+          if constexpr (kMins)
+            mins[r][t] = std::fma(wm[r * n_blocks + b], xs[t * n_blocks + b], mins[r][t]);
+          __m256i lanes;
+          if constexpr (kSigned)
+            lanes = dot_i8x32(u, xb[t]);
+          else
+            lanes = dot_u8i8_add(init[t], u, xb[t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d_w * xd[t * n_blocks + b]),
+                                      _mm256_cvtepi32_ps(lanes), acc[r][t]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t)
+        out[r * T + t] = kMins ? hsum(acc[r][t]) + mins[r][t] : hsum(acc[r][t]);
+  }
+  // Tile of legacy_lanes_tile that 16 ymm registers hold.
+  static constexpr int kLegacyPrefillRows = 2;
+  static constexpr int kLegacyPrefillTokens = 2;
+
+  // Prefill's Q4_0 tile: 8 rows times T tokens with, per (row, token), dot8_q4_0_q8_0's arithmetic
+  // exactly: acc = fma(float(exact block dot), d_w * d_x, acc), block after block. The rows come
+  // as a panel unpacked once for every token (matvec_rows' pack_q4_0_rows8): per block 8 groups of
+  // [8 rows][4 bytes] of values 0..15, group 2k the values 4k..4k+3 (low nibbles), group 2k + 1
+  // the values 16 + 4k .. 16 + 4k + 3 (high nibbles); dw the 8 rows' block scales. Token t's ggml
+  // Q8_0 values start at x + t * x_stride, its block scales at xd + t * n_blocks and its blocks'
+  // -8 * (sum of values) at x_neg8 + t * n_blocks. out [T][8].
+  template <int T>
+  static void q4_0_rows8_tokens(const uint8_t* panel, const float* dw, const int8_t* x,
+                                int64_t x_stride, const float* xd, const int32_t* x_neg8,
+                                int64_t n_blocks, float* out) {
+    __m256 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const auto* groups = reinterpret_cast<const __m256i*>(panel + 256 * b);
+      __m256i isum[T];
+      for (int t = 0; t < T; ++t) isum[t] = _mm256_set1_epi32(x_neg8[t * n_blocks + b]);
+      for (int j = 0; j < 8; ++j) {
+        const __m256i group = _mm256_loadu_si256(groups + j);
+        const int64_t first = 32 * b + (j / 2) * 4 + (j % 2) * 16;
+        for (int t = 0; t < T; ++t) {
+          int32_t x4;
+          std::memcpy(&x4, x + t * x_stride + first, 4);
+          isum[t] = dot_u8i8_add(isum[t], group, _mm256_set1_epi32(x4));
+        }
+      }
+      const __m256 dwv = _mm256_loadu_ps(dw + 8 * b);
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]),
+                                 _mm256_mul_ps(dwv, _mm256_set1_ps(xd[t * n_blocks + b])), acc[t]);
+    }
+    for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + 8 * t, acc[t]);
+  }
+  // Tokens per q4_0_rows8_tokens call: what 16 ymm registers hold (T isums, T accumulators).
+  static constexpr int kQ4_0PrefillTokens = 4;
+
   // acc + the sums of the four products of each 32-bit lane's bytes, u unsigned and s signed
-  // (u <= 15 here, so maddubs's pair sums cannot saturate).
+  // (u <= 31 here, so maddubs's pair sums cannot saturate).
   static __m256i dot_u8i8_add(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(acc, u, s);

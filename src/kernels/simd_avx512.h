@@ -177,6 +177,80 @@ struct Avx512Ops {
                              const float* xd, const int16_t* x_sums, int64_t n_blocks, float* out) {
     Avx2Ops::dot8_q4_0_q8_0(rows, row_stride, x, xd, x_sums, n_blocks, out);
   }
+  // Avx2Ops::legacy_lanes_tile's arithmetic with two tokens per 512-bit register (lanes 0-7 the
+  // first token's 8 lanes, 8-15 the second's: each lane still accumulates its own (row, token)
+  // block after block), the rows' unsigned values broadcast to both halves and VNNI dpbusd
+  // starting from the lane inits (Q8_0's int8 values become unsigned by +128, its inits being
+  // -128 * the lane sums). An odd token count runs the last token through the AVX2 tile.
+  template <int R, int T, bool kSigned, bool kMins>
+  static void legacy_lanes_tile(const uint8_t* w, int64_t w_stride, const float* dw,
+                                const float* wm, const int8_t* x, int64_t x_stride, const float* xd,
+                                const float* xs, const int32_t* x_init, int64_t n_blocks,
+                                float* out) {
+#if defined(__AVX512VNNI__)
+    if constexpr (T % 2 == 0) {
+      constexpr int P = T / 2;
+      __m512 acc[R][P];
+      float mins[R][T];
+      for (int r = 0; r < R; ++r) {
+        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+        for (int t = 0; t < T; ++t) mins[r][t] = 0.0f;
+      }
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        __m512i values[R];
+        for (int r = 0; r < R; ++r) {
+          values[r] = _mm512_broadcast_i64x4(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * w_stride + 32 * b)));
+          if constexpr (kSigned) values[r] = _mm512_xor_si512(values[r], _mm512_set1_epi8(-128));
+        }
+        for (int p = 0; p < P; ++p) {
+          const int t0 = 2 * p, t1 = 2 * p + 1;
+          auto both = [&](const void* a, const void* c) {
+            return _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(a))),
+                _mm256_loadu_si256(static_cast<const __m256i*>(c)), 1);
+          };
+          const __m512i xb = both(x + t0 * x_stride + 32 * b, x + t1 * x_stride + 32 * b);
+          const __m512i init =
+              both(x_init + (t0 * n_blocks + b) * 8, x_init + (t1 * n_blocks + b) * 8);
+          const __m512 d_x =
+              _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(xd[t0 * n_blocks + b])),
+                                 _mm256_set1_ps(xd[t1 * n_blocks + b]), 1);
+          for (int r = 0; r < R; ++r) {
+            const __m512 d = _mm512_mul_ps(_mm512_set1_ps(dw[r * n_blocks + b]), d_x);
+            acc[r][p] = _mm512_fmadd_ps(
+                d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, values[r], xb)), acc[r][p]);
+          }
+        }
+        if constexpr (kMins)
+          for (int r = 0; r < R; ++r)
+            for (int t = 0; t < T; ++t)
+              mins[r][t] = std::fma(wm[r * n_blocks + b], xs[t * n_blocks + b], mins[r][t]);
+      }
+      for (int r = 0; r < R; ++r)
+        for (int p = 0; p < P; ++p) {
+          const float low = Avx2Ops::hsum(_mm512_castps512_ps256(acc[r][p]));
+          const float high = Avx2Ops::hsum(_mm512_extractf32x8_ps(acc[r][p], 1));
+          out[r * T + 2 * p] = kMins ? low + mins[r][2 * p] : low;
+          out[r * T + 2 * p + 1] = kMins ? high + mins[r][2 * p + 1] : high;
+        }
+      return;
+    }
+#endif
+    Avx2Ops::legacy_lanes_tile<R, T, kSigned, kMins>(w, w_stride, dw, wm, x, x_stride, xd, xs,
+                                                     x_init, n_blocks, out);
+  }
+  // 32 vector registers: 12 accumulators of 4 rows x 6 tokens (3 pairs).
+  static constexpr int kLegacyPrefillRows = 4;
+  static constexpr int kLegacyPrefillTokens = 6;
+  template <int T>
+  static void q4_0_rows8_tokens(const uint8_t* panel, const float* dw, const int8_t* x,
+                                int64_t x_stride, const float* xd, const int32_t* x_neg8,
+                                int64_t n_blocks, float* out) {
+    Avx2Ops::q4_0_rows8_tokens<T>(panel, dw, x, x_stride, xd, x_neg8, n_blocks, out);
+  }
+  // 32 vector registers (AVX-512VL): 8 tokens' isums and accumulators, 256-bit VNNI dpbusd.
+  static constexpr int kQ4_0PrefillTokens = 8;
   static float dot_q4_0_q8_0(const BlockQ4_0* w, const int8_t* x, const float* xd,
                              int64_t n_blocks) {
     return Avx2Ops::dot_q4_0_q8_0(w, x, xd, n_blocks);

@@ -26,13 +26,24 @@ void add_bias_rows(float* x, const float* bias, int64_t n, int64_t width) {
   for (int64_t i = 0; i < n; ++i) add_bias(x + i * width, bias, width);
 }
 
-// Y[n, rows] = X[n, cols] · W^T: prompt rows through kernels::matmul; rows of different
-// sequences (decode_batch) as matvec_rows, each exactly as a lone decode row.
+// Y[n, rows] = X[n, cols] · W^T: prompt rows through kernels::matmul (F32 activations), or, when
+// the session rounds them as llama.cpp does (SessionOptions::llama_cpp_prompt_rounding), those of
+// the legacy quantised types as decode rows (int8 activations, decode's arithmetic) and those of
+// F16 with the activations rounded to F16; rows of different sequences (decode_batch) as
+// matvec_rows, each exactly as a lone decode row.
 void project(const WeightMatrix& w, const float* x, int64_t n, float* y, const RowBuffers& b) {
-  if (b.independent_rows)
+  const bool legacy = w.type == DType::Q8_0 || w.type == DType::Q4_0 || w.type == DType::Q4_1 ||
+                      w.type == DType::Q5_0 || w.type == DType::Q5_1;
+  if (b.independent_rows || (b.llama_cpp_prompt_rounding && legacy)) {
     kernels::matvec_rows(w, x, n, y);
-  else
+  } else if (b.llama_cpp_prompt_rounding && w.type == DType::F16 && n > 1) {
+    thread_local std::vector<float> rounded;  // project runs outside parallel regions
+    rounded.resize(static_cast<size_t>(n * w.cols));
+    kernels::round_to_f16(x, rounded.data(), n * w.cols);
+    kernels::matmul(w, rounded.data(), n, y);
+  } else {
     kernels::matmul(w, x, n, y);
+  }
 }
 
 void add_rows(float* x, const float* delta, int64_t count) {

@@ -48,6 +48,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
                                   std::vector<std::vector<float>>* queries, int64_t n_total,
                                   const Session::RowLogits* on_logits, int64_t first_index) {
   const auto n = static_cast<int64_t>(tokens.size());
+  b.llama_cpp_prompt_rounding = options.llama_cpp_prompt_rounding;
   const int hd = config.head_dim();
   const int n_heads = config.n_heads;
   const int n_kv = config.n_kv_heads;
@@ -411,6 +412,10 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
       "the prefilled prompt's cache holds {} keys and {} values, this session's {} and {}",
       dtype_name(d.cache.type().key), dtype_name(d.cache.type().value),
       dtype_name(options.cache_type.key), dtype_name(options.cache_type.value));
+  PROTOKV_CHECK(d.llama_cpp_prompt_rounding == options.llama_cpp_prompt_rounding,
+                "the prefilled prompt's activations were rounded {}, this session asks for {}",
+                d.llama_cpp_prompt_rounding ? "as llama.cpp's" : "in F32",
+                options.llama_cpp_prompt_rounding ? "llama.cpp's rounding" : "F32");
   reset();
   const int64_t n = d.n_tokens;
   const int64_t budget_entries = begin_press(n);
@@ -437,15 +442,17 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
 
 std::shared_ptr<const PrefilledPrompt> PrefilledPrompt::make(const ModelWeights& weights,
                                                              std::span<const int32_t> tokens,
-                                                             int64_t ubatch,
-                                                             KvCacheType cache_type) {
+                                                             int64_t ubatch, KvCacheType cache_type,
+                                                             bool llama_cpp_prompt_rounding) {
   SessionOptions options;
   options.ubatch = ubatch;
   options.cache_type = cache_type;
+  options.llama_cpp_prompt_rounding = llama_cpp_prompt_rounding;
   Session::Impl impl(weights, options);
   auto data = std::make_unique<Data>();
   impl.capture_prompt(tokens, *data);
   data->ubatch = ubatch;
+  data->llama_cpp_prompt_rounding = llama_cpp_prompt_rounding;
   return std::make_shared<const PrefilledPrompt>(std::move(data));
 }
 
@@ -459,6 +466,9 @@ double PrefilledPrompt::prefill_ms() const {
 }
 KvCacheType PrefilledPrompt::cache_type() const {
   return data_->cache.type();
+}
+bool PrefilledPrompt::llama_cpp_prompt_rounding() const {
+  return data_->llama_cpp_prompt_rounding;
 }
 
 void Session::Impl::check_append(std::span<const int32_t> tokens) const {

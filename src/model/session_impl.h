@@ -31,6 +31,8 @@ struct RowBuffers {
   // Rows of different sequences (decode_batch): each is multiplied exactly as decode's one row is
   // (kernels::matvec_rows, weights read once for all), not as prompt rows (GEMM).
   bool independent_rows = false;
+  // Prompt rows rounded as llama.cpp rounds them (SessionOptions::llama_cpp_prompt_rounding).
+  bool llama_cpp_prompt_rounding = false;
 };
 
 // How a chunk of rows (Session::Impl::forward_chunk, prefill.cpp) treats the cache and the press.
@@ -45,6 +47,7 @@ struct PrefilledPrompt::Data {
   const ModelWeights* weights = nullptr;  // identity check: a prompt serves its own weights only
   int64_t n_tokens = 0;
   int64_t ubatch = 0;
+  bool llama_cpp_prompt_rounding = false;
   KvCache cache;  // every row of every layer, uncompressed (sliding-window layers too)
   std::vector<std::vector<float>> queries;  // [n_layers][n_heads, n_tokens, head_dim] post-RoPE
   std::vector<float> logits;                // [vocab] of the last token

@@ -14,6 +14,7 @@ const KernelVariant& kernel_table() {
       .matmul = matmul,
       .legacy_quant_dot = legacy_quant_dot,
       .weight_row_to_f32 = weight_row_to_f32,
+      .round_to_f16 = round_to_f16,
       .attention_prefill_heads = attention_prefill_heads,
       .attention_prefill_cached = attention_prefill_cached,
       .attention_prefill = attention_prefill,
