@@ -192,6 +192,7 @@ void matvec_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   }
 }
 
+// (The helpers below serve the vector variants' tiles only: the portable build leaves them unused.)
 // The activations of several rows (prompt rows, or sequences' decode rows) of a legacy matrix,
 // quantised once to ggml's Q8_0 / Q8_1 blocks: q [n][cols], d and s [n][blocks], and per block the
 // lane inits of Ops::legacy_lanes_tile
@@ -202,8 +203,9 @@ struct PrefillActivations {
   std::vector<int32_t> lane_init, block_neg8;
 };
 
-PrefillActivations quantize_prefill_activations(const float* x, int64_t n, int64_t cols, bool q8_1,
-                                                int offset, bool lane_inits) {
+[[maybe_unused]] PrefillActivations quantize_prefill_activations(const float* x, int64_t n,
+                                                                 int64_t cols, bool q8_1,
+                                                                 int offset, bool lane_inits) {
   const int64_t n_blocks = cols / kQ8BlockSize;
   PrefillActivations a;
   a.q.resize(static_cast<size_t>(n * cols));
@@ -240,7 +242,8 @@ PrefillActivations quantize_prefill_activations(const float* x, int64_t n, int64
 // Q4_0 rows r0 .. r0 + 7 unpacked as Ops::q4_0_rows8_tokens takes them: per block 8 groups of
 // [8 rows][4 bytes], group 2k the low nibbles of bytes 4k .. 4k + 3 (values 4k ..), group 2k + 1
 // their high nibbles (values 16 + 4k ..); dw [blocks][8] the rows' scales in F32.
-void pack_q4_0_rows8(const WeightMatrix& w, int64_t r0, uint8_t* panel, float* dw) {
+[[maybe_unused]] void pack_q4_0_rows8(const WeightMatrix& w, int64_t r0, uint8_t* panel,
+                                      float* dw) {
   const int64_t n_blocks = w.cols / kQ4BlockSize;
   for (int64_t i = 0; i < 8; ++i) {
     const auto* blocks = static_cast<const BlockQ4_0*>(w.row(r0 + i));
@@ -292,8 +295,8 @@ void rows_q4_0_tiles(const WeightMatrix& w, const float* x, int64_t n, float* y)
 // Rows r0 .. r0 + count - 1 of a legacy matrix unpacked as Ops::legacy_lanes_tile takes them:
 // 32 bytes per block (Q8_0: its int8 values; the others: their unsigned values q, value =
 // q - offset), scales and (Q4_1 / Q5_1) mins in F32, [row][block].
-void pack_legacy_rows(const WeightMatrix& w, int64_t r0, int64_t count, uint8_t* values, float* dw,
-                      float* wm) {
+[[maybe_unused]] void pack_legacy_rows(const WeightMatrix& w, int64_t r0, int64_t count,
+                                       uint8_t* values, float* dw, float* wm) {
   const int64_t n_blocks = w.cols / kQ8BlockSize;
   for (int64_t i = 0; i < count; ++i) {
     uint8_t* row_values = values + i * w.cols;
