@@ -131,6 +131,9 @@ DType dtype_from_name(std::string_view name);
 bool dtype_quantizable(DType type);
 // True for the K-quants (super-blocks of 256 values).
 bool dtype_is_k_quant(DType type);
+// True for the legacy quants of 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), which ggml
+// multiplies with its Q8_0 / Q8_1 activation blocks.
+bool dtype_is_legacy_quant(DType type);
 // Elements per block (1 for plain types, 32 for legacy quants, 256 for K-quants).
 int64_t dtype_block_size(DType type);
 // Bytes of a row of `n` elements; n must be a multiple of the block size.

@@ -157,6 +157,10 @@ bool dtype_is_k_quant(DType type) {
   return t != nullptr && t->k_quant;
 }
 
+bool dtype_is_legacy_quant(DType type) {
+  return dtype_block_size(type) == 32;
+}
+
 int64_t dtype_block_size(DType type) {
   const DTypeTraits* t = find_dtype_traits(static_cast<uint32_t>(type));
   return t != nullptr ? t->block_values : 1;

@@ -32,8 +32,7 @@ void add_bias_rows(float* x, const float* bias, int64_t n, int64_t width) {
 // F16 with the activations rounded to F16; rows of different sequences (decode_batch) as
 // matvec_rows, each exactly as a lone decode row.
 void project(const WeightMatrix& w, const float* x, int64_t n, float* y, const RowBuffers& b) {
-  const bool legacy = w.type == DType::Q8_0 || w.type == DType::Q4_0 || w.type == DType::Q4_1 ||
-                      w.type == DType::Q5_0 || w.type == DType::Q5_1;
+  const bool legacy = dtype_is_legacy_quant(w.type);
   if (b.independent_rows || (b.llama_cpp_prompt_rounding && legacy)) {
     kernels::matvec_rows(w, x, n, y);
   } else if (b.llama_cpp_prompt_rounding && w.type == DType::F16 && n > 1) {

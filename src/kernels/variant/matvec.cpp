@@ -388,9 +388,7 @@ void matvec_rows_impl(const WeightMatrix& w, const float* x, int64_t n, float* y
   if constexpr (requires { Ops::kQ4_0PrefillTokens; }) {
     if (n >= 2) {
       if (w.type == DType::Q4_0 && w.rows % 8 == 0) return rows_q4_0_tiles<Ops>(w, x, n, y);
-      if (w.type == DType::Q8_0 || w.type == DType::Q4_0 || w.type == DType::Q4_1 ||
-          w.type == DType::Q5_0 || w.type == DType::Q5_1)
-        return rows_legacy_lane_tiles<Ops>(w, x, n, y);
+      if (dtype_is_legacy_quant(w.type)) return rows_legacy_lane_tiles<Ops>(w, x, n, y);
     }
   }
   matvec_impl<Ops>(w, x, n, y);
