@@ -117,9 +117,9 @@ INSTANTIATE_TEST_SUITE_P(Types, SessionDtypes,
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Prompt rows of the legacy types are multiplied as decode multiplies a token when the session
-// asks (SessionOptions::llama_cpp_prompt_rounding): layer 0's keys and values, which
-// depend on the embedding, RMSNorm and the projections only, equal token-by-token decode's to the
-// bit; with F32 prompt rows they differ by the int8 rounding of the activations.
+// computes as llama.cpp does (SessionOptions::llama_cpp_arithmetic): layer 0's keys and values,
+// which depend on the embedding, RMSNorm, the projections and RoPE only, equal token-by-token
+// decode's to the bit; with F32 prompt rows they differ by the int8 rounding of the activations.
 TEST(PromptRounding, LegacyPromptRowsRoundAsDecodeUnlessF32IsAsked) {
   for (DType type : {DType::Q8_0, DType::Q4_0}) {
     SCOPED_TRACE(dtype_name(type));
@@ -128,12 +128,12 @@ TEST(PromptRounding, LegacyPromptRowsRoundAsDecodeUnlessF32IsAsked) {
     spec.n_layers = 2;
     const auto model = make_random_model(spec);
     const auto tokens = random_tokens(19, spec.vocab_size, 3);
-    Session stepwise(model.weights);
-    stepwise.prefill(std::span<const int32_t>(tokens.data(), 1));
-    for (size_t i = 1; i < tokens.size(); ++i) stepwise.decode(tokens[i]);
     for (bool rounding : {true, false}) {
       SessionOptions options;
-      options.llama_cpp_prompt_rounding = rounding;
+      options.llama_cpp_arithmetic = rounding;
+      Session stepwise(model.weights, options);
+      stepwise.prefill(std::span<const int32_t>(tokens.data(), 1));
+      for (size_t i = 1; i < tokens.size(); ++i) stepwise.decode(tokens[i]);
       Session whole(model.weights, options);
       whole.prefill(tokens);
       for (int h = 0; h < spec.n_kv_heads; ++h) {
@@ -168,8 +168,9 @@ TEST(PromptRounding, PrefilledPromptServesItsOwnRoundingOnly) {
     session.prefill(*rounded);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rounded as llama.cpp's, this session asks for F32"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("with llama.cpp's arithmetic, this session asks for protokv's"),
+        std::string::npos)
         << e.what();
   }
   const auto f32_prompt = PrefilledPrompt::make(model.weights, tokens);

@@ -93,7 +93,7 @@ std::vector<PressComparison> compare_with_kvpress(const std::filesystem::path& m
   // transformers multiplies the prompt with F32 activations: so does protokv (its default, said
   // here because the comparison depends on it), not rounding them as llama.cpp does.
   SessionOptions f32_prompt;
-  f32_prompt.llama_cpp_prompt_rounding = false;
+  f32_prompt.llama_cpp_arithmetic = false;
   Session full(model.weights, f32_prompt);
   full.prefill(prompt);
   {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/isa.h"
 #include "protokv/engine.h"
 #include "protokv/error.h"
 #include "protokv/model.h"
@@ -236,6 +237,88 @@ TEST_P(LlamaCppOracle, TeacherForcedLogitsMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCppOracle, ::testing::ValuesIn(kEnabled),
+                         [](const ::testing::TestParamInfo<OracleCase>& info) {
+                           return std::string(info.param.arch) + "_" + info.param.type;
+                         });
+
+// SessionOptions::llama_cpp_arithmetic: on the fixtures whose every operation protokv can take in
+// llama.cpp's order (F32, F16 and the legacy quants; not BF16, the K-quants or Gemma 3's
+// sliding-window layers), the logits of the whole sequence appended in one batch, as llama.cpp
+// ran it, equal llama.cpp's to the bit. The orders are those of a llama.cpp built for AVX-512
+// (the fixtures' machine; kernels/llama_cpp_order.h): on a CPU where protokv runs another
+// variant, the test checks the results agree within the fixture's tolerance instead.
+class LlamaCppArithmetic : public ::testing::TestWithParam<OracleCase> {};
+
+TEST_P(LlamaCppArithmetic, OneBatchLogitsEqualLlamaCpp) {
+  const OracleCase c = GetParam();
+  const OracleLogits ref = read_logits(logits_path(c));
+  const LoadedModel model = load_model(gguf_path(c).string());
+  SessionOptions options;
+  options.llama_cpp_arithmetic = true;
+  Session session(model.weights, options);
+  std::vector<std::vector<float>> rows;
+  session.append(ref.tokens, [&](int64_t, std::span<const float> logits) {
+    rows.emplace_back(logits.begin(), logits.end());
+  });
+  ASSERT_EQ(rows.size(), ref.tokens.size());
+  const bool same_order = kernels::active_isa() == kernels::Isa::kAvx512;
+  double worst = 0.0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const double diff = compare_row(rows[i], ref.row(i)).max_abs_diff;
+    worst = std::max(worst, diff);
+    EXPECT_LE(diff, same_order ? 0.0 : c.tolerance) << "position " << i;
+  }
+  std::printf("[ oracle   ] %s_%s with llama.cpp's arithmetic (%s): max |dlogit| %.3g\n", c.arch,
+              c.type, same_order ? "bit for bit" : "another variant", worst);
+}
+
+// As llama-completion evaluates a text (<arch>_<type>.completion.logits: `protokv-dump-logits
+// --prompt 5 --last-prompt-logits`): a 5-token prompt in one batch, whose last row alone goes
+// through the last layer's FFN (which F32 weights show: F16 ones round the FFN's inner
+// activation to F16, which hides it here), then one token per step.
+TEST(LlamaCppArithmeticCompletion, PromptThenDecodeLogitsEqualLlamaCpps) {
+  const bool same_order = kernels::active_isa() == kernels::Isa::kAvx512;
+  constexpr size_t kPrompt = 5;
+  for (const char* arch : {"llama", "qwen3"}) {
+    for (const auto& [type, tolerance] : {std::pair{"F32", 1e-5}, std::pair{"F16", 0.004},
+                                          std::pair{"Q8_0", 0.08}, std::pair{"Q4_1", 0.1}}) {
+      SCOPED_TRACE(std::string(arch) + "_" + type);
+      const std::string stem = (fixture_dir() / (std::string(arch) + "_" + type)).string();
+      const OracleLogits ref = read_logits(stem + ".completion.logits");
+      ASSERT_GT(ref.tokens.size(), kPrompt);
+      EXPECT_EQ(ref.argmax[kPrompt - 2], -1);  // no logits for the prompt's other rows
+      const LoadedModel model = load_model(stem + ".gguf");
+      SessionOptions options;
+      options.llama_cpp_arithmetic = true;
+      Session session(model.weights, options);
+      double worst = 0.0;
+      for (size_t i = kPrompt - 1; i < ref.tokens.size(); ++i) {
+        const auto logits =
+            i + 1 == kPrompt ? session.prefill(std::span<const int32_t>(ref.tokens.data(), kPrompt))
+                             : session.decode(ref.tokens[i]);
+        const double diff = compare_row(logits, ref.row(i)).max_abs_diff;
+        worst = std::max(worst, diff);
+        EXPECT_LE(diff, same_order ? 0.0 : tolerance) << "position " << i;
+      }
+      std::printf(
+          "[ oracle   ] %s_%s as llama-completion with llama.cpp's arithmetic: "
+          "max |dlogit| %.3g\n",
+          arch, type, worst);
+    }
+  }
+}
+
+constexpr OracleCase kLlamaCppOrder[] = {
+    {"llama", "F32", 1e-05}, {"llama", "F16", 0.004}, {"llama", "Q8_0", 0.08},
+    {"llama", "Q4_0", 0.1},  {"llama", "Q4_1", 0.1},  {"llama", "Q5_0", 0.1},
+    {"llama", "Q5_1", 0.1},  {"qwen2", "F32", 1e-05}, {"qwen2", "F16", 0.004},
+    {"qwen2", "Q8_0", 0.08}, {"qwen2", "Q4_0", 0.1},  {"qwen2", "Q4_1", 0.1},
+    {"qwen2", "Q5_0", 0.1},  {"qwen2", "Q5_1", 0.1},  {"qwen3", "F32", 1e-05},
+    {"qwen3", "F16", 0.004}, {"qwen3", "Q8_0", 0.08}, {"qwen3", "Q4_0", 0.1},
+    {"qwen3", "Q4_1", 0.1},  {"qwen3", "Q5_0", 0.1},  {"qwen3", "Q5_1", 0.1},
+};
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCppArithmetic, ::testing::ValuesIn(kLlamaCppOrder),
                          [](const ::testing::TestParamInfo<OracleCase>& info) {
                            return std::string(info.param.arch) + "_" + info.param.type;
                          });

@@ -173,10 +173,10 @@ TEST(MemoryShare, GenerateSolvesTheBudgetAndReportsTheStoredShare) {
   // The solver's trial sessions round the prompt as the run asks (pod shares keys: it probes).
   const testing::CommandResult rounded = testing::run_protokv(
       fmt::format("generate -m {} -p '{}' --press pod:delta=0 --kv-memory-share 0.9 -n 2 --json "
-                  "--llama-cpp-prompt-rounding",
+                  "--llama-cpp-arithmetic",
                   model, text));
   ASSERT_EQ(rounded.exit_code, 0) << rounded.err;
-  EXPECT_EQ(nlohmann::json::parse(rounded.out)["config"]["llama_cpp_prompt_rounding"], true);
+  EXPECT_EQ(nlohmann::json::parse(rounded.out)["config"]["llama_cpp_arithmetic"], true);
   const std::string generate = fmt::format("generate -m {} -p '{}'", model, text);
   testing::expect_run_fails_with_one_line(
       generate + " --press snapkv --kv-memory-share 0.5 --budget 8", "not both");

@@ -35,16 +35,21 @@ struct SessionOptions {
   // every attention reads K/V as stored, and every press composes (it stores fewer entries of
   // this size). q8_0 / q4_0 need a head width that is a multiple of 32.
   KvCacheType cache_type;
-  // Prompt rows rounded as llama.cpp's prompt batches round them, which is as its decode does:
-  // true multiplies each row of the legacy quantised weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as
-  // decode multiplies a token (int8 activations in ggml's blocks, its arithmetic to the bit), and
-  // F16 weights with the activations rounded to F16 (F32 sums in sgemm's order), so that a
-  // prompt's K/V are llama.cpp's where the F32 parts agree and the legacy types' prompt rows equal
-  // token-by-token decode at any chunking. Random 1024-wide files, 2 threads, 512-token prompts:
-  // Q4_0 1.26x as fast as with F32 activations, Q8_0 0.76x, Q4_1 0.57x. false (the default)
-  // multiplies prompts with F32 activations (sgemm on dequantised panels), closer to the F32 model
-  // (transformers, kvpress). The K-quants' prompts always take F32 activations.
-  bool llama_cpp_prompt_rounding = false;
+  // Compute as llama.cpp's CPU backend does without flash attention (llama-completion -fa off),
+  // so that the logits equal its own to the bit where protokv knows its order (docs/DESIGN.md
+  // §llama.cpp's arithmetic): prompt rows of the legacy quants (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as
+  // decode rows (int8 activations in ggml's blocks), F32 / F16 rows in tinyBLAS's order (F16
+  // activations for F16), RoPE angles in float as ggml's, SwiGLU with ggml's vector exp,
+  // attention over an F32 cache in ggml's order (scores, softmax, value sums; kernels/
+  // llama_cpp_order.h) and the last layer's FFN on the returned row only. Measured bit-identical
+  // logits on F32/F16/legacy-quant llama, qwen2 and qwen3 files and SmolLM2-135M Q4_1 against a
+  // llama.cpp built for AVX-512 by GCC 12. Attention keeps protokv's own arithmetic with a press,
+  // a quantised cache, Gemma's sliding-window layers or a probability observer; the K-quants'
+  // prompts keep F32 activations. Random 1024-wide files, 2 threads, 512-token prompts: Q4_0
+  // 1.26x as fast as with F32 activations, Q8_0 0.76x, Q4_1 0.57x. false (the default) computes
+  // in F32 where it can (sgemm on dequantised panels for prompts, double-precision RoPE angles),
+  // closer to the F32 model (transformers, kvpress).
+  bool llama_cpp_arithmetic = false;
 };
 
 struct PrefillStats {
@@ -82,19 +87,19 @@ class Session;
 class PrefilledPrompt {
  public:
   // Runs `tokens` (positions 0..n-1) through `weights` in chunks of `ubatch` rows (0: at once),
-  // into a cache of `cache_type`, its activations rounded as SessionOptions::
-  // llama_cpp_prompt_rounding says; it serves sessions of that cache type and rounding only.
+  // into a cache of `cache_type`, computed as SessionOptions::llama_cpp_arithmetic says; it
+  // serves sessions of that cache type and arithmetic only.
   // Throws Error as Session::prefill does.
   static std::shared_ptr<const PrefilledPrompt> make(const ModelWeights& weights,
                                                      std::span<const int32_t> tokens,
                                                      int64_t ubatch = 0,
                                                      KvCacheType cache_type = {},
-                                                     bool llama_cpp_prompt_rounding = false);
+                                                     bool llama_cpp_arithmetic = false);
   ~PrefilledPrompt();
   int64_t n_tokens() const;
   double prefill_ms() const;  // the forward pass, once
   KvCacheType cache_type() const;
-  bool llama_cpp_prompt_rounding() const;
+  bool llama_cpp_arithmetic() const;
 
   struct Data;
   explicit PrefilledPrompt(std::unique_ptr<Data> data);

@@ -87,12 +87,12 @@ class Session:
                  ratio: Optional[float] = None, alloc: Optional[str] = None,
                  ubatch: int = 0, compress_local_layers: bool = False,
                  cache_type_k: str = "f32", cache_type_v: str = "f32",
-                 llama_cpp_prompt_rounding: bool = False) -> None:
+                 llama_cpp_arithmetic: bool = False) -> None:
         spec, alloc_name = _press_spec(press, alloc)
         self.model = model
         self._session = _core.Session(model._model, spec, budget, ratio, alloc_name, ubatch,
                                       compress_local_layers, cache_type_k, cache_type_v,
-                                      llama_cpp_prompt_rounding)
+                                      llama_cpp_arithmetic)
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Runs ``ids`` from position 0 (resetting the session), compresses the cache with the
@@ -245,17 +245,17 @@ class Model:
                 ratio: Optional[float] = None, alloc: Optional[str] = None,
                 ubatch: int = 0, compress_local_layers: bool = False,
                 cache_type_k: str = "f32", cache_type_v: str = "f32",
-                llama_cpp_prompt_rounding: bool = False) -> Session:
+                llama_cpp_arithmetic: bool = False) -> Session:
         """A new ``Session``: ``press`` (spec string or ``protokv.presses`` object; None: full
         cache) keeps ``budget`` entries per KV head per layer, or ``floor(n * ratio)`` of a
         prompt of n tokens; ``alloc`` spreads the budget over heads/layers; ``ubatch`` bounds
         the rows per forward chunk (0: all at once); ``cache_type_k`` / ``cache_type_v`` store
         the keys / values as f32, f16, bf16, q8_0 or q4_0 (llama.cpp's ``-ctk`` / ``-ctv``);
-        ``llama_cpp_prompt_rounding`` rounds the prompt's activations as llama.cpp does (int8
-        for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1, F16 for F16 weights; the default False keeps
-        them in F32, as transformers)."""
+        ``llama_cpp_arithmetic`` computes as llama.cpp's CPU backend does with ``-fa off``
+        (logits equal to its own bit for bit on F32 / F16 / legacy-quant files, no press, f32
+        cache; the default False keeps prompt activations in F32, as transformers)."""
         return Session(self, press, budget, ratio, alloc, ubatch, compress_local_layers,
-                       cache_type_k, cache_type_v, llama_cpp_prompt_rounding)
+                       cache_type_k, cache_type_v, llama_cpp_arithmetic)
 
     # --- generation, llama-cpp-python's shapes ---
     def _prompt_ids(self, prompt: Union[str, Sequence[int]]) -> List[int]:

@@ -258,7 +258,7 @@ class PySession {
   PySession(const Model& model, nb::handle press, std::optional<int64_t> budget,
             std::optional<double> ratio, const std::string& alloc, int64_t ubatch,
             bool compress_local_layers, const std::string& cache_type_k,
-            const std::string& cache_type_v, bool llama_cpp_prompt_rounding)
+            const std::string& cache_type_v, bool llama_cpp_arithmetic)
       : model_(model) {
     PROTOKV_CHECK(ubatch >= 0, "ubatch must be >= 0, got {}", ubatch);
     SessionOptions options;
@@ -277,7 +277,7 @@ class PySession {
     options.compress_local_layers = compress_local_layers;
     options.cache_type = {kv_cache_type_from_name(cache_type_k),
                           kv_cache_type_from_name(cache_type_v)};
-    options.llama_cpp_prompt_rounding = llama_cpp_prompt_rounding;
+    options.llama_cpp_arithmetic = llama_cpp_arithmetic;
     session_ = std::make_unique<Session>(model.loaded().weights, options);
   }
 
@@ -774,7 +774,7 @@ NB_MODULE(_core, m) {
            "model"_a, "press"_a = nb::none(), "budget"_a = nb::none(), "ratio"_a = nb::none(),
            "alloc"_a = "", "ubatch"_a = 0, "compress_local_layers"_a = false,
            "cache_type_k"_a = "f32", "cache_type_v"_a = "f32",
-           "llama_cpp_prompt_rounding"_a = false, nb::keep_alive<1, 2>())
+           "llama_cpp_arithmetic"_a = false, nb::keep_alive<1, 2>())
       .def(
           "prefill",
           [](nb::handle self, const std::vector<int32_t>& ids) {

@@ -458,12 +458,12 @@ def test_an_unknown_protokv_isa_is_one_clear_error(recall_path, protokv_cli):
     assert py.returncode == 0 and "PROTOKV_ISA=bogus" in py.stdout, py.stderr
 
 
-def test_prompt_rounding_as_llama_cpp_or_in_f32(recall):
-    # The recall model's weights are F16: llama_cpp_prompt_rounding=True rounds the prompt's
-    # activations to F16 as llama.cpp does; by default they stay F32 (as transformers), which
-    # moves the logits by that rounding only.
+def test_llama_cpp_arithmetic_or_f32_prompts(recall):
+    # The recall model's weights are F16: llama_cpp_arithmetic=True computes as llama.cpp does
+    # (F16 prompt activations, its RoPE, SwiGLU and attention orders); by default prompts stay
+    # F32 (as transformers), which moves the logits by those roundings only.
     ids = recall.tokenize(PROMPT, add_bos=True, special=True)
-    rounded = recall.session(llama_cpp_prompt_rounding=True).prefill(ids).copy()
+    rounded = recall.session(llama_cpp_arithmetic=True).prefill(ids).copy()
     f32 = recall.session().prefill(ids).copy()
     assert not np.array_equal(rounded, f32)
     assert np.abs(rounded - f32).max() < 0.1

@@ -36,7 +36,7 @@ struct GenerateArgs {
   std::string question;
   int n_predict = 256;
   int64_t ubatch = 0;
-  bool llama_cpp_prompt_rounding = false;
+  bool llama_cpp_arithmetic = false;
   bool compress_local_layers = false;
   bool json = false;
   bool kv_positions = false;  // with --json: the kept positions per layer and KV head
@@ -119,7 +119,7 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
         model.weights, setup.press, prompt_tokens,
         [&]() -> const PrefilledPrompt& {
           prefilled = PrefilledPrompt::make(model.weights, input.prefill, o.ubatch,
-                                            setup.cache_type, o.llama_cpp_prompt_rounding);
+                                            setup.cache_type, o.llama_cpp_arithmetic);
           return *prefilled;
         },
         o.memory_share, setup.cache_type);
@@ -142,7 +142,7 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
 
   SessionOptions session_options = setup.session_options();
   session_options.ubatch = o.ubatch;
-  session_options.llama_cpp_prompt_rounding = o.llama_cpp_prompt_rounding;
+  session_options.llama_cpp_arithmetic = o.llama_cpp_arithmetic;
   session_options.compress_local_layers = o.compress_local_layers;
   Session session(model.weights, session_options);
   const bool tty = isatty(fileno(stdout)) != 0;
@@ -189,7 +189,7 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     config_json["max_new_tokens"] = o.n_predict;
     config_json["stop_at_eos"] = !o.ignore_eos;
     if (o.ubatch > 0) config_json["ubatch"] = o.ubatch;
-    if (o.llama_cpp_prompt_rounding) config_json["llama_cpp_prompt_rounding"] = true;
+    if (o.llama_cpp_arithmetic) config_json["llama_cpp_arithmetic"] = true;
     if (o.memory_share > 0.0) config_json["kv_memory_share"] = o.memory_share;
     if (model.weights.config.has_local_layers())
       config_json["compress_local_layers"] = o.compress_local_layers;
@@ -289,11 +289,12 @@ void register_generate(CLI::App& app) {
                   "value, chelsea's outlier heads and Gemma 3's local layers what B does not "
                   "bound)");
   add_ubatch_option(*cmd, options->ubatch);
-  cmd->add_flag("--llama-cpp-prompt-rounding", options->llama_cpp_prompt_rounding,
-                "Round the prompt's activations as llama.cpp's prompt batches do: int8 (decode's "
-                "arithmetic, to the bit) for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 weights, F16 for F16 "
-                "weights (default: F32 activations, closer to the F32 model; the int8 rows are "
-                "faster than them for Q4_0 and slower for Q8_0 and Q4_1, measured)");
+  cmd->add_flag("--llama-cpp-arithmetic", options->llama_cpp_arithmetic,
+                "Compute as llama.cpp's CPU backend does with -fa off (its rounding of "
+                "activations, RoPE, SwiGLU and attention orders): logits equal to llama.cpp's "
+                "bit for bit on F32, F16 and Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 llama/qwen files without "
+                "a press, with an f32 cache (default: F32 prompt activations, closer to the F32 "
+                "model; measured slower for Q8_0 and Q4_1 prompts, faster for Q4_0)");
   cmd->add_flag("--compress-local-layers", options->compress_local_layers,
                 "Models with sliding-window layers (Gemma 3): the press also compresses the "
                 "local layers (default: only the global ones; a local layer keeps its window "

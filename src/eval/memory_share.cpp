@@ -25,7 +25,7 @@ size_t stored_bytes(const ModelWeights& weights, const std::shared_ptr<const Pre
   options.press = press;
   options.budget.entries = budget;
   options.cache_type = prompt.cache_type();
-  options.llama_cpp_prompt_rounding = prompt.llama_cpp_prompt_rounding();
+  options.llama_cpp_arithmetic = prompt.llama_cpp_arithmetic();
   Session session(weights, options);
   session.prefill(prompt);
   return session.cache().kv_bytes();

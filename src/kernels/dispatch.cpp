@@ -189,6 +189,12 @@ void matvec_rows(Isa isa, const WeightMatrix& w, const float* x, int64_t n, floa
 void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   active().matvec_rows(w, x, n, y);
 }
+void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y) {
+  table(isa).matmul_as_llama_cpp(w, x, n, y);
+}
+void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y) {
+  active().matmul_as_llama_cpp(w, x, n, y);
+}
 
 float legacy_quant_dot(Isa isa, DType type, const void* row, const QuantizedActivation& x,
                        int64_t cols) {
@@ -204,10 +210,6 @@ void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y)
 }
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   active().matmul(w, x, n, y);
-}
-
-void round_to_f16(const float* x, float* out, int64_t n) {
-  active().round_to_f16(x, out, n);
 }
 
 void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,

@@ -38,6 +38,7 @@ void rmsnorm(Isa isa, float* out, const float* x, const float* weight, int64_t n
 void softmax(Isa isa, float* x, int64_t n);
 void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y);
 void matvec_rows(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
+void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
 void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
 void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,

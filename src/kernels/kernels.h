@@ -53,10 +53,19 @@ struct RopeTable {
   int head_dim = 0;
   int rot_dims = 0;  // even, <= head_dim
   bool neox = false;
+  // ggml's arithmetic instead (ggml_rope_cache_init, rotate_pairs; SessionOptions::
+  // llama_cpp_arithmetic): pair i's angle is freq_scale * (theta_i / freq_factors[i]) in float,
+  // theta_i = pos * theta_scale^i by repeated float multiplication (theta_scale = powf(theta,
+  // -2 / rot_dims)), cosf / sinf of it, and the rotation x0 c - x1 s, x0 s + x1 c with the
+  // first product of each fused (as GCC contracts ggml's expression).
+  bool ggml_order = false;
+  float theta_scale = 0.0f;
+  float freq_scale = 1.0f;
+  std::vector<float> freq_factors;  // [rot_dims / 2], or empty for all 1
 };
 RopeTable make_rope_table(int head_dim, float theta, bool neox);
 RopeTable make_rope_table(int head_dim, int rot_dims, float theta, bool neox, float freq_scale,
-                          const float* freq_factors);
+                          const float* freq_factors, bool ggml_order = false);
 // rope_rows with a prebuilt table; same results as the overload above. Single-threaded.
 void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
                const RopeTable& table, const int32_t* positions);
@@ -81,9 +90,13 @@ void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y);
 // the activations as llama.cpp's does), so that prefill gives the same result whatever its
 // chunking, except for a chunk of a single row, which takes the mat-vec.
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
-
-// out = x rounded to F16 (nearest even, as ggml_cpu_fp32_to_fp16) and back to F32; may alias.
-void round_to_f16(const float* x, float* out, int64_t n);
+// matmul as llama.cpp's CPU backend multiplies a batch of n rows (SessionOptions::
+// llama_cpp_arithmetic): F16 with the activations rounded to F16 and, where llamafile's tinyBLAS
+// takes the shape (n >= 2, cols a multiple of its 8 / 16 lanes, rows of 4), in its order
+// (one lane accumulator per (row, token), then its horizontal sum; ggml_vec_dot_f16 otherwise);
+// the legacy quants row by row as matvec_rows (ggml's repacked Q4_0 and vec_dot arithmetic,
+// which its batches share); n = 1 as matvec; other types as matmul.
+void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y);
 
 // Causal attention of one query head over its KV head, all n tokens of a prefill:
 // q, k, v [n, d]; out [n, d]; query i sees keys 0..i. Tiled with online softmax: never

@@ -95,6 +95,27 @@ struct Avx2Ops {
     return static_cast<float>(sum);
   }
 
+  // As Avx512Ops::tinyblas_dot_f16 / _f32 for tinyBLAS<8, __m256, ...> (n a multiple of 8): its
+  // hsum adds the upper 128 bits to the lower, then (l0 + l2) + (l1 + l3).
+  static constexpr int kTinyBlasLanes = 8;
+  static float tinyblas_dot_f16(const uint16_t* w, const float* x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+      acc = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), acc);
+    return tinyblas_hsum(acc);
+  }
+  static float tinyblas_dot_f32(const float* w, const float* x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc);
+    return tinyblas_hsum(acc);
+  }
+  static float tinyblas_hsum(__m256 acc) {
+    __m128 t = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  }
+
   static void round_to_f16(const float* x, float* out, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)

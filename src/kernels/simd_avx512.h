@@ -76,6 +76,24 @@ struct Avx512Ops {
     return static_cast<float>(sum);
   }
 
+  // One F16 row against an F16-rounded activation (or an F32 row against an F32 one) as
+  // llama.cpp's prompt mat-muls take it: llamafile's tinyBLAS (ggml-cpu/llamafile/sgemm.cpp,
+  // tinyBLAS<16, __m512, ...>) keeps one 16-lane FMA accumulator over the row (n a multiple of
+  // 16) and ends with hsum, GCC's _mm512_reduce_add_ps.
+  static constexpr int kTinyBlasLanes = 16;
+  static float tinyblas_dot_f16(const uint16_t* w, const float* x, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16)
+      acc = _mm512_fmadd_ps(load_f16(w + i), _mm512_loadu_ps(x + i), acc);
+    return reduce_add_as_gcc(acc);
+  }
+  static float tinyblas_dot_f32(const float* w, const float* x, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), acc);
+    return reduce_add_as_gcc(acc);
+  }
+
   // _mm512_reduce_add_ps in GCC's order (its avx512fintrin.h, which the llama.cpp that
   // tools/llama_cpp/build.sh compiles uses): upper + lower 256 bits, then 128, then lanes 2,3 onto
   // 0,1, then lane 0 + lane 1. Spelled out so that another compiler's reduction order cannot

@@ -44,6 +44,21 @@ struct ScalarOps {
     return static_cast<float>(sum);
   }
 
+  // A llama.cpp built without SIMD has no tinyBLAS: its prompt rows take ggml_vec_dot_f16 /
+  // ggml_vec_dot_f32.
+  static constexpr int kTinyBlasLanes = 0;
+  static float tinyblas_dot_f16(const uint16_t* w, const float* x, int64_t n) {
+    return dot_f16(w, x, n);
+  }
+  static float tinyblas_dot_f32(const float* w, const float* x, int64_t n) {
+    double sum = 0.0;  // ggml_vec_dot_f32 without SIMD
+    for (int64_t i = 0; i < n; ++i) {
+      const float product = w[i] * x[i];
+      sum += static_cast<double>(product);
+    }
+    return static_cast<float>(sum);
+  }
+
   // x rounded to F16, round to nearest even (as ggml_cpu_fp32_to_fp16), and back to F32.
   static void round_to_f16(const float* x, float* out, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(f32_to_f16(x[i]));

@@ -25,13 +25,13 @@ struct KernelVariant {
   void (*softmax)(float* x, int64_t n);
   void (*matvec_rows)(const WeightMatrix& w, const float* x, int64_t n, float* y);
   void (*matmul)(const WeightMatrix& w, const float* x, int64_t n, float* y);
+  void (*matmul_as_llama_cpp)(const WeightMatrix& w, const float* x, int64_t n, float* y);
   // One row of a legacy 32-value quant type (Q4_0/Q4_1/Q5_0/Q5_1) against ggml's Q8_0 / Q8_1
   // activation blocks: what matvec computes per row (tests).
   float (*legacy_quant_dot)(DType type, const void* row, const QuantizedActivation& x,
                             int64_t cols);
   // One row of `n` values of any dtype to F32, as prefill converts weight panels (tests).
   void (*weight_row_to_f32)(DType type, const void* row, float* out, int64_t n);
-  void (*round_to_f16)(const float* x, float* out, int64_t n);
   void (*attention_prefill_heads)(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                                   int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
                                   int head_dim, int64_t window);
@@ -68,9 +68,9 @@ void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float e
 void softmax(float* x, int64_t n);
 void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y);
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
+void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y);
 float legacy_quant_dot(DType type, const void* row, const QuantizedActivation& x, int64_t cols);
 void weight_row_to_f32(DType type, const void* row, float* out, int64_t n);
-void round_to_f16(const float* x, float* out, int64_t n);
 void attention_prefill_heads(HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,
                              int head_dim, int64_t window);

@@ -50,6 +50,40 @@ void rope_apply(float* x, int n_heads, int head_dim, int rot_dims, int first, in
   }
 }
 
+// rope_angles in ggml's arithmetic (RopeTable::ggml_order): the angle of pair i comes from pos
+// times theta_scale^i, multiplied up from pair 0 in float as ggml_rope_cache_init does.
+void rope_angles_as_ggml(int32_t pos, const RopeTable& table, int first, int last, float* cos_out,
+                         float* sin_out) {
+  auto theta = static_cast<float>(pos);
+  for (int i = 0; i < first; ++i) theta *= table.theta_scale;
+  for (int i = first; i < last; ++i) {
+    const float factor = table.freq_factors.empty() ? 1.0f : table.freq_factors[i];
+    const float extrapolated = theta / factor;
+    const float angle = table.freq_scale * extrapolated;
+    cos_out[i - first] = std::cos(angle);
+    sin_out[i - first] = std::sin(angle);
+    theta *= table.theta_scale;
+  }
+}
+
+// rope_apply with ggml's rounding: dst0 = fma(x0, c, -(x1 s)), dst1 = fma(x0, s, x1 c).
+void rope_apply_as_ggml(float* x, int n_heads, int head_dim, int rot_dims, int first, int last,
+                        const float* c, const float* s, bool neox) {
+  const int half = rot_dims / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* head = x + static_cast<int64_t>(h) * head_dim;
+    for (int i = first; i < last; ++i) {
+      float* a = neox ? head + i : head + 2 * i;
+      float* b = neox ? head + half + i : head + 2 * i + 1;
+      const float x0 = *a, x1 = *b;
+      const float x1s = x1 * s[i - first];
+      const float x1c = x1 * c[i - first];
+      *a = std::fma(x0, c[i - first], -x1s);
+      *b = std::fma(x0, s[i - first], x1c);
+    }
+  }
+}
+
 }  // namespace
 
 void rmsnorm_rows(float* out, const float* x, const float* weight, int64_t rows, int64_t n,
@@ -88,11 +122,15 @@ RopeTable make_rope_table(int head_dim, float theta, bool neox) {
 }
 
 RopeTable make_rope_table(int head_dim, int rot_dims, float theta, bool neox, float freq_scale,
-                          const float* freq_factors) {
+                          const float* freq_factors, bool ggml_order) {
   RopeTable table;
   table.head_dim = head_dim;
   table.rot_dims = rot_dims;
   table.neox = neox;
+  table.ggml_order = ggml_order;
+  table.theta_scale = std::pow(theta, -2.0f / static_cast<float>(rot_dims));
+  table.freq_scale = freq_scale;
+  if (freq_factors != nullptr) table.freq_factors.assign(freq_factors, freq_factors + rot_dims / 2);
   table.inv_freq.resize(static_cast<size_t>(rot_dims / 2));
   const double log_theta = std::log(static_cast<double>(theta));
   for (size_t i = 0; i < table.inv_freq.size(); ++i) {
@@ -114,6 +152,12 @@ void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int first = 0; first < half; first += kPairBlock) {
       const int last = std::min(half, first + kPairBlock);
+      if (table.ggml_order) {
+        rope_angles_as_ggml(positions[t], table, first, last, c, s);
+        rope_apply_as_ggml(x + t * token_stride, n_heads, table.head_dim, table.rot_dims, first,
+                           last, c, s, table.neox);
+        continue;
+      }
       rope_angles(positions[t], table.inv_freq.data(), first, last, c, s);
       rope_apply(x + t * token_stride, n_heads, table.head_dim, table.rot_dims, first, last, c, s,
                  table.neox);

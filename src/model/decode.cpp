@@ -5,9 +5,11 @@
 // compression), then the press sees the step.
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "core/parallel.h"
 #include "kernels/kernels.h"
+#include "kernels/llama_cpp_order.h"
 #include "model/session_impl.h"
 #include "protokv/error.h"
 #include "protokv/threads.h"
@@ -59,6 +61,8 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
   if (want_probs) ensure_probs_capacity(longest);
   // A recall press picks each query head's entries before attention (DESIGN §4).
   const bool selecting = press != nullptr && press_layer >= 0 && press->selects(press_layer);
+  const bool as_llama_cpp = attends_as_llama_cpp(l, want_probs);
+  const float llama_cpp_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Short caches stay serial: waking the thread pool would cost more than the attention itself.
   constexpr int64_t kParallelMinWork = int64_t{1} << 15;
   // Query heads [begin, end) of KV head kv's group over the head's entries (its own keys, or
@@ -99,6 +103,14 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     const auto rotate_output_back = [&] {
       hadamard_rows(att + begin * hd, end - begin, hd, head.value_rotation());
     };
+    if (as_llama_cpp) {  // one segment of F32 rows: no press, an F32 cache
+      for (int64_t h = begin; h < end; ++h)
+        kernels::attention_as_llama_cpp(queries + h * hd,
+                                        static_cast<const float*>(segments[0].keys),
+                                        static_cast<const float*>(values.data), head.size(), hd,
+                                        llama_cpp_scale, /*batched=*/false, att + h * hd);
+      return;
+    }
     if (!selecting) {
       kernels::attention_decode_group_segments(
           queries + begin * hd, static_cast<int>(end - begin), key_segments, values, log_weights,

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/isa.h"
 #include "kernels/kernels.h"
+#include "kernels/llama_cpp_order.h"
 #include "model/session_impl.h"
 
 namespace protokv {
@@ -26,23 +28,17 @@ void add_bias_rows(float* x, const float* bias, int64_t n, int64_t width) {
   for (int64_t i = 0; i < n; ++i) add_bias(x + i * width, bias, width);
 }
 
-// Y[n, rows] = X[n, cols] · W^T: prompt rows through kernels::matmul (F32 activations), or, when
-// the session rounds them as llama.cpp does (SessionOptions::llama_cpp_prompt_rounding), those of
-// the legacy quantised types as decode rows (int8 activations, decode's arithmetic) and those of
-// F16 with the activations rounded to F16; rows of different sequences (decode_batch) as
-// matvec_rows, each exactly as a lone decode row.
+// Y[n, rows] = X[n, cols] · W^T: prompt rows through kernels::matmul (F32 activations), or as
+// llama.cpp multiplies them when the session computes as it does
+// (SessionOptions::llama_cpp_arithmetic, kernels::matmul_as_llama_cpp); rows of different
+// sequences (decode_batch) as matvec_rows, each exactly as a lone decode row.
 void project(const WeightMatrix& w, const float* x, int64_t n, float* y, const RowBuffers& b) {
-  const bool legacy = dtype_is_legacy_quant(w.type);
-  if (b.independent_rows || (b.llama_cpp_prompt_rounding && legacy)) {
+  if (b.independent_rows)
     kernels::matvec_rows(w, x, n, y);
-  } else if (b.llama_cpp_prompt_rounding && w.type == DType::F16 && n > 1) {
-    thread_local std::vector<float> rounded;  // project runs outside parallel regions
-    rounded.resize(static_cast<size_t>(n * w.cols));
-    kernels::round_to_f16(x, rounded.data(), n * w.cols);
-    kernels::matmul(w, rounded.data(), n, y);
-  } else {
+  else if (b.llama_cpp_arithmetic)
+    kernels::matmul_as_llama_cpp(w, x, n, y);
+  else
     kernels::matmul(w, x, n, y);
-  }
 }
 
 void add_rows(float* x, const float* delta, int64_t count) {
@@ -164,8 +160,14 @@ void Session::Impl::attention_inputs(int layer, int64_t n, const int32_t* positi
   }
 }
 
-void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
-                                             RowBuffers& b) const {
+bool Session::Impl::attends_as_llama_cpp(int layer, bool want_probs) const {
+  return options.llama_cpp_arithmetic && press == nullptr && !want_probs &&
+         cache.type().key == DType::F32 && cache.type().value == DType::F32 &&
+         !config.is_local_layer(layer) && config.attention_scale <= 0.0f;
+}
+
+void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b,
+                                             int64_t ffn_first) const {
   const int dim = config.dim;
   const int64_t hidden = config.hidden_dim;
   project(lw.wo, b.att.data(), n, b.xb.data(), b);
@@ -174,7 +176,7 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
   add_rows(b.x.data(), b.xb.data(), n * dim);
 
   // Feed-forward block, ffn_rows rows at a time (rows are independent).
-  for (int64_t r0 = 0; r0 < n; r0 += b.ffn_rows) {
+  for (int64_t r0 = ffn_first; r0 < n; r0 += b.ffn_rows) {
     const int64_t rows = std::min(b.ffn_rows, n - r0);
     float* x_chunk = b.x.data() + r0 * dim;
     float* xb_chunk = b.xb.data() + r0 * dim;
@@ -182,12 +184,18 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
     project(lw.w_gate, xb_chunk, rows, b.gate.data(), b);
     project(lw.w_up, xb_chunk, rows, b.up.data(), b);
     const bool gelu = config.ffn_activation == FfnActivation::kGeluTanh;
+    const bool silu_as_ggml = options.llama_cpp_arithmetic;  // ggml's vector exp
+    const kernels::Isa isa = kernels::active_isa();
 #pragma omp parallel for schedule(static) if (rows * hidden >= kParallelMinElements)
     for (int64_t r = 0; r < rows; ++r) {
+      float* gate = b.gate.data() + r * hidden;
+      const float* up = b.up.data() + r * hidden;
       if (gelu)
-        geglu(b.gate.data() + r * hidden, b.up.data() + r * hidden, hidden);
+        geglu(gate, up, hidden);
+      else if (silu_as_ggml)
+        kernels::ggml_swiglu(isa, gate, up, hidden);
       else
-        swiglu(b.gate.data() + r * hidden, b.up.data() + r * hidden, hidden);
+        swiglu(gate, up, hidden);
     }
     project(lw.w_down, b.gate.data(), rows, xb_chunk, b);
     if (lw.ffn_post_norm != nullptr)  // Gemma 3: the FFN output is normalised first
@@ -198,7 +206,10 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n,
 
 void Session::Impl::output_logits(const float* x_row, float* scratch) {
   kernels::rmsnorm(scratch, x_row, weights.output_norm, config.dim, config.norm_eps);
-  kernels::matvec(weights.output, scratch, logits.data());
+  if (options.llama_cpp_arithmetic)
+    kernels::matmul_as_llama_cpp(weights.output, scratch, 1, logits.data());
+  else
+    kernels::matvec(weights.output, scratch, logits.data());
   softcap_logits();
 }
 

@@ -11,12 +11,14 @@
 // layer's queries.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "core/parallel.h"
 #include "kernels/kernels.h"
+#include "kernels/llama_cpp_order.h"
 #include "model/session_impl.h"
 #include "protokv/error.h"
 #include "protokv/timer.h"
@@ -48,7 +50,7 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
                                   std::vector<std::vector<float>>* queries, int64_t n_total,
                                   const Session::RowLogits* on_logits, int64_t first_index) {
   const auto n = static_cast<int64_t>(tokens.size());
-  b.llama_cpp_prompt_rounding = options.llama_cpp_prompt_rounding;
+  b.llama_cpp_arithmetic = options.llama_cpp_arithmetic;
   const int hd = config.head_dim();
   const int n_heads = config.n_heads;
   const int n_kv = config.n_kv_heads;
@@ -188,8 +190,23 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       kv_bytes_now += chunk_layer_kv_bytes;
       if (kind != ChunkKind::kAppend)  // the stats describe the prompt's prefill
         stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now);
-      kernels::attention_prefill_cached({b.q.data(), q_dim, hd}, kv_rows, {b.att.data(), q_dim, hd},
-                                        n, n_heads, hd);
+      if (attends_as_llama_cpp(l, /*want_probs=*/false)) {
+        // Query row i of head h over its KV head's rows up to its own; llama.cpp multiplies a
+        // batch of two or more rows by tinyBLAS (kernels/llama_cpp_order.h).
+        const int group = config.group_size();
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+#pragma omp parallel for collapse(2) schedule(static) if (n * q_dim >= kParallelMinElements)
+        for (int64_t i = 0; i < n; ++i)
+          for (int h = 0; h < n_heads; ++h) {
+            const kernels::KvHeadRows& rows = kv_rows[static_cast<size_t>(h / group)];
+            kernels::attention_as_llama_cpp(b.q.data() + i * q_dim + h * hd, rows.k, rows.v,
+                                            rows.n_past + i + 1, hd, scale, /*batched=*/n > 1,
+                                            b.att.data() + i * q_dim + h * hd);
+          }
+      } else {
+        kernels::attention_prefill_cached({b.q.data(), q_dim, hd}, kv_rows,
+                                          {b.att.data(), q_dim, hd}, n, n_heads, hd);
+      }
       if (queries != nullptr) {
         auto& layer_queries = (*queries)[static_cast<size_t>(l)];
         if (layer_queries.empty()) layer_queries.assign(static_cast<size_t>(n_total * q_dim), 0.0f);
@@ -210,7 +227,13 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       }
     }
 
-    attention_output_and_ffn(lw, n, b);
+    // llama.cpp keeps only the rows whose logits it returns after the last layer's attention
+    // output (inp_out_ids): its FFN multiplies that one row as a mat-vec, which rounds F16 rows
+    // differently from its batched (tinyBLAS) order.
+    const bool all_logits = on_logits != nullptr && *on_logits;
+    const bool last_row_ffn =
+        options.llama_cpp_arithmetic && !all_logits && l == config.n_layers - 1;
+    attention_output_and_ffn(lw, n, b, last_row_ffn ? n - 1 : 0);
   }
 
   if (on_logits != nullptr && *on_logits) {
@@ -412,10 +435,10 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
       "the prefilled prompt's cache holds {} keys and {} values, this session's {} and {}",
       dtype_name(d.cache.type().key), dtype_name(d.cache.type().value),
       dtype_name(options.cache_type.key), dtype_name(options.cache_type.value));
-  PROTOKV_CHECK(d.llama_cpp_prompt_rounding == options.llama_cpp_prompt_rounding,
-                "the prefilled prompt's activations were rounded {}, this session asks for {}",
-                d.llama_cpp_prompt_rounding ? "as llama.cpp's" : "in F32",
-                options.llama_cpp_prompt_rounding ? "llama.cpp's rounding" : "F32");
+  PROTOKV_CHECK(d.llama_cpp_arithmetic == options.llama_cpp_arithmetic,
+                "the prefilled prompt was computed with {} arithmetic, this session asks for {}",
+                d.llama_cpp_arithmetic ? "llama.cpp's" : "protokv's",
+                options.llama_cpp_arithmetic ? "llama.cpp's" : "protokv's");
   reset();
   const int64_t n = d.n_tokens;
   const int64_t budget_entries = begin_press(n);
@@ -443,16 +466,16 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
 std::shared_ptr<const PrefilledPrompt> PrefilledPrompt::make(const ModelWeights& weights,
                                                              std::span<const int32_t> tokens,
                                                              int64_t ubatch, KvCacheType cache_type,
-                                                             bool llama_cpp_prompt_rounding) {
+                                                             bool llama_cpp_arithmetic) {
   SessionOptions options;
   options.ubatch = ubatch;
   options.cache_type = cache_type;
-  options.llama_cpp_prompt_rounding = llama_cpp_prompt_rounding;
+  options.llama_cpp_arithmetic = llama_cpp_arithmetic;
   Session::Impl impl(weights, options);
   auto data = std::make_unique<Data>();
   impl.capture_prompt(tokens, *data);
   data->ubatch = ubatch;
-  data->llama_cpp_prompt_rounding = llama_cpp_prompt_rounding;
+  data->llama_cpp_arithmetic = llama_cpp_arithmetic;
   return std::make_shared<const PrefilledPrompt>(std::move(data));
 }
 
@@ -467,8 +490,8 @@ double PrefilledPrompt::prefill_ms() const {
 KvCacheType PrefilledPrompt::cache_type() const {
   return data_->cache.type();
 }
-bool PrefilledPrompt::llama_cpp_prompt_rounding() const {
-  return data_->llama_cpp_prompt_rounding;
+bool PrefilledPrompt::llama_cpp_arithmetic() const {
+  return data_->llama_cpp_arithmetic;
 }
 
 void Session::Impl::check_append(std::span<const int32_t> tokens) const {
@@ -491,9 +514,9 @@ std::span<const float> Session::Impl::append(std::span<const int32_t> tokens,
   RowBuffers rows(chunk, config);
   // Every row's logits: each row multiplied as a decode step multiplies it (matvec_rows: int8
   // activations for the quantised types, F16 ones for F16, as llama.cpp's batches have them
-  // too), the weights
-  // streamed once for all rows of the chunk.
-  rows.independent_rows = static_cast<bool>(on_logits);
+  // too), the weights streamed once for all rows of the chunk; with llama.cpp's arithmetic, as
+  // its batch multiplies them (forward.cpp project).
+  rows.independent_rows = static_cast<bool>(on_logits) && !options.llama_cpp_arithmetic;
   for (int64_t r0 = 0; r0 < n; r0 += chunk)
     forward_chunk(
         tokens.subspan(static_cast<size_t>(r0), static_cast<size_t>(std::min(chunk, n - r0))),

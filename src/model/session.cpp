@@ -19,11 +19,13 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   // ggml's freq_scale is the inverse of the linear scaling factor (llama-model.cpp load_hparams).
   rope = kernels::make_rope_table(config.head_dim(), config.rope_dims(), config.rope_theta,
                                   config.rope_neox, 1.0f / config.rope_linear_factor,
-                                  config.rope_freq_factors ? weights.rope_freqs : nullptr);
+                                  config.rope_freq_factors ? weights.rope_freqs : nullptr,
+                                  options.llama_cpp_arithmetic);
   // Gemma 3's local layers: their own base, no scaling (llama.cpp rope_freq_scale_train_swa = 1).
   if (config.has_local_layers())
-    rope_local = kernels::make_rope_table(config.head_dim(), config.rope_dims(),
-                                          config.rope_theta_local, config.rope_neox, 1.0f, nullptr);
+    rope_local =
+        kernels::make_rope_table(config.head_dim(), config.rope_dims(), config.rope_theta_local,
+                                 config.rope_neox, 1.0f, nullptr, options.llama_cpp_arithmetic);
   cache = KvCache(config.n_layers, config.n_kv_heads, config.head_dim(), options.cache_type);
   press_index.assign(static_cast<size_t>(config.n_layers), -1);
   for (int l = 0; l < config.n_layers; ++l) {
@@ -33,6 +35,7 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   }
   logits.assign(static_cast<size_t>(config.vocab_size), 0.0f);
   step = RowBuffers(1, config);
+  step.llama_cpp_arithmetic = options.llama_cpp_arithmetic;
   kernels::active_isa();  // a bad PROTOKV_ISA fails here, not inside a kernel's parallel loop
 }
 

@@ -31,8 +31,8 @@ struct RowBuffers {
   // Rows of different sequences (decode_batch): each is multiplied exactly as decode's one row is
   // (kernels::matvec_rows, weights read once for all), not as prompt rows (GEMM).
   bool independent_rows = false;
-  // Prompt rows rounded as llama.cpp rounds them (SessionOptions::llama_cpp_prompt_rounding).
-  bool llama_cpp_prompt_rounding = false;
+  // Prompt rows rounded as llama.cpp rounds them (SessionOptions::llama_cpp_arithmetic).
+  bool llama_cpp_arithmetic = false;
 };
 
 // How a chunk of rows (Session::Impl::forward_chunk, prefill.cpp) treats the cache and the press.
@@ -47,7 +47,7 @@ struct PrefilledPrompt::Data {
   const ModelWeights* weights = nullptr;  // identity check: a prompt serves its own weights only
   int64_t n_tokens = 0;
   int64_t ubatch = 0;
-  bool llama_cpp_prompt_rounding = false;
+  bool llama_cpp_arithmetic = false;
   KvCache cache;  // every row of every layer, uncompressed (sliding-window layers too)
   std::vector<std::vector<float>> queries;  // [n_layers][n_heads, n_tokens, head_dim] post-RoPE
   std::vector<float> logits;                // [vocab] of the last token
@@ -106,8 +106,15 @@ struct Session::Impl {
   void embed(std::span<const int32_t> tokens, RowBuffers& b) const;
   // q/k/v = projections of rmsnorm(x) (+ biases), RoPE'd at `positions`.
   void attention_inputs(int layer, int64_t n, const int32_t* positions, RowBuffers& b) const;
-  // x += wo · att, then x += FFN(rmsnorm(x)).
-  void attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b) const;
+  // Whether layer `layer`'s attention takes llama.cpp's arithmetic
+  // (SessionOptions::llama_cpp_arithmetic, kernels/llama_cpp_order.h): in the case llama.cpp
+  // itself computes, no press, an F32 cache, a global layer, the scale 1/sqrt(head_dim), no
+  // observer of the probabilities. Otherwise protokv's own kernels attend.
+  bool attends_as_llama_cpp(int layer, bool want_probs) const;
+  // x += wo · att, then x += FFN(rmsnorm(x)) for rows ffn_first.. (the others' x stays x + wo ·
+  // att: rows whose outputs nobody reads).
+  void attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b,
+                                int64_t ffn_first = 0) const;
   // logits = output · rmsnorm(x_row); `scratch` [dim] may alias x_row.
   void output_logits(const float* x_row, float* scratch);
   // The logits of all n rows of b.x, handed to `on_logits` as (first_index + i, logits of row i),

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Greedy text of protokv next to llama.cpp's on the same GGUF files (issue 23: "greedy text on
 # every legacy quant type equals llama.cpp's"): for each file, N tokens after PROMPT with
-# `llama-completion --temp 0` and `protokv generate --temp 0 --llama-cpp-prompt-rounding`, both
+# `llama-completion --temp 0` and `protokv generate --temp 0 --llama-cpp-arithmetic`, both
 # on one thread with an F32 KV cache; prints where the two texts first differ. llama.cpp from
 # tools/llama_cpp/build.sh. FA: llama.cpp's flash attention, off by default because protokv's
 # attention follows llama.cpp's other path (QK^T, softmax, V products); with FA=on (llama.cpp's
@@ -34,7 +34,7 @@ for model in "$@"; do
     { tail -3 "$work/err" >&2; echo "$0: llama-completion failed on $model" >&2; exit 1; }
   # protokv prints the generated text only (no prompt).
   "$PROTOKV" generate -m "$model" -p "$PROMPT" -n "$N" --temp 0 --ignore-eos -t 1 \
-    --llama-cpp-prompt-rounding \
+    --llama-cpp-arithmetic \
     >"$work/protokv.txt" 2>"$work/err" ||
     { tail -3 "$work/err" >&2; echo "$0: protokv generate failed on $model" >&2; exit 1; }
   python3 - "$model" "$work/llama.txt" "$work/protokv.txt" <<'EOF'

@@ -3,7 +3,8 @@
 // batch), for the fixtures of tests/test_llama_cpp_oracle.cpp. Built by tools/llama_cpp/build.sh
 // against the llama.cpp it builds (not part of protokv's build).
 //
-//   protokv-dump-logits [--prompt K] [--flash-attn] MODEL.gguf OUT.logits TOKEN_ID...
+//   protokv-dump-logits [--prompt K [--last-prompt-logits]] [--flash-attn] MODEL.gguf OUT.logits
+//                       TOKEN_ID...
 //   protokv-dump-logits --max-diff A.logits B.logits    # prints max |logit A - logit B|
 //
 // The context keeps K/V in F32 and by default runs without flash attention, so the reference
@@ -11,7 +12,10 @@
 // quantised mat-muls), not of an F16 cache. `--prompt K` evaluates the first K tokens in one batch
 // and each later one alone, as llama-completion generates (its mat-vec kernels, not its batched
 // ones);
-// `--flash-attn` turns llama.cpp's flash attention on (llama-completion's default on a CPU).
+// `--last-prompt-logits` asks the batch for its last row's logits only, as llama-completion does
+// (llama.cpp then runs the last layer's FFN on that row alone; the other prompt rows are written
+// as zeros with argmax -1). `--flash-attn` turns llama.cpp's flash attention on (llama-completion's
+// default on a CPU).
 //
 // OUT.logits (little-endian): "PKVLOGIT", uint32 version (1), uint32 n_tokens, uint32 n_vocab,
 // int32 tokens[n_tokens], int32 argmax[n_tokens], float32 logits[n_tokens][n_vocab].
@@ -72,9 +76,12 @@ int main(int argc, char** argv) {
   int first = 1;
   long prompt_tokens = -1;  // all in one batch
   bool flash_attn = false;
+  bool last_prompt_logits = false;
   for (; first < argc && argv[first][0] == '-' && argv[first][1] == '-'; ++first) {
     if (std::strcmp(argv[first], "--flash-attn") == 0) {
       flash_attn = true;
+    } else if (std::strcmp(argv[first], "--last-prompt-logits") == 0) {
+      last_prompt_logits = true;
     } else if (std::strcmp(argv[first], "--prompt") == 0) {
       if (first + 1 >= argc) return die("--prompt needs a token count");
       char* end = nullptr;
@@ -89,7 +96,8 @@ int main(int argc, char** argv) {
   }
   if (argc - first < 3) {
     std::fprintf(stderr,
-                 "usage: %s [--prompt K] [--flash-attn] MODEL.gguf OUT.logits TOKEN_ID...\n",
+                 "usage: %s [--prompt K [--last-prompt-logits]] [--flash-attn] MODEL.gguf "
+                 "OUT.logits TOKEN_ID...\n",
                  argv[0]);
     return 1;
   }
@@ -133,7 +141,7 @@ int main(int argc, char** argv) {
   if (ctx == nullptr) return die("cannot create a context");
 
   std::vector<float> logits(static_cast<size_t>(n_tokens) * static_cast<size_t>(n_vocab));
-  std::vector<int32_t> argmax(static_cast<size_t>(n_tokens));
+  std::vector<int32_t> argmax(static_cast<size_t>(n_tokens), -1);
   llama_batch batch = llama_batch_init(n_tokens, 0, 1);
   const int32_t batch_size =
       prompt_tokens < 0 ? n_tokens : static_cast<int32_t>(std::min<long>(prompt_tokens, n_tokens));
@@ -146,11 +154,11 @@ int main(int argc, char** argv) {
       batch.pos[i] = start + i;
       batch.n_seq_id[i] = 1;
       batch.seq_id[i][0] = 0;
-      batch.logits[i] = 1;
+      batch.logits[i] = !last_prompt_logits || i == count - 1;
     }
     batch.n_tokens = count;
     if (llama_decode(ctx, batch) != 0) return die("llama_decode failed");
-    for (int32_t i = 0; i < count; ++i) {
+    for (int32_t i = last_prompt_logits ? count - 1 : 0; i < count; ++i) {
       const float* row = llama_get_logits_ith(ctx, i);
       if (row == nullptr) return die("no logits for position " + std::to_string(start + i));
       const size_t at = static_cast<size_t>(start + i);

@@ -41,6 +41,8 @@ GEMMA3_FLAGS=(--sliding-window 8 --swa-period 2 --tied)
 # one KV head (GQA, head_dim 64). F32 has one layer so that its file stays under 2 MB; the other
 # types have two. Vocabulary 260: the synthetic byte vocabulary plus one piece.
 DIM=256 FFN=256 HEADS=4 KV_HEADS=1 VOCAB=260 CTX=64 SEED=9
+# Also as llama-completion evaluates them (<arch>_<type>.completion.logits) for these.
+COMPLETION_ARCHS=(llama qwen3) COMPLETION_TYPES=(F32 F16 Q8_0 Q4_1) PROMPT_TOKENS=5
 # The token sequence: BOS, then 31 ids from a fixed linear congruential generator.
 TOKENS=(1)
 state=12345
@@ -85,6 +87,12 @@ for arch in "${ARCHS[@]}"; do
         { cat "$tmp/quantize.log" >&2; exit 1; }
     fi
     "$BIN/protokv-dump-logits" "$gguf" "$OUT/${arch}_${type}.logits" "${TOKENS[@]}"
+    # As llama-completion runs: a prompt batch of PROMPT_TOKENS, its last row's logits only, then
+    # one token per llama_decode (the llama.cpp-arithmetic test).
+    if [[ " ${COMPLETION_ARCHS[*]} " == *" $arch "* && " ${COMPLETION_TYPES[*]} " == *" $type "* ]]; then
+      "$BIN/protokv-dump-logits" --prompt $PROMPT_TOKENS --last-prompt-logits "$gguf" \
+        "$OUT/${arch}_${type}.completion.logits" "${TOKENS[@]}"
+    fi
     act_rounding=0
     if [[ $type != F32 ]]; then
       "$BIN/llama-quantize" --allow-requantize "$gguf" "$tmp/dequantised.gguf" F32 1 >"$tmp/quantize.log" 2>&1 ||

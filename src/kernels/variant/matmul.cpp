@@ -102,9 +102,5 @@ void weight_row_to_f32(DType type, const void* row, float* out, int64_t n) {
   VariantOps::to_f32(type, row, out, n);
 }
 
-void round_to_f16(const float* x, float* out, int64_t n) {
-  VariantOps::round_to_f16(x, out, n);
-}
-
 }  // namespace PROTOKV_KERNEL_VARIANT
 }  // namespace protokv::kernels

@@ -11,6 +11,7 @@
 
 #include "core/quant_blocks.h"
 #include "kernels/kernels.h"
+#include "kernels/llama_cpp_order.h"
 #include "kernels/quant_matvec.h"
 #include "kernels/simd.h"
 #include "kernels/variant.h"
@@ -394,6 +395,36 @@ void matvec_rows_impl(const WeightMatrix& w, const float* x, int64_t n, float* y
   matvec_impl<Ops>(w, x, n, y);
 }
 
+// A batch of rows as llama.cpp multiplies it (kernels.h): F32 and F16 by tinyBLAS's order where
+// its shapes allow, else ggml_vec_dot_f32's / ggml_vec_dot_f16's; legacy quants and one-row
+// batches as mat-vecs, the rest by matmul.
+template <class Ops>
+void matmul_as_llama_cpp_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
+  constexpr int lanes = Ops::kTinyBlasLanes;
+  const bool tinyblas = lanes > 0 && n >= 2 && w.cols % lanes == 0 && w.rows % 4 == 0;
+  if (w.type == DType::F32) {
+    for_each_row(w, n, y, [&](const void* row, int64_t i) {
+      const auto* weights = static_cast<const float*>(row);
+      return tinyblas ? Ops::tinyblas_dot_f32(weights, x + i * w.cols, w.cols)
+                      : ggml_dot_f32(kVariantIsa, weights, x + i * w.cols, w.cols);
+    });
+    return;
+  }
+  if (tinyblas && w.type == DType::F16) {
+    thread_local std::vector<float> rounded_scratch;  // as in matvec_impl
+    rounded_scratch.resize(static_cast<size_t>(n * w.cols));
+    float* rounded = rounded_scratch.data();
+    Ops::round_to_f16(x, rounded, n * w.cols);
+    for_each_row(w, n, y, [&](const void* row, int64_t i) {
+      return Ops::tinyblas_dot_f16(static_cast<const uint16_t*>(row), rounded + i * w.cols, w.cols);
+    });
+    return;
+  }
+  if (n == 1 || w.type == DType::F16 || dtype_is_legacy_quant(w.type))
+    return matvec_rows_impl<Ops>(w, x, n, y);
+  PROTOKV_KERNEL_VARIANT::matmul(w, x, n, y);
+}
+
 }  // namespace
 
 namespace PROTOKV_KERNEL_VARIANT {
@@ -401,6 +432,11 @@ namespace PROTOKV_KERNEL_VARIANT {
 void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   if (n <= 0) return;
   matvec_rows_impl<VariantOps>(w, x, n, y);
+}
+
+void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y) {
+  if (n <= 0) return;
+  matmul_as_llama_cpp_impl<VariantOps>(w, x, n, y);
 }
 
 float legacy_quant_dot(DType type, const void* row, const QuantizedActivation& x, int64_t cols) {
