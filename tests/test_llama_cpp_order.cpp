@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // llama.cpp's arithmetic (kernels/llama_cpp_order.h, kernels::matmul_as_llama_cpp, RopeTable::
 // ggml_order): hand-made inputs whose result depends on the summation order, each with its known
-// answer per instruction set, and random inputs against double-precision references. The orders
-// themselves were read from ggml-cpu and checked against it (docs/DESIGN.md §llama.cpp's
+// answer per instruction set, random inputs against double-precision references, and the SIMD
+// kernels (attention_as_llama_cpp, swiglu_as_llama_cpp) against the portable ggml_order ones. The
+// orders themselves were read from ggml-cpu and checked against it (docs/DESIGN.md §llama.cpp's
 // arithmetic); tests/test_llama_cpp_oracle.cpp checks whole models against llama.cpp's logits.
 #include <gtest/gtest.h>
 
@@ -36,7 +37,7 @@ float order_probe(Isa isa, int64_t n, int64_t minus_one, int64_t at) {
   x[minus_one] = 1.0f;
   y[minus_one] = -1.0f;
   x[at] = y[at] = 1.0f + 0x1p-12f;
-  return kernels::ggml_dot_f32(isa, x.data(), y.data(), n);
+  return kernels::ggml_order::dot_f32(isa, x.data(), y.data(), n);
 }
 
 constexpr float kRounded = 0x1p-11f;
@@ -68,10 +69,10 @@ TEST(GgmlDotF32, WholeStepsReduceAccumulatorsPairwise) {
     x[lanes] = 1.0f;
     x[2 * lanes] = -0x1p24f;
     x[3 * lanes] = 1.0f;
-    EXPECT_EQ(kernels::ggml_dot_f32(isa, x.data(), y.data(), n), 2.0f);
+    EXPECT_EQ(kernels::ggml_order::dot_f32(isa, x.data(), y.data(), n), 2.0f);
   }
   std::vector<float> x = {0x1p24f, 1.0f, -0x1p24f, 1.0f}, y(4, 1.0f);
-  EXPECT_EQ(kernels::ggml_dot_f32(Isa::kScalar, x.data(), y.data(), 4), 2.0f);  // in double
+  EXPECT_EQ(kernels::ggml_order::dot_f32(Isa::kScalar, x.data(), y.data(), 4), 2.0f);  // in double
 }
 
 TEST(GgmlDotF32, LanesReduceInTheInstructionSetsTree) {
@@ -81,18 +82,18 @@ TEST(GgmlDotF32, LanesReduceInTheInstructionSetsTree) {
   // a, c at lanes 0, 4 and b, d at lanes 1, 5 give (a + c) + (b + d) = 2 too.
   std::vector<float> x(64, 0.0f), y(64, 1.0f);
   x[0] = 0x1p24f, x[8] = -0x1p24f, x[1] = 1.0f, x[9] = 1.0f;
-  EXPECT_EQ(kernels::ggml_dot_f32(Isa::kAvx512, x.data(), y.data(), 64), 2.0f);
+  EXPECT_EQ(kernels::ggml_order::dot_f32(Isa::kAvx512, x.data(), y.data(), 64), 2.0f);
   std::vector<float> x2(32, 0.0f), y2(32, 1.0f);
   x2[0] = 0x1p24f, x2[4] = -0x1p24f, x2[1] = 1.0f, x2[5] = 1.0f;
-  EXPECT_EQ(kernels::ggml_dot_f32(Isa::kAvx2, x2.data(), y2.data(), 32), 2.0f);
+  EXPECT_EQ(kernels::ggml_order::dot_f32(Isa::kAvx2, x2.data(), y2.data(), 32), 2.0f);
   // a, b, c, d at lanes 0-3: AVX2's hadds give (a + b) + (c + d) = 2^24 + (1 - 2^24) = 1, GCC's
   // AVX-512 tree (a + c) + (b + d) = 2.
   x2 = std::vector<float>(32, 0.0f);
   x2[0] = 0x1p24f, x2[1] = 1.0f, x2[2] = -0x1p24f, x2[3] = 1.0f;
-  EXPECT_EQ(kernels::ggml_dot_f32(Isa::kAvx2, x2.data(), y2.data(), 32), 1.0f);
+  EXPECT_EQ(kernels::ggml_order::dot_f32(Isa::kAvx2, x2.data(), y2.data(), 32), 1.0f);
   x = std::vector<float>(64, 0.0f);
   x[0] = 0x1p24f, x[1] = 1.0f, x[2] = -0x1p24f, x[3] = 1.0f;
-  EXPECT_EQ(kernels::ggml_dot_f32(Isa::kAvx512, x.data(), y.data(), 64), 2.0f);
+  EXPECT_EQ(kernels::ggml_order::dot_f32(Isa::kAvx512, x.data(), y.data(), 64), 2.0f);
 }
 
 TEST(GgmlDotF32, CloseToTheExactSum) {
@@ -102,7 +103,8 @@ TEST(GgmlDotF32, CloseToTheExactSum) {
       const auto x = random_vector(rng, n), y = random_vector(rng, n);
       const double exact = testing::ref_dot(x.data(), y.data(), n);
       const double scale = testing::ref_abs_dot(x.data(), y.data(), n);
-      EXPECT_NEAR(kernels::ggml_dot_f32(isa, x.data(), y.data(), n), exact, 1e-6 * scale + 1e-30)
+      EXPECT_NEAR(kernels::ggml_order::dot_f32(isa, x.data(), y.data(), n), exact,
+                  1e-6 * scale + 1e-30)
           << kernels::isa_name(isa) << " n=" << n;
     }
 }
@@ -110,14 +112,14 @@ TEST(GgmlDotF32, CloseToTheExactSum) {
 TEST(GgmlExp, WithinTwoUlpsOfExpAndExactWhereItMustBe) {
   for (Isa isa : kAllIsas) {
     SCOPED_TRACE(kernels::isa_name(isa));
-    EXPECT_EQ(kernels::ggml_exp(isa, 0.0f), 1.0f);
-    EXPECT_EQ(kernels::ggml_exp(isa, -std::numeric_limits<float>::infinity()), 0.0f);
-    EXPECT_EQ(kernels::ggml_exp(isa, -200.0f), 0.0f);
-    EXPECT_EQ(kernels::ggml_exp(isa, 100.0f), std::numeric_limits<float>::infinity());
+    EXPECT_EQ(kernels::ggml_order::exp(isa, 0.0f), 1.0f);
+    EXPECT_EQ(kernels::ggml_order::exp(isa, -std::numeric_limits<float>::infinity()), 0.0f);
+    EXPECT_EQ(kernels::ggml_order::exp(isa, -200.0f), 0.0f);
+    EXPECT_EQ(kernels::ggml_order::exp(isa, 100.0f), std::numeric_limits<float>::infinity());
     double worst = 0.0;
     for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
       const double want = std::exp(static_cast<double>(x));
-      const double got = kernels::ggml_exp(isa, x);
+      const double got = kernels::ggml_order::exp(isa, x);
       worst = std::max(worst, std::fabs(got - want) / want);
     }
     EXPECT_LT(worst, 2.5e-7);  // two float ulps
@@ -126,9 +128,10 @@ TEST(GgmlExp, WithinTwoUlpsOfExpAndExactWhereItMustBe) {
   // differ from expf (which a build without SIMD calls), and from each other in the subnormals.
   int differ = 0;
   for (float x = -10.0f; x <= 10.0f; x += 0.001f)
-    differ += kernels::ggml_exp(Isa::kAvx512, x) != std::exp(x) ? 1 : 0;
+    differ += kernels::ggml_order::exp(Isa::kAvx512, x) != std::exp(x) ? 1 : 0;
   EXPECT_GT(differ, 0);
-  EXPECT_NE(kernels::ggml_exp(Isa::kAvx512, -100.0f), 0.0f);  // 2^-144: scalef keeps subnormals
+  EXPECT_NE(kernels::ggml_order::exp(Isa::kAvx512, -100.0f),
+            0.0f);  // 2^-144: scalef keeps subnormals
 }
 
 TEST(GgmlSwiglu, SiluTimesUpWithTheVectorExpOnWholeVectors) {
@@ -137,12 +140,12 @@ TEST(GgmlSwiglu, SiluTimesUpWithTheVectorExpOnWholeVectors) {
     const int64_t n = 37;  // two vectors of 16 (AVX-512), four of 8 (AVX2), and leftovers
     const auto gate = random_vector(rng, n, 3.0f), up = random_vector(rng, n);
     std::vector<float> out = gate;
-    kernels::ggml_swiglu(isa, out.data(), up.data(), n);
+    kernels::ggml_order::swiglu(isa, out.data(), up.data(), n);
     const int lanes = isa == Isa::kAvx512 ? 16 : isa == Isa::kAvx2 ? 8 : 0;
     const int64_t whole = lanes == 0 ? 0 : n / lanes * lanes;
     for (int64_t i = 0; i < n; ++i) {
       const float x = gate[i];
-      const float e = i < whole ? kernels::ggml_exp(isa, -x) : std::exp(-x);
+      const float e = i < whole ? kernels::ggml_order::exp(isa, -x) : std::exp(-x);
       const float silu = x / (1.0f + e);
       EXPECT_EQ(out[i], silu * up[i]) << kernels::isa_name(isa) << " " << i;
       EXPECT_NEAR(out[i], x / (1.0 + std::exp(-static_cast<double>(x))) * up[i], 1e-5);
@@ -158,16 +161,16 @@ TEST(AttentionAsLlamaCpp, KnownAnswersAndTheReference) {
     // One entry: its value, exactly.
     const auto q = random_vector(rng, d), k = random_vector(rng, d), v = random_vector(rng, d);
     std::vector<float> out(d);
-    kernels::attention_as_llama_cpp(isa, q.data(), k.data(), v.data(), 1, d, 0.35f, false,
-                                    out.data());
+    kernels::ggml_order::attention(isa, q.data(), k.data(), v.data(), 1, d, 0.35f, false,
+                                   out.data());
     EXPECT_EQ(out, v);
     // Two equal keys: half of each value, exactly (halves and one sum of two floats).
     std::vector<float> keys2 = k;
     keys2.insert(keys2.end(), k.begin(), k.end());
     std::vector<float> values2 = {1, 2, 3, 4, 5, 6, 7, 8, 3, 2, 1, 0, -1, -2, -3, -4};
     for (bool batched : {false, true}) {
-      kernels::attention_as_llama_cpp(isa, q.data(), keys2.data(), values2.data(), 2, d, 0.35f,
-                                      batched, out.data());
+      kernels::ggml_order::attention(isa, q.data(), keys2.data(), values2.data(), 2, d, 0.35f,
+                                     batched, out.data());
       EXPECT_EQ(out, (std::vector<float>{2, 2, 2, 2, 2, 2, 2, 2}));
     }
     // Random entries against double precision.
@@ -179,9 +182,9 @@ TEST(AttentionAsLlamaCpp, KnownAnswersAndTheReference) {
             query.data(), keys.data(), values.data(), nullptr, n, width, nullptr);
         std::vector<float> got(static_cast<size_t>(width));
         for (bool batched : {false, true}) {
-          kernels::attention_as_llama_cpp(isa, query.data(), keys.data(), values.data(), n, width,
-                                          1.0f / std::sqrt(static_cast<float>(width)), batched,
-                                          got.data());
+          kernels::ggml_order::attention(isa, query.data(), keys.data(), values.data(), n, width,
+                                         1.0f / std::sqrt(static_cast<float>(width)), batched,
+                                         got.data());
           for (int i = 0; i < width; ++i)
             EXPECT_NEAR(got[i], want[i], 2e-5) << "n=" << n << " d=" << width << " " << i;
         }
@@ -202,16 +205,46 @@ TEST(AttentionAsLlamaCpp, BatchedQueriesSumValuesInTinyBlasOrder) {
       const auto q = random_vector(rng, d), k = random_vector(rng, n * d);
       const auto v = random_vector(rng, n * d);
       std::vector<float> one(d), batch(d);
-      kernels::attention_as_llama_cpp(isa, q.data(), k.data(), v.data(), n, d, 0.125f, false,
-                                      one.data());
-      kernels::attention_as_llama_cpp(isa, q.data(), k.data(), v.data(), n, d, 0.125f, true,
-                                      batch.data());
+      kernels::ggml_order::attention(isa, q.data(), k.data(), v.data(), n, d, 0.125f, false,
+                                     one.data());
+      kernels::ggml_order::attention(isa, q.data(), k.data(), v.data(), n, d, 0.125f, true,
+                                     batch.data());
       differ += one != batch ? 1 : 0;
     }
     if (isa == Isa::kScalar)
       EXPECT_EQ(differ, 0);
     else
       EXPECT_GT(differ, 0) << kernels::isa_name(isa);
+  }
+}
+
+// The SIMD kernels compute their instruction set's portable reference, to the bit.
+TEST(AttentionAsLlamaCpp, SimdKernelsEqualThePortableOrder) {
+  std::mt19937 rng(17);
+  for (Isa isa : kernels::available_isas()) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    for (int64_t n : {1, 5, 16, 17, 64, 100, 300})
+      for (int d : {8, 12, 64, 72, 128})
+        for (bool batched : {false, true}) {
+          const auto q = random_vector(rng, d, 2.0f), k = random_vector(rng, n * d);
+          const auto v = random_vector(rng, n * d);
+          std::vector<float> fast(static_cast<size_t>(d)), portable(static_cast<size_t>(d));
+          const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+          kernels::attention_as_llama_cpp(isa, q.data(), k.data(), v.data(), n, d, scale, batched,
+                                          fast.data());
+          kernels::ggml_order::attention(isa, q.data(), k.data(), v.data(), n, d, scale, batched,
+                                         portable.data());
+          EXPECT_EQ(fast, portable) << "n=" << n << " d=" << d << " batched=" << batched;
+        }
+    for (int64_t n : {1, 7, 16, 37, 1536}) {
+      auto gate = random_vector(rng, n, 4.0f);
+      gate[0] = -120.0f;  // exp(120): the saturated path
+      const auto up = random_vector(rng, n);
+      std::vector<float> fast = gate, portable = gate;
+      kernels::swiglu_as_llama_cpp(isa, fast.data(), up.data(), n);
+      kernels::ggml_order::swiglu(isa, portable.data(), up.data(), n);
+      EXPECT_EQ(fast, portable) << "swiglu n=" << n;
+    }
   }
 }
 
@@ -286,7 +319,7 @@ TEST(MatmulAsLlamaCpp, TinyBlasOrderWhereItsShapesAllowElseVecDot) {
             if (tinyblas) {
               EXPECT_EQ(got, tinyblas_emulation(lanes, weights.data(), xi.data(), cols));
             } else if (type == DType::F32) {
-              EXPECT_EQ(got, kernels::ggml_dot_f32(isa, weights.data(), xi.data(), cols));
+              EXPECT_EQ(got, kernels::ggml_order::dot_f32(isa, weights.data(), xi.data(), cols));
             }
             // F16 activations: 2^-11 relative each
             const double bound = testing::ref_abs_dot(weights.data(), x.data() + i * cols, cols);
@@ -297,8 +330,8 @@ TEST(MatmulAsLlamaCpp, TinyBlasOrderWhereItsShapesAllowElseVecDot) {
         kernels::matmul_as_llama_cpp(isa, w.matrix, x.data(), 1, one.data());
         if (type == DType::F32) {
           for (int r = 0; r < rows; ++r)
-            EXPECT_EQ(one[r], kernels::ggml_dot_f32(isa, static_cast<const float*>(w.matrix.row(r)),
-                                                    x.data(), cols));
+            EXPECT_EQ(one[r], kernels::ggml_order::dot_f32(
+                                  isa, static_cast<const float*>(w.matrix.row(r)), x.data(), cols));
         }
       }
     }

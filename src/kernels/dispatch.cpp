@@ -195,6 +195,20 @@ void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t
 void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   active().matmul_as_llama_cpp(w, x, n, y);
 }
+void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const float* values,
+                            int64_t n, int d, float scale, bool batched, float* out) {
+  table(isa).attention_as_llama_cpp(q, keys, values, n, d, scale, batched, out);
+}
+void attention_as_llama_cpp(const float* q, const float* keys, const float* values, int64_t n,
+                            int d, float scale, bool batched, float* out) {
+  active().attention_as_llama_cpp(q, keys, values, n, d, scale, batched, out);
+}
+void swiglu_as_llama_cpp(Isa isa, float* gate, const float* up, int64_t n) {
+  table(isa).swiglu_as_llama_cpp(gate, up, n);
+}
+void swiglu_as_llama_cpp(float* gate, const float* up, int64_t n) {
+  active().swiglu_as_llama_cpp(gate, up, n);
+}
 
 float legacy_quant_dot(Isa isa, DType type, const void* row, const QuantizedActivation& x,
                        int64_t cols) {

@@ -39,6 +39,9 @@ void softmax(Isa isa, float* x, int64_t n);
 void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y);
 void matvec_rows(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
 void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
+void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const float* values,
+                            int64_t n, int d, float scale, bool batched, float* out);
+void swiglu_as_llama_cpp(Isa isa, float* gate, const float* up, int64_t n);
 void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
 void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,
                              int64_t n_queries, int64_t n_past, int n_heads, int n_kv_heads,

@@ -97,6 +97,15 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
 // the legacy quants row by row as matvec_rows (ggml's repacked Q4_0 and vec_dot arithmetic,
 // which its batches share); n = 1 as matvec; other types as matmul.
 void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y);
+// out[d] = one query over n F32 entries (keys/values [n, d], all visible) as llama.cpp's CPU
+// backend computes attention without flash attention: kernels/llama_cpp_order.h's
+// ggml_order::attention for the instruction set this CPU runs, to the bit, at SIMD speed.
+// `batched`: a query of a batch of two or more (llama.cpp sums the values by tinyBLAS then).
+// Single-threaded.
+void attention_as_llama_cpp(const float* q, const float* keys, const float* values, int64_t n,
+                            int d, float scale, bool batched, float* out);
+// gate[i] = silu(gate[i]) * up[i] as ggml_vec_swiglu_f32 (ggml_order::swiglu), in place.
+void swiglu_as_llama_cpp(float* gate, const float* up, int64_t n);
 
 // Causal attention of one query head over its KV head, all n tokens of a prefill:
 // q, k, v [n, d]; out [n, d]; query i sees keys 0..i. Tiled with online softmax: never

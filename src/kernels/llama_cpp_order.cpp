@@ -12,7 +12,7 @@
 
 #include "protokv/error.h"
 
-namespace protokv::kernels {
+namespace protokv::kernels::ggml_order {
 namespace {
 
 // The shape of ggml-cpu's F32 loops for one instruction set.
@@ -141,7 +141,7 @@ void weighted_values(const GgmlShape& shape, const float* p, const float* values
 
 }  // namespace
 
-float ggml_dot_f32(Isa isa, const float* x, const float* y, int64_t n) {
+float dot_f32(Isa isa, const float* x, const float* y, int64_t n) {
   const GgmlShape shape = shape_of(isa);
   if (shape.lanes == 0) {
     double sum = 0.0;
@@ -170,7 +170,7 @@ float ggml_dot_f32(Isa isa, const float* x, const float* y, int64_t n) {
   return sum;
 }
 
-float ggml_exp(Isa isa, float x) {
+float exp(Isa isa, float x) {
   switch (isa) {
     case Isa::kAvx512:
       return exp_avx512_lane(x);
@@ -182,20 +182,20 @@ float ggml_exp(Isa isa, float x) {
   return std::exp(x);
 }
 
-void ggml_swiglu(Isa isa, float* gate, const float* up, int64_t n) {
+void swiglu(Isa isa, float* gate, const float* up, int64_t n) {
   const int lanes = shape_of(isa).lanes;
   const int64_t whole = lanes == 0 ? 0 : n / lanes * lanes;
   for (int64_t i = 0; i < n; ++i) {
     const float x = gate[i];
-    const float e = i < whole ? ggml_exp(isa, 0.0f - x) : std::exp(-x);
+    const float e = i < whole ? exp(isa, 0.0f - x) : std::exp(-x);
     const float silu = x / (1.0f + e);
     gate[i] = silu * up[i];
   }
 }
 
-void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const float* values,
-                            int64_t n, int d, float scale, bool batched, float* out) {
-  PROTOKV_CHECK(n > 0 && d > 0, "attention_as_llama_cpp: {} entries of width {}", n, d);
+void attention(Isa isa, const float* q, const float* keys, const float* values, int64_t n, int d,
+               float scale, bool batched, float* out) {
+  PROTOKV_CHECK(n > 0 && d > 0, "ggml_order::attention: {} entries of width {}", n, d);
   const GgmlShape shape = shape_of(isa);
   thread_local std::vector<float> p;
   p.resize(static_cast<size_t>(n));
@@ -203,7 +203,7 @@ void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const fl
   // to every visible cell), ggml_vec_max_f32.
   float max = -std::numeric_limits<float>::infinity();
   for (int64_t e = 0; e < n; ++e) {
-    const float dot = ggml_dot_f32(isa, keys + e * d, q, d);
+    const float dot = dot_f32(isa, keys + e * d, q, d);
     p[static_cast<size_t>(e)] = dot * scale;
     max = std::max(max, p[static_cast<size_t>(e)]);
   }
@@ -220,8 +220,7 @@ void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const fl
       for (int l = 0; l < shape.lanes; ++l) {
         const int64_t e = e0 + l;
         lanes[l] = 0.0f;  // a masked cell: ggml_v_expf(-inf) = 0
-        if (e < n)
-          lanes[l] = p[static_cast<size_t>(e)] = ggml_exp(isa, p[static_cast<size_t>(e)] - max);
+        if (e < n) lanes[l] = p[static_cast<size_t>(e)] = exp(isa, p[static_cast<size_t>(e)] - max);
       }
       sum += static_cast<double>(horizontal_sum(lanes, shape.lanes));
     }
@@ -231,9 +230,4 @@ void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const fl
   weighted_values(shape, p.data(), values, n, d, batched && d % 4 == 0, out);
 }
 
-void attention_as_llama_cpp(const float* q, const float* keys, const float* values, int64_t n,
-                            int d, float scale, bool batched, float* out) {
-  attention_as_llama_cpp(active_isa(), q, keys, values, n, d, scale, batched, out);
-}
-
-}  // namespace protokv::kernels
+}  // namespace protokv::kernels::ggml_order

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <limits>
 
-#include "kernels/isa.h"
 #include "kernels/simd_avx2.h"
 #include "kernels/simd_avx512.h"
 #include "kernels/simd_features.h"
@@ -24,13 +23,10 @@ namespace protokv::kernels {
 // The widest primitives this translation unit is compiled for: a kernel variant's own.
 #if defined(PROTOKV_HAVE_AVX512)
 using VariantOps = Avx512Ops;
-inline constexpr Isa kVariantIsa = Isa::kAvx512;
 #elif defined(PROTOKV_HAVE_AVX2)
 using VariantOps = Avx2Ops;
-inline constexpr Isa kVariantIsa = Isa::kAvx2;
 #else
 using VariantOps = ScalarOps;
-inline constexpr Isa kVariantIsa = Isa::kScalar;
 #endif
 
 // In-place softmax with the primitives of one instruction set; all -inf gives all zeros.

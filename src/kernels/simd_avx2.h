@@ -10,6 +10,7 @@
 
 #include "core/quant_blocks.h"
 #include "kernels/simd_features.h"
+#include "kernels/simd_scalar.h"
 #include "protokv/dtype.h"
 
 #if defined(PROTOKV_HAVE_AVX2)
@@ -976,6 +977,98 @@ struct Avx2Ops {
       _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs),
                                               _mm256_loadu_ps(w + i)));
     for (; i < n; ++i) out[i] = x[i] * s * w[i];
+  }
+
+  // llama.cpp's arithmetic for ggml-cpu built for AVX2 (see Avx512Ops::dot_f32_as_ggml).
+  static constexpr int kGgmlLanes = 8;
+  static constexpr bool kGgmlHaddReduce = true;  // GGML_F32x8_REDUCE ends with two hadds
+  static float dot_f32_as_ggml(const float* x, const float* y, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+           s3 = _mm256_setzero_ps();
+    const int64_t whole = n & ~int64_t{31};
+    for (int64_t i = 0; i < whole; i += 32) {
+      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), s0);
+      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), s1);
+      s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), s2);
+      s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), s3);
+    }
+    const __m256 r = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    const float sum = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+    return dot_f32_leftovers_as_gcc(x, y, whole, n, 4, sum);
+  }
+  // ggml_vec_dot_f32's `sumf += x[i]*y[i]` after its whole steps, as GCC 12 vectorises it: the
+  // first multiple of `plain` values add rounded products in order, the rest fuse.
+  static float dot_f32_leftovers_as_gcc(const float* x, const float* y, int64_t from, int64_t n,
+                                        int64_t plain, float sum) {
+    const int64_t plain_end = from + (n - from) / plain * plain;
+    int64_t i = from;
+    for (; i < plain_end; ++i) {
+      const float product = x[i] * y[i];
+      sum += product;
+    }
+    for (; i < n; ++i) sum = std::fma(x[i], y[i], sum);
+    return sum;
+  }
+  // ggml_v_expf (AVX2 form): see exp_avx2_lane in kernels/llama_cpp_order.cpp.
+  static __m256 exp_as_ggml(__m256 x) {
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    const __m256 n = _mm256_sub_ps(z, shift);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k =
+        _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
+    const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 c = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    if (!_mm256_movemask_ps(c)) return _mm256_fmadd_ps(j, k, k);
+    const __m256i g =
+        _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                         _mm256_set1_epi32(static_cast<int>(0x82000000u)));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256 d = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    return _mm256_or_ps(
+        _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            d, _mm256_or_ps(_mm256_and_ps(c, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                            _mm256_andnot_ps(c, _mm256_fmadd_ps(k, j, k)))));
+  }
+  // As Avx512Ops::exp_sum_as_ggml with 8 lanes and the AVX2 horizontal sum.
+  static double exp_sum_as_ggml(float* x, float max, int64_t n) {
+    double sum = 0.0;
+    const __m256 vmax = _mm256_set1_ps(max);
+    for (int64_t i = 0; i < n; i += 8) {
+      const int64_t count = std::min<int64_t>(8, n - i);
+      alignas(32) float lanes[8] = {};
+      std::copy(x + i, x + i + count, lanes);
+      __m256 e = exp_as_ggml(_mm256_sub_ps(_mm256_load_ps(lanes), vmax));
+      _mm256_store_ps(lanes, e);
+      std::fill(lanes + count, lanes + 8, 0.0f);  // masked cells
+      e = _mm256_load_ps(lanes);
+      std::copy(lanes, lanes + count, x + i);
+      sum += static_cast<double>(tinyblas_hsum(e));
+    }
+    return sum;
+  }
+  static void swiglu_as_ggml(float* gate, const float* up, int64_t n) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_loadu_ps(gate + i);
+      const __m256 e = exp_as_ggml(_mm256_sub_ps(_mm256_setzero_ps(), x));
+      _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                               _mm256_loadu_ps(up + i)));
+    }
+    ScalarOps::swiglu_as_ggml(gate + i, up + i, n - i);
   }
 };
 

@@ -506,6 +506,74 @@ struct Avx512Ops {
                                           _mm512_maskz_loadu_ps(m, w + i)));
     }
   }
+
+  // llama.cpp's arithmetic (kernels/llama_cpp_order.h, whose portable functions these equal for
+  // Isa::kAvx512, to the bit): ggml_vec_dot_f32, ggml_v_expf and the softmax sums of ggml-cpu
+  // built for AVX-512.
+  static constexpr int kGgmlLanes = 16;
+  static constexpr bool kGgmlHaddReduce = false;
+  static float dot_f32_as_ggml(const float* x, const float* y, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    const int64_t whole = n & ~int64_t{63};
+    for (int64_t i = 0; i < whole; i += 64) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), s1);
+      s2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(y + i + 32), s2);
+      s3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(y + i + 48), s3);
+    }
+    float sum = reduce_add_as_gcc(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
+    return Avx2Ops::dot_f32_leftovers_as_gcc(x, y, whole, n, 8, sum);
+  }
+  // ggml_v_expf (AVX-512 form): see exp_avx512_lane in kernels/llama_cpp_order.cpp.
+  static __m512 exp_as_ggml(__m512 x) {
+    const __m512 shift = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift);
+    const __m512 n = _mm512_sub_ps(z, shift);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __mmask16 special =
+        _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+            _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 result = _mm512_scalef_ps(j, n);
+    if (special == 0) return result;
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 saturated = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, zero, _CMP_LE_OQ),
+                                                  _mm512_set1_ps(INFINITY), zero);
+    return _mm512_mask_blend_ps(special, result, saturated);
+  }
+  // x[i] = exp(x[i] - max) as ggml_vec_soft_max_f32, returning its sum: each vector of 16 (the
+  // last padded with zeros, as llama.cpp's masked cells) summed by _mm512_reduce_add_ps into a
+  // double.
+  static double exp_sum_as_ggml(float* x, float max, int64_t n) {
+    double sum = 0.0;
+    const __m512 vmax = _mm512_set1_ps(max);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = tail_mask(std::min<int64_t>(16, n - i));
+      const __m512 e =
+          _mm512_maskz_mov_ps(m, exp_as_ggml(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax)));
+      _mm512_mask_storeu_ps(x + i, m, e);
+      sum += static_cast<double>(reduce_add_as_gcc(e));
+    }
+    return sum;
+  }
+  // ggml_vec_swiglu_f32: x / (1 + ggml_v_expf(-x)) * g on whole vectors, expf on the rest.
+  static void swiglu_as_ggml(float* gate, const float* up, int64_t n) {
+    int64_t i = 0;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 x = _mm512_loadu_ps(gate + i);
+      const __m512 e = exp_as_ggml(_mm512_sub_ps(_mm512_setzero_ps(), x));
+      _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)),
+                                               _mm512_loadu_ps(up + i)));
+    }
+    ScalarOps::swiglu_as_ggml(gate + i, up + i, n - i);
+  }
 };
 
 }  // namespace protokv::kernels

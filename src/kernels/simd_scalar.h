@@ -232,6 +232,29 @@ struct ScalarOps {
   static void scaled_mul(float* out, const float* x, float s, const float* w, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * s * w[i];
   }
+
+  // llama.cpp's arithmetic for ggml-cpu built without SIMD (see Avx512Ops::dot_f32_as_ggml).
+  static constexpr int kGgmlLanes = 0;
+  static constexpr bool kGgmlHaddReduce = false;
+  static float dot_f32_as_ggml(const float* x, const float* y, int64_t n) {
+    return tinyblas_dot_f32(x, y, n);  // float products summed in double
+  }
+  static double exp_sum_as_ggml(float* x, float max, int64_t n) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = std::exp(x[i] - max);
+      sum += static_cast<double>(x[i]);
+    }
+    return sum;
+  }
+  // ggml_vec_swiglu_f32's leftovers (all of it without SIMD): x / (1 + expf(-x)) * g.
+  static void swiglu_as_ggml(float* gate, const float* up, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = gate[i];
+      const float silu = x / (1.0f + std::exp(-x));
+      gate[i] = silu * up[i];
+    }
+  }
 };
 
 }  // namespace protokv::kernels

@@ -8,9 +8,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/isa.h"
 #include "kernels/kernels.h"
-#include "kernels/llama_cpp_order.h"
 #include "model/session_impl.h"
 
 namespace protokv {
@@ -185,7 +183,6 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n, 
     project(lw.w_up, xb_chunk, rows, b.up.data(), b);
     const bool gelu = config.ffn_activation == FfnActivation::kGeluTanh;
     const bool silu_as_ggml = options.llama_cpp_arithmetic;  // ggml's vector exp
-    const kernels::Isa isa = kernels::active_isa();
 #pragma omp parallel for schedule(static) if (rows * hidden >= kParallelMinElements)
     for (int64_t r = 0; r < rows; ++r) {
       float* gate = b.gate.data() + r * hidden;
@@ -193,7 +190,7 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n, 
       if (gelu)
         geglu(gate, up, hidden);
       else if (silu_as_ggml)
-        kernels::ggml_swiglu(isa, gate, up, hidden);
+        kernels::swiglu_as_llama_cpp(gate, up, hidden);
       else
         swiglu(gate, up, hidden);
     }

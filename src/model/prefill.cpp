@@ -18,7 +18,6 @@
 
 #include "core/parallel.h"
 #include "kernels/kernels.h"
-#include "kernels/llama_cpp_order.h"
 #include "model/session_impl.h"
 #include "protokv/error.h"
 #include "protokv/timer.h"

@@ -11,7 +11,6 @@
 
 #include "core/quant_blocks.h"
 #include "kernels/kernels.h"
-#include "kernels/llama_cpp_order.h"
 #include "kernels/quant_matvec.h"
 #include "kernels/simd.h"
 #include "kernels/variant.h"
@@ -406,7 +405,7 @@ void matmul_as_llama_cpp_impl(const WeightMatrix& w, const float* x, int64_t n, 
     for_each_row(w, n, y, [&](const void* row, int64_t i) {
       const auto* weights = static_cast<const float*>(row);
       return tinyblas ? Ops::tinyblas_dot_f32(weights, x + i * w.cols, w.cols)
-                      : ggml_dot_f32(kVariantIsa, weights, x + i * w.cols, w.cols);
+                      : Ops::dot_f32_as_ggml(weights, x + i * w.cols, w.cols);
     });
     return;
   }

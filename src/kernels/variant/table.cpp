@@ -13,6 +13,8 @@ const KernelVariant& kernel_table() {
       .matvec_rows = matvec_rows,
       .matmul = matmul,
       .matmul_as_llama_cpp = matmul_as_llama_cpp,
+      .attention_as_llama_cpp = attention_as_llama_cpp,
+      .swiglu_as_llama_cpp = swiglu_as_llama_cpp,
       .legacy_quant_dot = legacy_quant_dot,
       .weight_row_to_f32 = weight_row_to_f32,
       .attention_prefill_heads = attention_prefill_heads,
