@@ -33,7 +33,9 @@ PromptTokens build_prompt(const Tokenizer& tokenizer, const std::string& context
 
 struct GenerateOptions {
   int max_new_tokens = 256;
-  bool ignore_eos = false;  // keep sampling after the end-of-sequence token
+  // Never stop for an end-of-generation token: as llama.cpp's --ignore-eos (and llama-server's
+  // ignore_eos), their logits are set to -inf before sampling, so none is ever emitted.
+  bool ignore_eos = false;
 };
 
 enum class StopReason { kMaxTokens, kEos, kContextFull };
@@ -99,7 +101,9 @@ class Generation {
   GenerateOptions options_;
   GenerateResult result_;
   std::span<const float> logits_;
-  std::vector<int32_t> fed_after_;  // the question, appended once the prompt is in
+  std::vector<int32_t> fed_after_;     // the question, appended once the prompt is in
+  std::vector<int32_t> end_tokens_;    // with ignore_eos: the end-of-generation ids, never sampled
+  std::vector<float> allowed_logits_;  // the logits with those set to -inf
   int32_t prev_ = 0;
   bool started_ = false;
   bool finished_ = false;

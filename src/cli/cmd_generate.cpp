@@ -300,7 +300,8 @@ void register_generate(CLI::App& app) {
                 "local layers (default: only the global ones; a local layer keeps its window "
                 "anyway)");
   cmd->add_flag("--ignore-eos", options->ignore_eos,
-                "Keep generating after the end-of-sequence token");
+                "Never stop at an end-of-generation token: as llama.cpp's --ignore-eos, those "
+                "tokens are never sampled (logit -inf)");
   cmd->add_flag("--chat", options->chat, "wrap the prompt in the model's chat template");
   cmd->add_option("--system", options->system, "system message for --chat");
   cmd->add_option("--chat-template", options->chat_template,

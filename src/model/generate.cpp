@@ -2,6 +2,8 @@
 // The generate loop (include/protokv/generate.h).
 #include "protokv/generate.h"
 
+#include <limits>
+
 #include "protokv/error.h"
 #include "protokv/timer.h"
 #include "protokv/tokenizer.h"
@@ -39,6 +41,9 @@ Generation::Generation(Session& session, const Tokenizer& tokenizer, Sampler& sa
     : session_(session), tokenizer_(tokenizer), sampler_(sampler), options_(options) {
   PROTOKV_CHECK(options_.max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}",
                 options_.max_new_tokens);
+  if (options_.ignore_eos)
+    for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id)
+      if (tokenizer_.is_end_of_generation(id)) end_tokens_.push_back(id);
 }
 
 void Generation::start(const PromptTokens& prompt) {
@@ -117,8 +122,16 @@ bool Generation::step(const TokenCallback& on_token) {
     forwarded(logits, step.ms());
   }
   if (finished_) return false;
-  const int32_t next = sampler_.sample(logits_);
-  if (tokenizer_.is_end_of_generation(next) && !options_.ignore_eos) {
+  std::span<const float> logits = logits_;
+  if (!end_tokens_.empty()) {  // ignore_eos: as llama.cpp, end-of-generation tokens are banned
+    allowed_logits_.assign(logits_.begin(), logits_.end());
+    for (const int32_t id : end_tokens_)
+      if (id < static_cast<int32_t>(allowed_logits_.size()))
+        allowed_logits_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    logits = allowed_logits_;
+  }
+  const int32_t next = sampler_.sample(logits);
+  if (tokenizer_.is_end_of_generation(next)) {
     result_.stopped = StopReason::kEos;
     finished_ = true;
     return false;
