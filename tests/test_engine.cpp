@@ -622,10 +622,13 @@ TEST(Session, RejectsInconsistentWeights) {
 }
 
 // decode_batch (the server's decode round): each session's logits equal its own decode()'s bit
-// for bit, whatever its press (dense, evicting at decode, recall), length and weight type.
+// for bit, whatever its press (dense, evicting at decode, recall), length, weight type and
+// arithmetic (protokv's or llama.cpp's).
 TEST(DecodeBatch, EachSessionEqualsItsOwnDecodeBitForBit) {
-  for (DType type : {DType::F32, DType::F16, DType::Q8_0}) {
-    SCOPED_TRACE(dtype_name(type));
+  for (const auto& [type, llama_cpp] :
+       {std::pair{DType::F32, false}, std::pair{DType::F16, false}, std::pair{DType::Q8_0, false},
+        std::pair{DType::F32, true}, std::pair{DType::F16, true}}) {
+    SCOPED_TRACE(std::string(dtype_name(type)) + (llama_cpp ? " llama.cpp's arithmetic" : ""));
     RandomModelSpec spec;
     spec.type = type;
     const auto model = make_random_model(spec);
@@ -634,6 +637,7 @@ TEST(DecodeBatch, EachSessionEqualsItsOwnDecodeBitForBit) {
     std::vector<std::unique_ptr<Session>> batched, alone;
     for (size_t i = 0; i < presses.size(); ++i) {
       SessionOptions o;
+      o.llama_cpp_arithmetic = llama_cpp;
       if (presses[i] != "full") {
         o.press = PressSpec::parse(presses[i]);
         o.budget = Budget{12, 0.0};
@@ -675,6 +679,12 @@ TEST(DecodeBatch, BadInputThrowsBeforeAnySessionChanges) {
   EXPECT_THROW(decode_batch(both, std::vector<int32_t>{1, 300}), Error);  // out of the vocabulary
   std::vector<Session*> twice = {&a, &a};
   EXPECT_THROW(decode_batch(twice, std::vector<int32_t>{1, 2}), Error);
+  SessionOptions llama_cpp;
+  llama_cpp.llama_cpp_arithmetic = true;
+  Session d(model.weights, llama_cpp);
+  d.prefill(random_tokens(7, 300, 4));
+  std::vector<Session*> arithmetics = {&a, &d};
+  EXPECT_THROW(decode_batch(arithmetics, std::vector<int32_t>{1, 2}), Error);
   const auto other_model = make_random_model({});
   Session c(other_model.weights);
   c.prefill(random_tokens(5, 300, 3));

@@ -33,14 +33,20 @@ Tokenizer tokenizer_with_eos(int vocab, int32_t eos) {
   return Tokenizer(std::move(v.pieces), std::move(v.scores), std::move(v.types), 1, eos, 0);
 }
 
-// The reference loop: prefill, append the question, then argmax / decode.
-std::vector<int32_t> manual_greedy(const ModelWeights& w, const PromptTokens& prompt, int n) {
+// The reference loop: prefill, append the question, then argmax / decode; with `ignoring_eos`,
+// that tokenizer's end-of-generation tokens are never picked (GenerateOptions::ignore_eos).
+std::vector<int32_t> manual_greedy(const ModelWeights& w, const PromptTokens& prompt, int n,
+                                   const Tokenizer* ignoring_eos = nullptr) {
   Session session(w);
   std::span<const float> logits = session.prefill(prompt.prefill);
   if (!prompt.fed_after.empty()) logits = session.append(prompt.fed_after);
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
-    out.push_back(argmax(logits));
+    std::vector<float> allowed(logits.begin(), logits.end());
+    for (int32_t id = 0; ignoring_eos != nullptr && id < static_cast<int32_t>(allowed.size()); ++id)
+      if (ignoring_eos->is_end_of_generation(id))
+        allowed[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    out.push_back(argmax(allowed));
     if (i + 1 < n) logits = session.decode(out.back());
   }
   return out;
@@ -62,7 +68,7 @@ TEST(Generate, GreedyMatchesTheHandWrittenLoopAndStreamsEveryToken) {
                                       streamed.push_back(token);
                                       streamed_text += piece;
                                     });
-  EXPECT_EQ(r.tokens, manual_greedy(model.weights, prompt, 12));
+  EXPECT_EQ(r.tokens, manual_greedy(model.weights, prompt, 12, tokenizer.get()));
   EXPECT_EQ(streamed, r.tokens);
   EXPECT_EQ(streamed_text, r.text);
   EXPECT_EQ(r.stopped, StopReason::kMaxTokens);
@@ -91,7 +97,7 @@ TEST(Generate, QueryAgnosticAppendsTheQuestionAfterThePrompt) {
   options.max_new_tokens = 6;
   options.ignore_eos = true;
   const GenerateResult r = generate(session, *tokenizer, agnostic, sampler, options);
-  EXPECT_EQ(r.tokens, manual_greedy(model.weights, agnostic, 6));
+  EXPECT_EQ(r.tokens, manual_greedy(model.weights, agnostic, 6, tokenizer.get()));
   EXPECT_EQ(r.question_tokens, static_cast<int64_t>(agnostic.fed_after.size()));
   EXPECT_EQ(r.prefill.n_tokens, static_cast<int64_t>(agnostic.prefill.size()));
 }

@@ -116,6 +116,8 @@ TEST(GgmlExp, WithinTwoUlpsOfExpAndExactWhereItMustBe) {
     EXPECT_EQ(kernels::ggml_order::exp(isa, -std::numeric_limits<float>::infinity()), 0.0f);
     EXPECT_EQ(kernels::ggml_order::exp(isa, -200.0f), 0.0f);
     EXPECT_EQ(kernels::ggml_order::exp(isa, 100.0f), std::numeric_limits<float>::infinity());
+    EXPECT_EQ(kernels::ggml_order::exp(isa, 200.0f), std::numeric_limits<float>::infinity());
+    EXPECT_TRUE(std::isnan(kernels::ggml_order::exp(isa, std::numeric_limits<float>::quiet_NaN())));
     double worst = 0.0;
     for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
       const double want = std::exp(static_cast<double>(x));
@@ -238,12 +240,28 @@ TEST(AttentionAsLlamaCpp, SimdKernelsEqualThePortableOrder) {
         }
     for (int64_t n : {1, 7, 16, 37, 1536}) {
       auto gate = random_vector(rng, n, 4.0f);
-      gate[0] = -120.0f;  // exp(120): the saturated path
+      // exp(120): 2^173, a finite scalef; exp(140), exp(-200): the saturated blends (|n| > 192),
+      // then infinities and a NaN.
+      const float specials[] = {-120.0f,
+                                -140.0f,
+                                200.0f,
+                                -90.0f,
+                                88.0f,
+                                std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN()};
+      for (size_t s = 0; s < std::size(specials); ++s) gate[(s * 5) % n] = specials[s];
       const auto up = random_vector(rng, n);
       std::vector<float> fast = gate, portable = gate;
       kernels::swiglu_as_llama_cpp(isa, fast.data(), up.data(), n);
       kernels::ggml_order::swiglu(isa, portable.data(), up.data(), n);
-      EXPECT_EQ(fast, portable) << "swiglu n=" << n;
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::isnan(portable[i])) {
+          EXPECT_TRUE(std::isnan(fast[i])) << "swiglu n=" << n << " " << i;
+        } else {
+          EXPECT_EQ(fast[i], portable[i]) << "swiglu n=" << n << " " << i << " x=" << gate[i];
+        }
+      }
     }
   }
 }
@@ -305,7 +323,7 @@ TEST(MatmulAsLlamaCpp, TinyBlasOrderWhereItsShapesAllowElseVecDot) {
         const int64_t n = 3;
         const auto x = random_vector(rng, n * cols);
         std::vector<float> y(static_cast<size_t>(n * rows));
-        kernels::matmul_as_llama_cpp(isa, w.matrix, x.data(), n, y.data());
+        kernels::matmul_as_llama_cpp(isa, w.matrix, x.data(), n, y.data(), /*batched=*/true);
         const bool tinyblas = lanes > 0 && cols % lanes == 0 && rows % 4 == 0;
         const std::vector<double> exact = testing::ref_matmul(w, x.data(), n);
         for (int64_t i = 0; i < n; ++i)
@@ -327,7 +345,7 @@ TEST(MatmulAsLlamaCpp, TinyBlasOrderWhereItsShapesAllowElseVecDot) {
           }
         // One row is a decode step: ggml_vec_dot's order.
         std::vector<float> one(static_cast<size_t>(rows));
-        kernels::matmul_as_llama_cpp(isa, w.matrix, x.data(), 1, one.data());
+        kernels::matmul_as_llama_cpp(isa, w.matrix, x.data(), 1, one.data(), /*batched=*/false);
         if (type == DType::F32) {
           for (int r = 0; r < rows; ++r)
             EXPECT_EQ(one[r], kernels::ggml_order::dot_f32(

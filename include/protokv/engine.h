@@ -43,9 +43,13 @@ struct SessionOptions {
   // attention over an F32 cache in ggml's order (scores, softmax, value sums; kernels/
   // llama_cpp_order.h) and the last layer's FFN on the returned row only. Measured bit-identical
   // logits on F32/F16/legacy-quant llama, qwen2 and qwen3 files and SmolLM2-135M Q4_1 against a
-  // llama.cpp built for AVX-512 by GCC 12. Attention keeps protokv's own arithmetic with a press,
-  // a quantised cache, Gemma's sliding-window layers or a probability observer; the K-quants'
-  // prompts keep F32 activations. Random 1024-wide files, 2 threads, 512-token prompts: Q4_0
+  // llama.cpp built for AVX-512 by GCC 12. Prompts are run in chunks of llama.cpp's default
+  // ubatch (512) unless `ubatch` is set (it should then be llama.cpp's -ub). Attention keeps
+  // protokv's own arithmetic with an f16/bf16/quantised cache, Gemma 3 (its own graph), a
+  // non-default attention scale, log-weights, shared keys or selected entries (presses), or a
+  // press or observer that reads the attention probabilities; a press that only evicts attends
+  // in llama.cpp's order over what it keeps. The K-quants' and BF16 prompts keep F32
+  // activations. Random 1024-wide files, 2 threads, 512-token prompts: Q4_0
   // 1.26x as fast as with F32 activations, Q8_0 0.76x, Q4_1 0.57x. false (the default) computes
   // in F32 where it can (sgemm on dequantised panels for prompts, double-precision RoPE angles),
   // closer to the F32 model (transformers, kvpress).
@@ -157,8 +161,9 @@ class Session {
   // append(tokens), handing `on_logits` the logits of every appended token in order: (i, the
   // logits after tokens[i]), those of decode(tokens[i]) to float rounding: each row is
   // multiplied as a decode step multiplies it, but every weight matrix is read once per chunk
-  // (options.ubatch rows) for all of its rows. For scoring a text in one pass (perplexity). The
-  // span is valid during the call only.
+  // (options.ubatch rows) for all of its rows; with llama_cpp_arithmetic, as llama.cpp's batch
+  // multiplies them (its logits for every row of the batch, to the bit). For scoring a text in
+  // one pass (perplexity). The span is valid during the call only.
   using RowLogits = std::function<void(int64_t, std::span<const float>)>;
   std::span<const float> append(std::span<const int32_t> tokens, const RowLogits& on_logits);
   // Appends one token at position n_past() and returns its logits.

@@ -252,8 +252,9 @@ class Model:
         the rows per forward chunk (0: all at once); ``cache_type_k`` / ``cache_type_v`` store
         the keys / values as f32, f16, bf16, q8_0 or q4_0 (llama.cpp's ``-ctk`` / ``-ctv``);
         ``llama_cpp_arithmetic`` computes as llama.cpp's CPU backend does with ``-fa off``
-        (logits equal to its own bit for bit on F32 / F16 / legacy-quant files, no press, f32
-        cache; the default False keeps prompt activations in F32, as transformers)."""
+        (logits equal to its own bit for bit on F32 / F16 / legacy-quant llama / qwen files,
+        f32 cache, no press; the default False keeps prompt activations in F32, as
+        transformers)."""
         return Session(self, press, budget, ratio, alloc, ubatch, compress_local_layers,
                        cache_type_k, cache_type_v, llama_cpp_arithmetic)
 

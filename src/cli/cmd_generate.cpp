@@ -292,9 +292,10 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--llama-cpp-arithmetic", options->llama_cpp_arithmetic,
                 "Compute as llama.cpp's CPU backend does with -fa off (its rounding of "
                 "activations, RoPE, SwiGLU and attention orders): logits equal to llama.cpp's "
-                "bit for bit on F32, F16 and Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 llama/qwen files without "
-                "a press, with an f32 cache (default: F32 prompt activations, closer to the F32 "
-                "model; measured slower for Q8_0 and Q4_1 prompts, faster for Q4_0)");
+                "bit for bit on F32, F16 and Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 llama/qwen2/qwen3 files "
+                "with an f32 cache and no press; prompts in llama.cpp's ubatch of 512 unless "
+                "--ubatch (default: F32 prompt activations, closer to the F32 model; measured "
+                "2.5x slower prompts and 1.2x slower decode on SmolLM2 Q4_1)");
   cmd->add_flag("--compress-local-layers", options->compress_local_layers,
                 "Models with sliding-window layers (Gemma 3): the press also compresses the "
                 "local layers (default: only the global ones; a local layer keeps its window "

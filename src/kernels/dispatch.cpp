@@ -189,11 +189,12 @@ void matvec_rows(Isa isa, const WeightMatrix& w, const float* x, int64_t n, floa
 void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   active().matvec_rows(w, x, n, y);
 }
-void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y) {
-  table(isa).matmul_as_llama_cpp(w, x, n, y);
+void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y,
+                         bool batched) {
+  table(isa).matmul_as_llama_cpp(w, x, n, y, batched);
 }
-void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y) {
-  active().matmul_as_llama_cpp(w, x, n, y);
+void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y, bool batched) {
+  active().matmul_as_llama_cpp(w, x, n, y, batched);
 }
 void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const float* values,
                             int64_t n, int d, float scale, bool batched, float* out) {

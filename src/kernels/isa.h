@@ -38,7 +38,8 @@ void rmsnorm(Isa isa, float* out, const float* x, const float* weight, int64_t n
 void softmax(Isa isa, float* x, int64_t n);
 void matvec(Isa isa, const WeightMatrix& w, const float* x, float* y);
 void matvec_rows(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
-void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
+void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y,
+                         bool batched);
 void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const float* values,
                             int64_t n, int d, float scale, bool batched, float* out);
 void swiglu_as_llama_cpp(Isa isa, float* gate, const float* up, int64_t n);

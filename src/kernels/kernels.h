@@ -66,7 +66,8 @@ struct RopeTable {
 RopeTable make_rope_table(int head_dim, float theta, bool neox);
 RopeTable make_rope_table(int head_dim, int rot_dims, float theta, bool neox, float freq_scale,
                           const float* freq_factors, bool ggml_order = false);
-// rope_rows with a prebuilt table; same results as the overload above. Single-threaded.
+// rope_rows with a prebuilt table; same results as the overload above (unless the table has
+// ggml_order: ggml's float angles then). Single-threaded.
 void rope_rows(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
                const RopeTable& table, const int32_t* positions);
 
@@ -90,13 +91,16 @@ void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y);
 // the activations as llama.cpp's does), so that prefill gives the same result whatever its
 // chunking, except for a chunk of a single row, which takes the mat-vec.
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
-// matmul as llama.cpp's CPU backend multiplies a batch of n rows (SessionOptions::
-// llama_cpp_arithmetic): F16 with the activations rounded to F16 and, where llamafile's tinyBLAS
-// takes the shape (n >= 2, cols a multiple of its 8 / 16 lanes, rows of 4), in its order
-// (one lane accumulator per (row, token), then its horizontal sum; ggml_vec_dot_f16 otherwise);
-// the legacy quants row by row as matvec_rows (ggml's repacked Q4_0 and vec_dot arithmetic,
-// which its batches share); n = 1 as matvec; other types as matmul.
-void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y);
+// Y[n, rows] = X[n, cols] · W^T as llama.cpp's CPU backend multiplies rows
+// (SessionOptions::llama_cpp_arithmetic). `batched`: the rows are (part of) a batch of two or
+// more that llama.cpp multiplies at once; then F32 and F16 rows (F16 with the activations
+// rounded to F16) take llamafile tinyBLAS's order where it takes the shape (cols a multiple of
+// its 8 / 16 lanes, rows of 4: one lane accumulator per (row, token), then its horizontal sum).
+// Otherwise, and for rows multiplied one by one, F32 and F16 take ggml_vec_dot_f32's /
+// ggml_vec_dot_f16's order. The legacy quants go row by row as matvec_rows either way (ggml's
+// repacked Q4_0 and vec_dot arithmetic, which its batches share); other types take matvec
+// one by one and matmul in a batch.
+void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y, bool batched);
 // out[d] = one query over n F32 entries (keys/values [n, d], all visible) as llama.cpp's CPU
 // backend computes attention without flash attention: kernels/llama_cpp_order.h's
 // ggml_order::attention for the instruction set this CPU runs, to the bit, at SIMD speed.

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // llama.cpp's attention arithmetic (kernels/llama_cpp_order.h). Every float operation below is
-// one of ggml's, in its order; a product that ggml rounds before adding is its own statement (no
-// compiler may fuse across statements), and where ggml fuses, std::fma does.
+// one of ggml's, in its order; a product that ggml rounds before adding is its own statement and
+// this file is compiled with -ffp-contract=off (CMakeLists.txt: GCC would otherwise fuse across
+// statements where FMA is available), and where ggml fuses, std::fma does.
 #include "kernels/llama_cpp_order.h"
 
 #include <algorithm>
@@ -79,6 +80,7 @@ float exp_avx512_lane(float x) {
   const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
                                     std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                            u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  if (std::isnan(n)) return n;  // vscalefps of a NaN
   if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
   // vscalefps: j * 2^floor(n), correctly rounded (as ldexp); n is a whole number here.
   return std::ldexp(j, static_cast<int>(std::floor(n)));

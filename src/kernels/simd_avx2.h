@@ -1005,7 +1005,9 @@ struct Avx2Ops {
     const int64_t plain_end = from + (n - from) / plain * plain;
     int64_t i = from;
     for (; i < plain_end; ++i) {
-      const float product = x[i] * y[i];
+      float product = x[i] * y[i];
+      // An empty asm that "changes" the product: GCC may not fuse it into the add (an FMA).
+      __asm__("" : "+x"(product));
       sum += product;
     }
     for (; i < n; ++i) sum = std::fma(x[i], y[i], sum);

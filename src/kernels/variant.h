@@ -25,7 +25,8 @@ struct KernelVariant {
   void (*softmax)(float* x, int64_t n);
   void (*matvec_rows)(const WeightMatrix& w, const float* x, int64_t n, float* y);
   void (*matmul)(const WeightMatrix& w, const float* x, int64_t n, float* y);
-  void (*matmul_as_llama_cpp)(const WeightMatrix& w, const float* x, int64_t n, float* y);
+  void (*matmul_as_llama_cpp)(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                              bool batched);
   void (*attention_as_llama_cpp)(const float* q, const float* keys, const float* values, int64_t n,
                                  int d, float scale, bool batched, float* out);
   void (*swiglu_as_llama_cpp)(float* gate, const float* up, int64_t n);
@@ -71,7 +72,7 @@ void rmsnorm(float* out, const float* x, const float* weight, int64_t n, float e
 void softmax(float* x, int64_t n);
 void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y);
 void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
-void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y);
+void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y, bool batched);
 void attention_as_llama_cpp(const float* q, const float* keys, const float* values, int64_t n,
                             int d, float scale, bool batched, float* out);
 void swiglu_as_llama_cpp(float* gate, const float* up, int64_t n);

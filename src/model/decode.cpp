@@ -102,7 +102,10 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     const auto rotate_output_back = [&] {
       hadamard_rows(att + begin * hd, end - begin, hd, head.value_rotation());
     };
-    if (as_llama_cpp) {  // one segment of F32 rows: no press, an F32 cache
+    const bool plain_rows = !head.shares_keys() && segment_count == 1 &&
+                            segments[0].query == nullptr && log_weights == nullptr &&
+                            head.key_rotation() == 0 && head.value_rotation() == 0;
+    if (as_llama_cpp && plain_rows && !selecting) {  // the head's own F32 rows
       for (int64_t h = begin; h < end; ++h)
         kernels::attention_as_llama_cpp(queries + h * hd,
                                         static_cast<const float*>(segments[0].keys),
@@ -222,8 +225,15 @@ std::vector<std::span<const float>> decode_batch(std::span<Session* const> sessi
   for (size_t i = 0; i < sessions.size(); ++i)
     states.push_back(sessions[i]->impl_->begin_decode(tokens[i]));  // throws before any change
 
+  for (size_t i = 1; i < sessions.size(); ++i)
+    PROTOKV_CHECK(
+        sessions[i]->impl_->options.llama_cpp_arithmetic == first.options.llama_cpp_arithmetic,
+        "decode_batch: the sessions must all compute with llama.cpp's arithmetic or "
+        "none (session {} differs from session 0)",
+        i);
   RowBuffers b(n, config);
   b.independent_rows = true;
+  b.llama_cpp_arithmetic = first.options.llama_cpp_arithmetic;  // each row as decode's
   std::vector<int32_t> positions;
   positions.reserve(states.size());
   for (const auto& st : states) positions.push_back(st.position);
@@ -244,7 +254,10 @@ std::vector<std::span<const float>> decode_batch(std::span<Session* const> sessi
     for (int64_t i = 0; i < n; ++i)
       kernels::rmsnorm(b.xb.data() + i * config.dim, b.x.data() + i * config.dim,
                        first.weights.output_norm, config.dim, config.norm_eps);
-    kernels::matvec_rows(first.weights.output, b.xb.data(), n, logits.data());
+    if (first.options.llama_cpp_arithmetic)
+      kernels::matmul_as_llama_cpp(first.weights.output, b.xb.data(), n, logits.data(), false);
+    else
+      kernels::matvec_rows(first.weights.output, b.xb.data(), n, logits.data());
   } catch (...) {
     // A failure part-way through the layers leaves the caches inconsistent.
     for (Session* s : sessions) s->impl_->reset();

@@ -29,12 +29,15 @@ void add_bias_rows(float* x, const float* bias, int64_t n, int64_t width) {
 // Y[n, rows] = X[n, cols] · W^T: prompt rows through kernels::matmul (F32 activations), or as
 // llama.cpp multiplies them when the session computes as it does
 // (SessionOptions::llama_cpp_arithmetic, kernels::matmul_as_llama_cpp); rows of different
-// sequences (decode_batch) as matvec_rows, each exactly as a lone decode row.
-void project(const WeightMatrix& w, const float* x, int64_t n, float* y, const RowBuffers& b) {
-  if (b.independent_rows)
+// sequences (decode_batch) each exactly as a lone decode row.
+// `llama_batch`: the rows stand for llama.cpp's multiplication of a batch of two or more rows
+// (its prompt ubatch; not the rows of one decode step, nor the one row its last layer keeps).
+void project(const WeightMatrix& w, const float* x, int64_t n, float* y, const RowBuffers& b,
+             bool llama_batch) {
+  if (b.llama_cpp_arithmetic)
+    kernels::matmul_as_llama_cpp(w, x, n, y, llama_batch && !b.independent_rows);
+  else if (b.independent_rows)
     kernels::matvec_rows(w, x, n, y);
-  else if (b.llama_cpp_arithmetic)
-    kernels::matmul_as_llama_cpp(w, x, n, y);
   else
     kernels::matmul(w, x, n, y);
 }
@@ -127,9 +130,9 @@ void Session::Impl::attention_inputs(int layer, int64_t n, const int32_t* positi
   const int64_t q_dim = static_cast<int64_t>(config.n_heads) * config.head_dim();
   const int64_t kv_dim = static_cast<int64_t>(config.n_kv_heads) * config.head_dim();
   kernels::rmsnorm_rows(b.xb.data(), b.x.data(), lw.attn_norm, n, config.dim, config.norm_eps);
-  project(lw.wq, b.xb.data(), n, b.q.data(), b);
-  project(lw.wk, b.xb.data(), n, b.k.data(), b);
-  project(lw.wv, b.xb.data(), n, b.v.data(), b);
+  project(lw.wq, b.xb.data(), n, b.q.data(), b, n > 1);
+  project(lw.wk, b.xb.data(), n, b.k.data(), b, n > 1);
+  project(lw.wv, b.xb.data(), n, b.v.data(), b, n > 1);
   add_bias_rows(b.q.data(), lw.bq, n, q_dim);
   add_bias_rows(b.k.data(), lw.bk, n, kv_dim);
   add_bias_rows(b.v.data(), lw.bv, n, kv_dim);
@@ -159,16 +162,14 @@ void Session::Impl::attention_inputs(int layer, int64_t n, const int32_t* positi
 }
 
 bool Session::Impl::attends_as_llama_cpp(int layer, bool want_probs) const {
-  return options.llama_cpp_arithmetic && press == nullptr && !want_probs &&
-         cache.type().key == DType::F32 && cache.type().value == DType::F32 &&
-         !config.is_local_layer(layer) && config.attention_scale <= 0.0f;
+  return llama_cpp_attention && !want_probs && !config.is_local_layer(layer);
 }
 
 void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b,
                                              int64_t ffn_first) const {
   const int dim = config.dim;
   const int64_t hidden = config.hidden_dim;
-  project(lw.wo, b.att.data(), n, b.xb.data(), b);
+  project(lw.wo, b.att.data(), n, b.xb.data(), b, n > 1);
   if (lw.attn_post_norm != nullptr)  // Gemma 3: the attention output is normalised first
     kernels::rmsnorm_rows(b.xb.data(), b.xb.data(), lw.attn_post_norm, n, dim, config.norm_eps);
   add_rows(b.x.data(), b.xb.data(), n * dim);
@@ -179,8 +180,10 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n, 
     float* x_chunk = b.x.data() + r0 * dim;
     float* xb_chunk = b.xb.data() + r0 * dim;
     kernels::rmsnorm_rows(xb_chunk, x_chunk, lw.ffn_norm, rows, dim, config.norm_eps);
-    project(lw.w_gate, xb_chunk, rows, b.gate.data(), b);
-    project(lw.w_up, xb_chunk, rows, b.up.data(), b);
+    // llama.cpp multiplies the FFN's rows [ffn_first, n) as one batch, however they are chunked.
+    const bool ffn_batch = n - ffn_first > 1;
+    project(lw.w_gate, xb_chunk, rows, b.gate.data(), b, ffn_batch);
+    project(lw.w_up, xb_chunk, rows, b.up.data(), b, ffn_batch);
     const bool gelu = config.ffn_activation == FfnActivation::kGeluTanh;
     const bool silu_as_ggml = options.llama_cpp_arithmetic;  // ggml's vector exp
 #pragma omp parallel for schedule(static) if (rows * hidden >= kParallelMinElements)
@@ -194,7 +197,7 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n, 
       else
         swiglu(gate, up, hidden);
     }
-    project(lw.w_down, b.gate.data(), rows, xb_chunk, b);
+    project(lw.w_down, b.gate.data(), rows, xb_chunk, b, ffn_batch);
     if (lw.ffn_post_norm != nullptr)  // Gemma 3: the FFN output is normalised first
       kernels::rmsnorm_rows(xb_chunk, xb_chunk, lw.ffn_post_norm, rows, dim, config.norm_eps);
     add_rows(x_chunk, xb_chunk, rows * dim);
@@ -204,7 +207,7 @@ void Session::Impl::attention_output_and_ffn(const LayerWeights& lw, int64_t n, 
 void Session::Impl::output_logits(const float* x_row, float* scratch) {
   kernels::rmsnorm(scratch, x_row, weights.output_norm, config.dim, config.norm_eps);
   if (options.llama_cpp_arithmetic)
-    kernels::matmul_as_llama_cpp(weights.output, scratch, 1, logits.data());
+    kernels::matmul_as_llama_cpp(weights.output, scratch, 1, logits.data(), false);
   else
     kernels::matvec(weights.output, scratch, logits.data());
   softcap_logits();
@@ -221,7 +224,7 @@ void Session::Impl::output_logits_rows(int64_t n, RowBuffers& b, int64_t first_i
   std::vector<float> block(static_cast<size_t>(std::min(n, kBlockRows) * vocab));
   for (int64_t r0 = 0; r0 < n; r0 += kBlockRows) {
     const int64_t rows = std::min(kBlockRows, n - r0);
-    project(weights.output, b.xb.data() + r0 * config.dim, rows, block.data(), b);
+    project(weights.output, b.xb.data() + r0 * config.dim, rows, block.data(), b, n > 1);
     for (int64_t i = 0; i < rows; ++i) {
       const std::span<float> row(block.data() + i * vocab, static_cast<size_t>(vocab));
       std::copy(row.begin(), row.end(), logits.begin());

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "core/parallel.h"
@@ -44,6 +45,29 @@ void rows_to_heads(const float* src, int64_t n, int n_heads, int head_dim, float
 }
 
 }  // namespace
+
+// Every query row i of the chunk (b.q) attends, head by head, as llama.cpp computes it
+// (kernels::attention_as_llama_cpp) over its KV head's rows up to its own: kv_head(kv) gives that
+// head's F32 keys, values ([rows, head_dim]) and the rows before the chunk's first.
+template <class KvHead>
+void Session::Impl::attend_rows_as_llama_cpp(int64_t n, RowBuffers& b, KvHead kv_head) const {
+  const int hd = config.head_dim();
+  const int n_heads = config.n_heads;
+  const int group = config.group_size();
+  const int64_t q_dim = static_cast<int64_t>(n_heads) * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ParallelErrors errors;
+#pragma omp parallel for collapse(2) schedule(static) if (n * q_dim >= kParallelMinElements)
+  for (int64_t i = 0; i < n; ++i)
+    for (int h = 0; h < n_heads; ++h)
+      errors.run([&] {
+        const auto [keys, values, n_past] = kv_head(h / group);
+        kernels::attention_as_llama_cpp(b.q.data() + i * q_dim + h * hd, keys, values,
+                                        n_past + i + 1, hd, scale, /*batched=*/n > 1,
+                                        b.att.data() + i * q_dim + h * hd);
+      });
+  errors.rethrow();
+}
 
 void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kind, RowBuffers& b,
                                   std::vector<std::vector<float>>* queries, int64_t n_total,
@@ -101,9 +125,16 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       rows_to_heads(b.k.data(), n, n_kv, hd, k_heads.data());
       rows_to_heads(b.v.data(), n, n_kv, hd, v_heads.data());
       rows_to_heads(b.q.data(), n, n_heads, hd, q_heads.data());
-      kernels::attention_prefill_heads({b.q.data(), q_dim, hd}, {k_heads.data(), hd, n * hd},
-                                       {v_heads.data(), hd, n * hd}, {b.att.data(), q_dim, hd}, n,
-                                       /*n_past=*/0, n_heads, n_kv, hd, window);
+      if (window == 0 && attends_as_llama_cpp(l, /*want_probs=*/false)) {
+        attend_rows_as_llama_cpp(n, b, [&](int kv) {
+          const int64_t head = static_cast<int64_t>(kv) * n * hd;
+          return std::tuple{k_heads.data() + head, v_heads.data() + head, int64_t{0}};
+        });
+      } else {
+        kernels::attention_prefill_heads({b.q.data(), q_dim, hd}, {k_heads.data(), hd, n * hd},
+                                         {v_heads.data(), hd, n * hd}, {b.att.data(), q_dim, hd}, n,
+                                         /*n_past=*/0, n_heads, n_kv, hd, window);
+      }
       stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now + chunk_layer_kv_bytes);
       LayerView view;
       view.layer = press_layer;
@@ -189,19 +220,17 @@ void Session::Impl::forward_chunk(std::span<const int32_t> tokens, ChunkKind kin
       kv_bytes_now += chunk_layer_kv_bytes;
       if (kind != ChunkKind::kAppend)  // the stats describe the prompt's prefill
         stats.peak_kv_bytes = std::max(stats.peak_kv_bytes, kv_bytes_now);
-      if (attends_as_llama_cpp(l, /*want_probs=*/false)) {
-        // Query row i of head h over its KV head's rows up to its own; llama.cpp multiplies a
-        // batch of two or more rows by tinyBLAS (kernels/llama_cpp_order.h).
-        const int group = config.group_size();
-        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for collapse(2) schedule(static) if (n * q_dim >= kParallelMinElements)
-        for (int64_t i = 0; i < n; ++i)
-          for (int h = 0; h < n_heads; ++h) {
-            const kernels::KvHeadRows& rows = kv_rows[static_cast<size_t>(h / group)];
-            kernels::attention_as_llama_cpp(b.q.data() + i * q_dim + h * hd, rows.k, rows.v,
-                                            rows.n_past + i + 1, hd, scale, /*batched=*/n > 1,
-                                            b.att.data() + i * q_dim + h * hd);
-          }
+      const bool plain_rows =
+          std::all_of(kv_rows.begin(), kv_rows.end(), [](const kernels::KvHeadRows& rows) {
+            return rows.log_weights == nullptr && rows.window == 0;
+          });
+      if (plain_rows && attends_as_llama_cpp(l, /*want_probs=*/false)) {
+        // Query row i of head h over its KV head's rows up to its own (llama.cpp multiplies the
+        // values of a batch of two or more rows by tinyBLAS).
+        attend_rows_as_llama_cpp(n, b, [&](int kv) {
+          const kernels::KvHeadRows& rows = kv_rows[static_cast<size_t>(kv)];
+          return std::tuple{rows.k, rows.v, rows.n_past};
+        });
       } else {
         kernels::attention_prefill_cached({b.q.data(), q_dim, hd}, kv_rows,
                                           {b.att.data(), q_dim, hd}, n, n_heads, hd);
@@ -328,6 +357,14 @@ void Session::Impl::check_prompt(std::span<const int32_t> tokens) const {
   for (int32_t t : tokens) check_token(t);
 }
 
+int64_t Session::Impl::chunk_rows(int64_t n) const {
+  constexpr int64_t kLlamaCppUbatch = 512;  // llama.cpp's default n_ubatch (-ub)
+  const int64_t ubatch = options.ubatch > 0             ? options.ubatch
+                         : options.llama_cpp_arithmetic ? kLlamaCppUbatch
+                                                        : 0;
+  return ubatch > 0 ? std::min(ubatch, n) : n;
+}
+
 int64_t Session::Impl::begin_press(int64_t n) {
   int64_t budget_entries = n;
   if (options.press != nullptr && !press_layers.empty()) {
@@ -363,7 +400,7 @@ void Session::Impl::begin_prefill(std::span<const int32_t> tokens) {
   // A budget that covers the prompt keeps everything: the cache is filled exactly as without a
   // press, so the output is bit-identical to no compression.
   p->compress = press != nullptr && budget_entries < n;
-  p->chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
+  p->chunk = chunk_rows(n);
   p->rows = RowBuffers(p->chunk, config);
   if (p->compress && p->chunk < n) p->queries.resize(static_cast<size_t>(config.n_layers));
   p->ms = timer.ms();
@@ -400,7 +437,7 @@ void Session::Impl::capture_prompt(std::span<const int32_t> tokens, PrefilledPro
   const auto n = static_cast<int64_t>(tokens.size());
   check_prompt(tokens);
   reset();
-  const int64_t chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
+  const int64_t chunk = chunk_rows(n);
   RowBuffers rows(chunk, config);
   std::vector<std::vector<float>> queries(static_cast<size_t>(config.n_layers));
   capturing_prompt = true;  // every row stays, local layers included: a press may want them
@@ -509,7 +546,7 @@ std::span<const float> Session::Impl::append(std::span<const int32_t> tokens,
                                              const Session::RowLogits& on_logits) {
   check_append(tokens);
   const auto n = static_cast<int64_t>(tokens.size());
-  const int64_t chunk = options.ubatch > 0 ? std::min(options.ubatch, n) : n;
+  const int64_t chunk = chunk_rows(n);
   RowBuffers rows(chunk, config);
   // Every row's logits: each row multiplied as a decode step multiplies it (matvec_rows: int8
   // activations for the quantised types, F16 ones for F16, as llama.cpp's batches have them

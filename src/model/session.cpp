@@ -36,6 +36,10 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   logits.assign(static_cast<size_t>(config.vocab_size), 0.0f);
   step = RowBuffers(1, config);
   step.llama_cpp_arithmetic = options.llama_cpp_arithmetic;
+  llama_cpp_attention = options.llama_cpp_arithmetic &&
+                        architecture(config.architecture).llama_cpp_order &&
+                        config.attention_scale <= 0.0f && options.cache_type.key == DType::F32 &&
+                        options.cache_type.value == DType::F32;
   kernels::active_isa();  // a bad PROTOKV_ISA fails here, not inside a kernel's parallel loop
 }
 

@@ -31,7 +31,7 @@ struct RowBuffers {
   // Rows of different sequences (decode_batch): each is multiplied exactly as decode's one row is
   // (kernels::matvec_rows, weights read once for all), not as prompt rows (GEMM).
   bool independent_rows = false;
-  // Prompt rows rounded as llama.cpp rounds them (SessionOptions::llama_cpp_arithmetic).
+  // Rows multiplied as llama.cpp multiplies them (SessionOptions::llama_cpp_arithmetic).
   bool llama_cpp_arithmetic = false;
 };
 
@@ -107,10 +107,17 @@ struct Session::Impl {
   // q/k/v = projections of rmsnorm(x) (+ biases), RoPE'd at `positions`.
   void attention_inputs(int layer, int64_t n, const int32_t* positions, RowBuffers& b) const;
   // Whether layer `layer`'s attention takes llama.cpp's arithmetic
-  // (SessionOptions::llama_cpp_arithmetic, kernels/llama_cpp_order.h): in the case llama.cpp
-  // itself computes, no press, an F32 cache, a global layer, the scale 1/sqrt(head_dim), no
-  // observer of the probabilities. Otherwise protokv's own kernels attend.
+  // (SessionOptions::llama_cpp_arithmetic, kernels/llama_cpp_order.h): llama_cpp_attention, a
+  // global layer, no observer of the probabilities. The callers also need plain rows (one
+  // segment of the head's own keys, no log-weights, no selection); otherwise protokv's own
+  // kernels attend.
   bool attends_as_llama_cpp(int layer, bool want_probs) const;
+  // Prefill's attention in llama.cpp's arithmetic (prefill.cpp).
+  template <class KvHead>
+  void attend_rows_as_llama_cpp(int64_t n, RowBuffers& b, KvHead kv_head) const;
+  // The rows of each forward chunk: options.ubatch, or with llama_cpp_arithmetic llama.cpp's
+  // default n_ubatch (512) when it is 0, so that a chunk of one row falls where llama.cpp's does.
+  int64_t chunk_rows(int64_t n) const;
   // x += wo · att, then x += FFN(rmsnorm(x)) for rows ffn_first.. (the others' x stays x + wo ·
   // att: rows whose outputs nobody reads).
   void attention_output_and_ffn(const LayerWeights& lw, int64_t n, RowBuffers& b,
@@ -148,6 +155,10 @@ struct Session::Impl {
   const ModelWeights& weights;
   const ModelConfig& config;
   SessionOptions options;
+  // llama_cpp_arithmetic's attention applies to this model and cache at all: an architecture
+  // whose llama.cpp graph it follows (Architecture::llama_cpp_order), the default attention
+  // scale, an F32 cache.
+  bool llama_cpp_attention = false;
   kernels::RopeTable rope;        // built once, for every step of every sequence of this Session
   kernels::RopeTable rope_local;  // the local (sliding-window) layers' table (Gemma 3)
   // Layer l's table: local (sliding-window) layers have their own RoPE base (Gemma 3).

@@ -82,6 +82,10 @@ struct Architecture {
   // rotate-half order back to Meta's pairs; NeoX architectures keep Hugging Face's order.
   bool hf_undo_qk_permute = false;
   bool hf_biases_required = false;  // q/k/v biases are always in its checkpoints (Qwen2)
+  // llama.cpp's graph for it is the one SessionOptions::llama_cpp_arithmetic follows
+  // (kernels/llama_cpp_order.h: Q unscaled, the scale inside the softmax, SwiGLU), checked
+  // against llama.cpp's logits (tests/test_llama_cpp_oracle.cpp).
+  bool llama_cpp_order = false;
   // Reads the GGUF keys of its own beyond the Llama block's (Gemma 3: soft-capping, the
   // sliding-window pattern, the local RoPE base), after those; nullptr: none.
   void (*read_gguf_config)(const GgufFile& file, ModelConfig& config) = nullptr;

@@ -394,13 +394,14 @@ void matvec_rows_impl(const WeightMatrix& w, const float* x, int64_t n, float* y
   matvec_impl<Ops>(w, x, n, y);
 }
 
-// A batch of rows as llama.cpp multiplies it (kernels.h): F32 and F16 by tinyBLAS's order where
-// its shapes allow, else ggml_vec_dot_f32's / ggml_vec_dot_f16's; legacy quants and one-row
-// batches as mat-vecs, the rest by matmul.
+// Rows as llama.cpp multiplies them (kernels.h): in a batch, F32 and F16 by tinyBLAS's order
+// where its shapes allow, else (and one by one) ggml_vec_dot_f32's / ggml_vec_dot_f16's; legacy
+// quants as mat-vecs; the other types of a batch by matmul.
 template <class Ops>
-void matmul_as_llama_cpp_impl(const WeightMatrix& w, const float* x, int64_t n, float* y) {
+void matmul_as_llama_cpp_impl(const WeightMatrix& w, const float* x, int64_t n, float* y,
+                              bool batched) {
   constexpr int lanes = Ops::kTinyBlasLanes;
-  const bool tinyblas = lanes > 0 && n >= 2 && w.cols % lanes == 0 && w.rows % 4 == 0;
+  const bool tinyblas = lanes > 0 && batched && w.cols % lanes == 0 && w.rows % 4 == 0;
   if (w.type == DType::F32) {
     for_each_row(w, n, y, [&](const void* row, int64_t i) {
       const auto* weights = static_cast<const float*>(row);
@@ -419,7 +420,7 @@ void matmul_as_llama_cpp_impl(const WeightMatrix& w, const float* x, int64_t n, 
     });
     return;
   }
-  if (n == 1 || w.type == DType::F16 || dtype_is_legacy_quant(w.type))
+  if (!batched || w.type == DType::F16 || dtype_is_legacy_quant(w.type))
     return matvec_rows_impl<Ops>(w, x, n, y);
   PROTOKV_KERNEL_VARIANT::matmul(w, x, n, y);
 }
@@ -433,9 +434,9 @@ void matvec_rows(const WeightMatrix& w, const float* x, int64_t n, float* y) {
   matvec_rows_impl<VariantOps>(w, x, n, y);
 }
 
-void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y) {
+void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y, bool batched) {
   if (n <= 0) return;
-  matmul_as_llama_cpp_impl<VariantOps>(w, x, n, y);
+  matmul_as_llama_cpp_impl<VariantOps>(w, x, n, y, batched);
 }
 
 float legacy_quant_dot(DType type, const void* row, const QuantizedActivation& x, int64_t cols) {
