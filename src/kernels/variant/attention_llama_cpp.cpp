@@ -16,7 +16,7 @@ namespace {
 // The lanes of one vector reduced as ggml_vec_soft_max_f32 and tinyBLAS's hsum do (GCC's
 // _mm512_reduce_add_ps; the AVX2 hsum): upper half plus lower half down to four lanes, then
 // (l0 + l2) + (l1 + l3). Here each "lane" is a row of d values (one per output value).
-void horizontal_sum_rows(float* lanes, int count, int d, float* out) {
+[[maybe_unused]] void horizontal_sum_rows(float* lanes, int count, int d, float* out) {
   for (int width = count / 2; width >= 4; width /= 2)
     for (int l = 0; l < width; ++l) {
       float* a = lanes + static_cast<int64_t>(l) * d;
