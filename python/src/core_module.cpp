@@ -773,8 +773,8 @@ NB_MODULE(_core, m) {
                     bool>(),
            "model"_a, "press"_a = nb::none(), "budget"_a = nb::none(), "ratio"_a = nb::none(),
            "alloc"_a = "", "ubatch"_a = 0, "compress_local_layers"_a = false,
-           "cache_type_k"_a = "f32", "cache_type_v"_a = "f32",
-           "llama_cpp_arithmetic"_a = false, nb::keep_alive<1, 2>())
+           "cache_type_k"_a = "f32", "cache_type_v"_a = "f32", "llama_cpp_arithmetic"_a = false,
+           nb::keep_alive<1, 2>())
       .def(
           "prefill",
           [](nb::handle self, const std::vector<int32_t>& ids) {
