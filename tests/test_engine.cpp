@@ -161,7 +161,9 @@ TEST(PromptRounding, PrefilledPromptServesItsOwnRoundingOnly) {
   spec.type = DType::Q8_0;
   const auto model = make_random_model(spec);
   const auto tokens = random_tokens(9, spec.vocab_size, 4);
-  const auto rounded = PrefilledPrompt::make(model.weights, tokens, 0, {}, true);
+  SessionOptions llama_cpp;
+  llama_cpp.llama_cpp_arithmetic = true;
+  const auto rounded = PrefilledPrompt::make(model.weights, tokens, llama_cpp);
   SessionOptions f32;  // the default: F32 prompt rows
   Session session(model.weights, f32);
   try {
@@ -176,6 +178,55 @@ TEST(PromptRounding, PrefilledPromptServesItsOwnRoundingOnly) {
   const auto f32_prompt = PrefilledPrompt::make(model.weights, tokens);
   Session own(model.weights, f32);
   EXPECT_EQ(to_vector(session.prefill(*f32_prompt)), to_vector(own.prefill(tokens)));
+  // Flash attention is part of the arithmetic a prompt records.
+  SessionOptions flash_options = llama_cpp;
+  flash_options.llama_cpp_flash_attention = true;
+  flash_options.llama_cpp_threads = 2;
+  const auto flash = PrefilledPrompt::make(model.weights, tokens, flash_options);
+  EXPECT_TRUE(flash->options().llama_cpp_flash_attention);
+  EXPECT_EQ(flash->options().llama_cpp_threads, 2);
+  Session without_flash(model.weights, llama_cpp);
+  EXPECT_THROW(without_flash.prefill(*flash), Error);
+  llama_cpp.llama_cpp_flash_attention = true;
+  Session other_threads(model.weights, llama_cpp);
+  EXPECT_THROW(other_threads.prefill(*flash), Error);
+  llama_cpp.llama_cpp_threads = 2;
+  Session with_flash(model.weights, llama_cpp);
+  EXPECT_EQ(to_vector(with_flash.prefill(*flash)),
+            to_vector(Session(model.weights, llama_cpp).prefill(tokens)));
+}
+
+// SessionOptions::llama_cpp_flash_attention: only with llama.cpp's arithmetic; an F32 and an F16
+// cache give the same logits (llama.cpp's flash attention reads K/V as F16 either way), which
+// differ from those of llama.cpp's other attention path.
+TEST(PromptRounding, FlashAttentionReadsF32AndF16CachesAlike) {
+  RandomModelSpec spec;
+  spec.n_layers = 2;
+  const auto model = make_random_model(spec);
+  SessionOptions bad;
+  bad.llama_cpp_flash_attention = true;
+  EXPECT_THROW(Session(model.weights, bad), Error);
+  const auto tokens = random_tokens(70, spec.vocab_size, 5);  // a batch of 70: the tiled path
+  const auto run = [&](bool flash, DType cache) {
+    SessionOptions options;
+    options.llama_cpp_arithmetic = true;
+    options.llama_cpp_flash_attention = flash;
+    options.cache_type = {cache, cache};
+    Session session(model.weights, options);
+    std::vector<float> logits = to_vector(session.prefill(tokens));
+    for (int32_t token : {3, 9, 27}) {
+      const auto next = to_vector(session.decode(token));
+      logits.insert(logits.end(), next.begin(), next.end());
+    }
+    return logits;
+  };
+  const auto f32_cache = run(true, DType::F32);
+  EXPECT_EQ(f32_cache, run(true, DType::F16));
+  const auto other_path = run(false, DType::F32);
+  EXPECT_NE(f32_cache, other_path);
+  EXPECT_LE(
+      relative_error(f32_cache.data(), other_path.data(), static_cast<int64_t>(f32_cache.size())),
+      0.01);
 }
 
 TEST(Session, DecodeStepsMatchReference) {
@@ -625,10 +676,17 @@ TEST(Session, RejectsInconsistentWeights) {
 // for bit, whatever its press (dense, evicting at decode, recall), length, weight type and
 // arithmetic (protokv's or llama.cpp's).
 TEST(DecodeBatch, EachSessionEqualsItsOwnDecodeBitForBit) {
-  for (const auto& [type, llama_cpp] :
-       {std::pair{DType::F32, false}, std::pair{DType::F16, false}, std::pair{DType::Q8_0, false},
-        std::pair{DType::F32, true}, std::pair{DType::F16, true}}) {
-    SCOPED_TRACE(std::string(dtype_name(type)) + (llama_cpp ? " llama.cpp's arithmetic" : ""));
+  struct Arithmetic {
+    DType type;
+    bool llama_cpp;
+    bool flash_attention;
+  };
+  for (const auto& [type, llama_cpp, flash_attention] :
+       {Arithmetic{DType::F32, false, false}, Arithmetic{DType::F16, false, false},
+        Arithmetic{DType::Q8_0, false, false}, Arithmetic{DType::F32, true, false},
+        Arithmetic{DType::F16, true, false}, Arithmetic{DType::Q8_0, true, true}}) {
+    SCOPED_TRACE(std::string(dtype_name(type)) + (llama_cpp ? " llama.cpp's arithmetic" : "") +
+                 (flash_attention ? " with flash attention" : ""));
     RandomModelSpec spec;
     spec.type = type;
     const auto model = make_random_model(spec);
@@ -638,6 +696,7 @@ TEST(DecodeBatch, EachSessionEqualsItsOwnDecodeBitForBit) {
     for (size_t i = 0; i < presses.size(); ++i) {
       SessionOptions o;
       o.llama_cpp_arithmetic = llama_cpp;
+      o.llama_cpp_flash_attention = flash_attention;
       if (presses[i] != "full") {
         o.press = PressSpec::parse(presses[i]);
         o.budget = Budget{12, 0.0};

@@ -275,35 +275,76 @@ TEST_P(LlamaCppArithmetic, OneBatchLogitsEqualLlamaCpp) {
 // As llama-completion evaluates a text (<arch>_<type>.completion.logits: `protokv-dump-logits
 // --prompt 5 --last-prompt-logits`): a 5-token prompt in one batch, whose last row alone goes
 // through the last layer's FFN (which F32 weights show: F16 ones round the FFN's inner
-// activation to F16, which hides it here), then one token per step.
+// activation to F16, which hides it here), then one token per step. With flash attention
+// (.fa_completion.logits, SessionOptions::llama_cpp_flash_attention): ggml's one-chunk path, over
+// K/V that llama.cpp casts to F16.
 TEST(LlamaCppArithmeticCompletion, PromptThenDecodeLogitsEqualLlamaCpps) {
   const bool same_order = kernels::active_isa() == kernels::Isa::kAvx512;
   constexpr size_t kPrompt = 5;
+  for (const bool flash_attention : {false, true})
+    for (const char* arch : {"llama", "qwen3"}) {
+      for (const auto& [type, tolerance] : {std::pair{"F32", 1e-5}, std::pair{"F16", 0.004},
+                                            std::pair{"Q8_0", 0.08}, std::pair{"Q4_1", 0.1}}) {
+        SCOPED_TRACE(std::string(arch) + "_" + type + (flash_attention ? " fa" : ""));
+        const std::string stem = (fixture_dir() / (std::string(arch) + "_" + type)).string();
+        const OracleLogits ref =
+            read_logits(stem + (flash_attention ? ".fa_completion.logits" : ".completion.logits"));
+        ASSERT_GT(ref.tokens.size(), kPrompt);
+        EXPECT_EQ(ref.argmax[kPrompt - 2], -1);  // no logits for the prompt's other rows
+        const LoadedModel model = load_model(stem + ".gguf");
+        SessionOptions options;
+        options.llama_cpp_arithmetic = true;
+        options.llama_cpp_flash_attention = flash_attention;
+        Session session(model.weights, options);
+        double worst = 0.0;
+        for (size_t i = kPrompt - 1; i < ref.tokens.size(); ++i) {
+          const auto logits =
+              i + 1 == kPrompt
+                  ? session.prefill(std::span<const int32_t>(ref.tokens.data(), kPrompt))
+                  : session.decode(ref.tokens[i]);
+          const double diff = compare_row(logits, ref.row(i)).max_abs_diff;
+          worst = std::max(worst, diff);
+          EXPECT_LE(diff, same_order ? 0.0 : tolerance) << "position " << i;
+        }
+        std::printf(
+            "[ oracle   ] %s_%s as llama-completion with llama.cpp's arithmetic%s: "
+            "max |dlogit| %.3g\n",
+            arch, type, flash_attention ? " and flash attention" : "", worst);
+      }
+    }
+}
+
+// llama.cpp's flash attention over a batch of 64 rows (<arch>_<type>.fa_batch.logits, every
+// row's logits): ggml's tiled path (tiles of 64 cells, simd_gemm's FMA order, per-tile softmax
+// sums in double).
+TEST(LlamaCppArithmeticCompletion, FlashAttentionBatchOf64RowsEqualsLlamaCpps) {
+  const bool same_order = kernels::active_isa() == kernels::Isa::kAvx512;
   for (const char* arch : {"llama", "qwen3"}) {
     for (const auto& [type, tolerance] : {std::pair{"F32", 1e-5}, std::pair{"F16", 0.004},
                                           std::pair{"Q8_0", 0.08}, std::pair{"Q4_1", 0.1}}) {
       SCOPED_TRACE(std::string(arch) + "_" + type);
       const std::string stem = (fixture_dir() / (std::string(arch) + "_" + type)).string();
-      const OracleLogits ref = read_logits(stem + ".completion.logits");
-      ASSERT_GT(ref.tokens.size(), kPrompt);
-      EXPECT_EQ(ref.argmax[kPrompt - 2], -1);  // no logits for the prompt's other rows
+      const OracleLogits ref = read_logits(stem + ".fa_batch.logits");
+      ASSERT_EQ(ref.tokens.size(), 64u);
       const LoadedModel model = load_model(stem + ".gguf");
       SessionOptions options;
       options.llama_cpp_arithmetic = true;
+      options.llama_cpp_flash_attention = true;
       Session session(model.weights, options);
+      std::vector<std::vector<float>> rows;
+      session.append(ref.tokens, [&](int64_t, std::span<const float> logits) {
+        rows.emplace_back(logits.begin(), logits.end());
+      });
+      ASSERT_EQ(rows.size(), ref.tokens.size());
       double worst = 0.0;
-      for (size_t i = kPrompt - 1; i < ref.tokens.size(); ++i) {
-        const auto logits =
-            i + 1 == kPrompt ? session.prefill(std::span<const int32_t>(ref.tokens.data(), kPrompt))
-                             : session.decode(ref.tokens[i]);
-        const double diff = compare_row(logits, ref.row(i)).max_abs_diff;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const double diff = compare_row(rows[i], ref.row(i)).max_abs_diff;
         worst = std::max(worst, diff);
         EXPECT_LE(diff, same_order ? 0.0 : tolerance) << "position " << i;
       }
       std::printf(
-          "[ oracle   ] %s_%s as llama-completion with llama.cpp's arithmetic: "
-          "max |dlogit| %.3g\n",
-          arch, type, worst);
+          "[ oracle   ] %s_%s, 64 rows with llama.cpp's flash attention: max |dlogit| %.3g\n", arch,
+          type, worst);
     }
   }
 }

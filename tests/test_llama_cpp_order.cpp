@@ -220,6 +220,154 @@ TEST(AttentionAsLlamaCpp, BatchedQueriesSumValuesInTinyBlasOrder) {
   }
 }
 
+// `x` rounded to F16 values (as the floats they are): what an F16 cache holds.
+std::vector<float> f16_values(std::vector<float> x) {
+  for (float& value : x) value = f16_to_f32(f32_to_f16(value));
+  return x;
+}
+
+kernels::LlamaCppFlashAttention flash_how(int64_t batch_rows, bool f16_keys, bool f16_values) {
+  kernels::LlamaCppFlashAttention how;
+  how.batch_rows = batch_rows;
+  how.f16_keys = f16_keys;
+  how.f16_values = f16_values;
+  return how;
+}
+
+TEST(FlashAttentionAsLlamaCpp, KnownAnswersAndTheReference) {
+  std::mt19937 rng(23);
+  for (Isa isa : kAllIsas) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    for (int64_t batch_rows : {1, 64})
+      for (bool f16 : {false, true}) {
+        const auto how = flash_how(batch_rows, f16, f16);
+        const int d = 16;
+        const auto q = random_vector(rng, d);
+        const auto k = f16_values(random_vector(rng, d)), v = f16_values(random_vector(rng, d));
+        std::vector<float> out(d);
+        // One entry: its value, exactly.
+        kernels::ggml_order::flash_attention(isa, q.data(), k.data(), v.data(), 1, d, 0.35f, how,
+                                             out.data());
+        EXPECT_EQ(out, v);
+        // Two equal keys: the mean of the values, exactly.
+        std::vector<float> keys2 = k;
+        keys2.insert(keys2.end(), k.begin(), k.end());
+        std::vector<float> values2(2 * d);
+        for (int i = 0; i < 2 * d; ++i) values2[i] = static_cast<float>(i % d) - (i < d ? 0 : 4);
+        kernels::ggml_order::flash_attention(isa, q.data(), keys2.data(), values2.data(), 2, d,
+                                             0.35f, how, out.data());
+        for (int i = 0; i < d; ++i) EXPECT_EQ(out[i], static_cast<float>(i) - 2.0f) << i;
+        // Random entries (F16 ones where the cache is F16) against double precision.
+        for (int64_t n : {3, 63, 64, 65, 300}) {
+          for (int width : {8, 64, 72}) {
+            const auto query = random_vector(rng, width);
+            auto keys = random_vector(rng, n * width), values = random_vector(rng, n * width);
+            if (f16) keys = f16_values(keys), values = f16_values(values);
+            const std::vector<double> want = testing::ref_decode_attention(
+                query.data(), keys.data(), values.data(), nullptr, n, width, nullptr);
+            std::vector<float> got(static_cast<size_t>(width));
+            kernels::ggml_order::flash_attention(isa, query.data(), keys.data(), values.data(), n,
+                                                 width, 1.0f / std::sqrt(static_cast<float>(width)),
+                                                 how, got.data());
+            // An F16 output accumulator keeps 11 bits through every step.
+            const double tolerance =
+                f16 && !kernels::ggml_order::flash_attention_is_tiled(isa, how, width) ? 2e-2
+                                                                                       : 2e-5;
+            for (int i = 0; i < width; ++i)
+              EXPECT_NEAR(got[i], want[i], tolerance) << "n=" << n << " d=" << width << " " << i;
+          }
+        }
+      }
+  }
+}
+
+TEST(FlashAttentionAsLlamaCpp, OneChunkRoundsItsF16AccumulatorTheTiledPathDoesNot) {
+  // Values 1 and 2^-11 under equal keys: the F16 accumulator of the one-chunk path keeps
+  // 1 + 2^-11 as 1 (a tie, to even), so the mean is 1/2; F32 values, or the tiled path (which
+  // reads F16 K/V as F32), keep (1 + 2^-11) / 2.
+  const int d = 16;
+  std::vector<float> q(d, 0.5f), keys(2 * d, 0.25f), values(2 * d, 0.0f);
+  values[0] = 1.0f;
+  values[d] = 0x1p-11f;
+  for (Isa isa : kAllIsas) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    std::vector<float> out(d);
+    const auto first = [&](int64_t batch_rows, bool f16_keys, bool f16_values) {
+      kernels::ggml_order::flash_attention(isa, q.data(), keys.data(), values.data(), 2, d, 1.0f,
+                                           flash_how(batch_rows, f16_keys, f16_values), out.data());
+      return out[0];
+    };
+    EXPECT_EQ(first(1, false, true), 0.5f);
+    EXPECT_EQ(first(1, true, true), 0.5f);
+    EXPECT_EQ(first(1, false, false), 0.5f + 0x1p-12f);
+    EXPECT_EQ(first(1, true, false), 0.5f + 0x1p-12f);
+    EXPECT_EQ(first(64, true, true), 0.5f + 0x1p-12f);
+    EXPECT_EQ(first(64, false, true), 0.5f);  // K and V of two types: one chunk
+    EXPECT_TRUE(kernels::ggml_order::flash_attention_is_tiled(isa, flash_how(64, true, true), d));
+    EXPECT_FALSE(kernels::ggml_order::flash_attention_is_tiled(isa, flash_how(63, true, true), d));
+  }
+  // With SIMD the tiled path needs a head width that is a multiple of the vector's lanes.
+  EXPECT_FALSE(kernels::ggml_order::flash_attention_is_tiled(Isa::kAvx512, flash_how(64, 0, 0), 8));
+  EXPECT_TRUE(kernels::ggml_order::flash_attention_is_tiled(Isa::kAvx2, flash_how(64, 0, 0), 8));
+  EXPECT_TRUE(kernels::ggml_order::flash_attention_is_tiled(Isa::kScalar, flash_how(64, 0, 0), 6));
+}
+
+TEST(FlashAttentionAsLlamaCpp, QueryRoundedToF16ForF16Keys) {
+  // q0 = 1 + 2^-12 rounds to 1 in F16: with F16 keys the score of key e0 is 1 (weight e^1 against
+  // e^0), with F32 keys 1 + 2^-12.
+  const int d = 8;
+  std::vector<float> q(d, 0.0f), keys(2 * d, 0.0f), values(2 * d, 0.0f);
+  q[0] = 1.0f + 0x1p-12f;
+  keys[0] = 1.0f;
+  values[0] = 1.0f;
+  for (Isa isa : kAllIsas) {
+    std::vector<float> rounded(d), exact(d);
+    kernels::ggml_order::flash_attention(isa, q.data(), keys.data(), values.data(), 2, d, 1.0f,
+                                         flash_how(1, true, false), rounded.data());
+    kernels::ggml_order::flash_attention(isa, q.data(), keys.data(), values.data(), 2, d, 1.0f,
+                                         flash_how(1, false, false), exact.data());
+    const double e = std::exp(1.0);
+    EXPECT_NEAR(rounded[0], e / (e + 1), 1e-6) << kernels::isa_name(isa);
+    EXPECT_NE(rounded[0], exact[0]) << kernels::isa_name(isa);
+  }
+}
+
+// The SIMD kernels compute their instruction set's portable reference, to the bit.
+TEST(FlashAttentionAsLlamaCpp, SimdKernelsEqualThePortableOrder) {
+  std::mt19937 rng(29);
+  for (Isa isa : kernels::available_isas()) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    for (int64_t n : {1, 5, 63, 64, 65, 130, 300})
+      for (int d : {8, 12, 16, 64, 72, 128})
+        for (int64_t batch_rows : {1, 64})
+          for (int f16 = 0; f16 < 4; ++f16) {
+            const auto how = flash_how(batch_rows, (f16 & 1) != 0, (f16 & 2) != 0);
+            const auto q = random_vector(rng, d, 2.0f);
+            const auto k = random_vector(rng, n * d), v = random_vector(rng, n * d);
+            std::vector<float> fast(static_cast<size_t>(d)), portable(static_cast<size_t>(d));
+            const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+            // F32 rows (read rounded to F16 where `how` says), and F16 rows as a cache holds them.
+            kernels::flash_attention_as_llama_cpp(isa, q.data(), k.data(), v.data(), n, d, scale,
+                                                  how, fast.data());
+            kernels::ggml_order::flash_attention(isa, q.data(), k.data(), v.data(), n, d, scale,
+                                                 how, portable.data());
+            EXPECT_EQ(fast, portable)
+                << "n=" << n << " d=" << d << " rows=" << batch_rows << " f16=" << f16;
+            if (how.f16_keys && how.f16_values) {
+              std::vector<uint16_t> k16(k.size()), v16(v.size());
+              for (size_t i = 0; i < k.size(); ++i) {
+                k16[i] = f32_to_f16(k[i]);
+                v16[i] = f32_to_f16(v[i]);
+              }
+              kernels::flash_attention_as_llama_cpp(
+                  isa, q.data(), ValueRows(k16.data(), DType::F16),
+                  ValueRows(v16.data(), DType::F16), n, d, scale, how, fast.data());
+              EXPECT_EQ(fast, portable) << "F16 rows n=" << n << " d=" << d;
+            }
+          }
+  }
+}
+
 // The SIMD kernels compute their instruction set's portable reference, to the bit.
 TEST(AttentionAsLlamaCpp, SimdKernelsEqualThePortableOrder) {
   std::mt19937 rng(17);

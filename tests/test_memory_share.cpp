@@ -177,7 +177,19 @@ TEST(MemoryShare, GenerateSolvesTheBudgetAndReportsTheStoredShare) {
                   model, text));
   ASSERT_EQ(rounded.exit_code, 0) << rounded.err;
   EXPECT_EQ(nlohmann::json::parse(rounded.out)["config"]["llama_cpp_arithmetic"], true);
+  const testing::CommandResult flash = testing::run_protokv(
+      fmt::format("generate -m {} -p '{}' --press pod:delta=0 --kv-memory-share 0.9 -n 2 --json "
+                  "--llama-cpp-arithmetic --llama-cpp-flash-attn --cache-type-k f16",
+                  model, text));
+  ASSERT_EQ(flash.exit_code, 0) << flash.err;
+  EXPECT_EQ(nlohmann::json::parse(flash.out)["config"]["llama_cpp_flash_attention"], true);
+  EXPECT_EQ(nlohmann::json::parse(flash.out)["config"]["llama_cpp_threads"], 1);
   const std::string generate = fmt::format("generate -m {} -p '{}'", model, text);
+  testing::expect_run_fails_with_one_line(generate + " --llama-cpp-flash-attn",
+                                          "--llama-cpp-arithmetic");
+  testing::expect_run_fails_with_one_line(
+      generate + " --llama-cpp-arithmetic --llama-cpp-flash-attn --llama-cpp-threads 0",
+      "--llama-cpp-threads");
   testing::expect_run_fails_with_one_line(
       generate + " --press snapkv --kv-memory-share 0.5 --budget 8", "not both");
   testing::expect_run_fails_with_one_line(generate + " --press snapkv --kv-memory-share 1.5",

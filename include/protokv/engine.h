@@ -54,6 +54,17 @@ struct SessionOptions {
   // in F32 where it can (sgemm on dequantised panels for prompts, double-precision RoPE angles),
   // closer to the F32 model (transformers, kvpress).
   bool llama_cpp_arithmetic = false;
+  // With llama_cpp_arithmetic: attention as llama.cpp's flash attention computes it
+  // (ggml_flash_attn_ext, llama-completion -fa on, the default -fa auto on a CPU; kernels/
+  // llama_cpp_order.h ggml_order::flash_attention) over an F32 or F16 cache (f16 is llama.cpp's
+  // default -ctk / -ctv; it reads an F32 cache's K/V as F16 for flash attention too), instead of
+  // its QK^T / softmax / V products. Its result depends on its thread count once a decode step
+  // reaches 512 cells (llama_cpp_threads). Requires llama_cpp_arithmetic.
+  bool llama_cpp_flash_attention = false;
+  // With llama_cpp_flash_attention: llama.cpp's thread count (-t; 1 to 1024), over which its
+  // flash attention splits a decode step's cells once they reach 512 (padded to 256), merging
+  // the parts in another rounding. Its default is the machine's physical cores.
+  int llama_cpp_threads = 1;
 };
 
 struct PrefillStats {
@@ -91,19 +102,25 @@ class Session;
 class PrefilledPrompt {
  public:
   // Runs `tokens` (positions 0..n-1) through `weights` in chunks of `ubatch` rows (0: at once),
-  // into a cache of `cache_type`, computed as SessionOptions::llama_cpp_arithmetic says; it
-  // serves sessions of that cache type and arithmetic only.
-  // Throws Error as Session::prefill does.
+  // into a cache of `cache_type`, in protokv's arithmetic; it serves sessions of that cache type
+  // and arithmetic only. Throws Error as Session::prefill does.
   static std::shared_ptr<const PrefilledPrompt> make(const ModelWeights& weights,
                                                      std::span<const int32_t> tokens,
                                                      int64_t ubatch = 0,
-                                                     KvCacheType cache_type = {},
-                                                     bool llama_cpp_arithmetic = false);
+                                                     KvCacheType cache_type = {});
+  // The same with the ubatch, cache type and arithmetic (llama_cpp_arithmetic,
+  // llama_cpp_flash_attention, llama_cpp_threads) of `options`; its press and budget play no
+  // part.
+  static std::shared_ptr<const PrefilledPrompt> make(const ModelWeights& weights,
+                                                     std::span<const int32_t> tokens,
+                                                     const SessionOptions& options);
   ~PrefilledPrompt();
   int64_t n_tokens() const;
   double prefill_ms() const;  // the forward pass, once
   KvCacheType cache_type() const;
-  bool llama_cpp_arithmetic() const;
+  // The options a session needs to start from this prompt: its ubatch, cache type and
+  // arithmetic (no press).
+  SessionOptions options() const;
 
   struct Data;
   explicit PrefilledPrompt(std::unique_ptr<Data> data);

@@ -87,12 +87,14 @@ class Session:
                  ratio: Optional[float] = None, alloc: Optional[str] = None,
                  ubatch: int = 0, compress_local_layers: bool = False,
                  cache_type_k: str = "f32", cache_type_v: str = "f32",
-                 llama_cpp_arithmetic: bool = False) -> None:
+                 llama_cpp_arithmetic: bool = False,
+                 llama_cpp_flash_attention: bool = False, llama_cpp_threads: int = 1) -> None:
         spec, alloc_name = _press_spec(press, alloc)
         self.model = model
         self._session = _core.Session(model._model, spec, budget, ratio, alloc_name, ubatch,
                                       compress_local_layers, cache_type_k, cache_type_v,
-                                      llama_cpp_arithmetic)
+                                      llama_cpp_arithmetic, llama_cpp_flash_attention,
+                                      llama_cpp_threads)
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Runs ``ids`` from position 0 (resetting the session), compresses the cache with the
@@ -245,7 +247,8 @@ class Model:
                 ratio: Optional[float] = None, alloc: Optional[str] = None,
                 ubatch: int = 0, compress_local_layers: bool = False,
                 cache_type_k: str = "f32", cache_type_v: str = "f32",
-                llama_cpp_arithmetic: bool = False) -> Session:
+                llama_cpp_arithmetic: bool = False,
+                llama_cpp_flash_attention: bool = False, llama_cpp_threads: int = 1) -> Session:
         """A new ``Session``: ``press`` (spec string or ``protokv.presses`` object; None: full
         cache) keeps ``budget`` entries per KV head per layer, or ``floor(n * ratio)`` of a
         prompt of n tokens; ``alloc`` spreads the budget over heads/layers; ``ubatch`` bounds
@@ -254,9 +257,12 @@ class Model:
         ``llama_cpp_arithmetic`` computes as llama.cpp's CPU backend does with ``-fa off``
         (logits equal to its own bit for bit on F32 / F16 / legacy-quant llama / qwen files,
         f32 cache, no press; the default False keeps prompt activations in F32, as
-        transformers)."""
+        transformers); with it, ``llama_cpp_flash_attention`` attends as llama.cpp's flash
+        attention (``-fa on``, its CPU default) over an f32 or f16 cache, split as llama.cpp's
+        ``-t llama_cpp_threads`` splits a decode step over 512 cells or more."""
         return Session(self, press, budget, ratio, alloc, ubatch, compress_local_layers,
-                       cache_type_k, cache_type_v, llama_cpp_arithmetic)
+                       cache_type_k, cache_type_v, llama_cpp_arithmetic,
+                       llama_cpp_flash_attention, llama_cpp_threads)
 
     # --- generation, llama-cpp-python's shapes ---
     def _prompt_ids(self, prompt: Union[str, Sequence[int]]) -> List[int]:

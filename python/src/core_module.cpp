@@ -258,7 +258,8 @@ class PySession {
   PySession(const Model& model, nb::handle press, std::optional<int64_t> budget,
             std::optional<double> ratio, const std::string& alloc, int64_t ubatch,
             bool compress_local_layers, const std::string& cache_type_k,
-            const std::string& cache_type_v, bool llama_cpp_arithmetic)
+            const std::string& cache_type_v, bool llama_cpp_arithmetic,
+            bool llama_cpp_flash_attention, int llama_cpp_threads)
       : model_(model) {
     PROTOKV_CHECK(ubatch >= 0, "ubatch must be >= 0, got {}", ubatch);
     SessionOptions options;
@@ -278,6 +279,8 @@ class PySession {
     options.cache_type = {kv_cache_type_from_name(cache_type_k),
                           kv_cache_type_from_name(cache_type_v)};
     options.llama_cpp_arithmetic = llama_cpp_arithmetic;
+    options.llama_cpp_flash_attention = llama_cpp_flash_attention;
+    options.llama_cpp_threads = llama_cpp_threads;
     session_ = std::make_unique<Session>(model.loaded().weights, options);
   }
 
@@ -769,12 +772,12 @@ NB_MODULE(_core, m) {
 
   nb::class_<PySession>(m, "Session")
       .def(nb::init<const Model&, nb::handle, std::optional<int64_t>, std::optional<double>,
-                    const std::string&, int64_t, bool, const std::string&, const std::string&,
-                    bool>(),
+                    const std::string&, int64_t, bool, const std::string&, const std::string&, bool,
+                    bool, int>(),
            "model"_a, "press"_a = nb::none(), "budget"_a = nb::none(), "ratio"_a = nb::none(),
            "alloc"_a = "", "ubatch"_a = 0, "compress_local_layers"_a = false,
            "cache_type_k"_a = "f32", "cache_type_v"_a = "f32", "llama_cpp_arithmetic"_a = false,
-           nb::keep_alive<1, 2>())
+           "llama_cpp_flash_attention"_a = false, "llama_cpp_threads"_a = 1, nb::keep_alive<1, 2>())
       .def(
           "prefill",
           [](nb::handle self, const std::vector<int32_t>& ids) {

@@ -467,3 +467,13 @@ def test_llama_cpp_arithmetic_or_f32_prompts(recall):
     f32 = recall.session().prefill(ids).copy()
     assert not np.array_equal(rounded, f32)
     assert np.abs(rounded - f32).max() < 0.1
+    # llama.cpp's flash attention (its CPU default) reads K/V as F16, whatever the cache holds.
+    flash = recall.session(llama_cpp_arithmetic=True, llama_cpp_flash_attention=True)
+    flash_logits = flash.prefill(ids).copy()
+    f16_cache = recall.session(llama_cpp_arithmetic=True, llama_cpp_flash_attention=True,
+                               cache_type_k="f16", cache_type_v="f16")
+    assert np.array_equal(flash_logits, f16_cache.prefill(ids))
+    assert not np.array_equal(flash_logits, rounded)
+    assert np.abs(flash_logits - rounded).max() < 0.1
+    with pytest.raises(protokv.Error, match="needs llama_cpp_arithmetic"):
+        recall.session(llama_cpp_flash_attention=True)

@@ -37,6 +37,8 @@ struct GenerateArgs {
   int n_predict = 256;
   int64_t ubatch = 0;
   bool llama_cpp_arithmetic = false;
+  bool llama_cpp_flash_attention = false;
+  int llama_cpp_threads = 1;
   bool compress_local_layers = false;
   bool json = false;
   bool kv_positions = false;  // with --json: the kept positions per layer and KV head
@@ -113,13 +115,19 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   // compressed, then the prompt as the press keeps it, the question and every generated token,
   // never more than the context) is checked now, not met by an OOM kill far into the run.
   const auto prompt_tokens = static_cast<int64_t>(input.prefill.size());
+  // How every forward pass of this run computes (the memory-share trials' too).
+  SessionOptions arithmetic;
+  arithmetic.ubatch = o.ubatch;
+  arithmetic.cache_type = setup.cache_type;
+  arithmetic.llama_cpp_arithmetic = o.llama_cpp_arithmetic;
+  arithmetic.llama_cpp_flash_attention = o.llama_cpp_flash_attention;
+  arithmetic.llama_cpp_threads = o.llama_cpp_threads;
   if (o.memory_share > 0.0) {
     std::shared_ptr<const PrefilledPrompt> prefilled;  // only for trial compressions
     const eval::MemoryShareBudget solved = eval::solve_memory_share(
         model.weights, setup.press, prompt_tokens,
         [&]() -> const PrefilledPrompt& {
-          prefilled = PrefilledPrompt::make(model.weights, input.prefill, o.ubatch,
-                                            setup.cache_type, o.llama_cpp_arithmetic);
+          prefilled = PrefilledPrompt::make(model.weights, input.prefill, arithmetic);
           return *prefilled;
         },
         o.memory_share, setup.cache_type);
@@ -141,8 +149,10 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
                     available_memory());
 
   SessionOptions session_options = setup.session_options();
-  session_options.ubatch = o.ubatch;
-  session_options.llama_cpp_arithmetic = o.llama_cpp_arithmetic;
+  session_options.ubatch = arithmetic.ubatch;
+  session_options.llama_cpp_arithmetic = arithmetic.llama_cpp_arithmetic;
+  session_options.llama_cpp_flash_attention = arithmetic.llama_cpp_flash_attention;
+  session_options.llama_cpp_threads = arithmetic.llama_cpp_threads;
   session_options.compress_local_layers = o.compress_local_layers;
   Session session(model.weights, session_options);
   const bool tty = isatty(fileno(stdout)) != 0;
@@ -190,6 +200,10 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
     config_json["stop_at_eos"] = !o.ignore_eos;
     if (o.ubatch > 0) config_json["ubatch"] = o.ubatch;
     if (o.llama_cpp_arithmetic) config_json["llama_cpp_arithmetic"] = true;
+    if (o.llama_cpp_flash_attention) {
+      config_json["llama_cpp_flash_attention"] = true;
+      config_json["llama_cpp_threads"] = o.llama_cpp_threads;
+    }
     if (o.memory_share > 0.0) config_json["kv_memory_share"] = o.memory_share;
     if (model.weights.config.has_local_layers())
       config_json["compress_local_layers"] = o.compress_local_layers;
@@ -296,6 +310,18 @@ void register_generate(CLI::App& app) {
                 "with an f32 cache and no press; prompts in llama.cpp's ubatch of 512 unless "
                 "--ubatch (default: F32 prompt activations, closer to the F32 model; measured "
                 "2.5x slower prompts and 1.2x slower decode on SmolLM2 Q4_1)");
+  cmd->add_flag("--llama-cpp-flash-attn", options->llama_cpp_flash_attention,
+                "With --llama-cpp-arithmetic: attention as llama.cpp's flash attention (-fa on, "
+                "its CPU default) over an f32 or f16 cache (llama.cpp's default "
+                "--cache-type-k/v f16; it reads either as f16)")
+      ->needs("--llama-cpp-arithmetic");
+  cmd->add_option("--llama-cpp-threads", options->llama_cpp_threads,
+                  "With --llama-cpp-flash-attn: llama.cpp's -t, over which its flash attention "
+                  "splits a decode step once the cache reaches 512 cells (padded to 256), which "
+                  "changes its rounding")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str()
+      ->needs("--llama-cpp-flash-attn");
   cmd->add_flag("--compress-local-layers", options->compress_local_layers,
                 "Models with sliding-window layers (Gemma 3): the press also compresses the "
                 "local layers (default: only the global ones; a local layer keeps its window "

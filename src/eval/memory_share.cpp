@@ -21,11 +21,9 @@ bool stores_the_budget(const PressSpec& press, const ModelConfig& config) {
 
 size_t stored_bytes(const ModelWeights& weights, const std::shared_ptr<const PressSpec>& press,
                     const PrefilledPrompt& prompt, int64_t budget) {
-  SessionOptions options;
+  SessionOptions options = prompt.options();
   options.press = press;
   options.budget.entries = budget;
-  options.cache_type = prompt.cache_type();
-  options.llama_cpp_arithmetic = prompt.llama_cpp_arithmetic();
   Session session(weights, options);
   session.prefill(prompt);
   return session.cache().kv_bytes();

@@ -204,6 +204,16 @@ void attention_as_llama_cpp(const float* q, const float* keys, const float* valu
                             int d, float scale, bool batched, float* out) {
   active().attention_as_llama_cpp(q, keys, values, n, d, scale, batched, out);
 }
+void flash_attention_as_llama_cpp(Isa isa, const float* q, ValueRows keys, ValueRows values,
+                                  int64_t n, int d, float scale, const LlamaCppFlashAttention& how,
+                                  float* out) {
+  table(isa).flash_attention_as_llama_cpp(q, keys, values, n, d, scale, how, out);
+}
+void flash_attention_as_llama_cpp(const float* q, ValueRows keys, ValueRows values, int64_t n,
+                                  int d, float scale, const LlamaCppFlashAttention& how,
+                                  float* out) {
+  active().flash_attention_as_llama_cpp(q, keys, values, n, d, scale, how, out);
+}
 void swiglu_as_llama_cpp(Isa isa, float* gate, const float* up, int64_t n) {
   table(isa).swiglu_as_llama_cpp(gate, up, n);
 }

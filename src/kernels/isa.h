@@ -42,6 +42,9 @@ void matmul_as_llama_cpp(Isa isa, const WeightMatrix& w, const float* x, int64_t
                          bool batched);
 void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const float* values,
                             int64_t n, int d, float scale, bool batched, float* out);
+void flash_attention_as_llama_cpp(Isa isa, const float* q, ValueRows keys, ValueRows values,
+                                  int64_t n, int d, float scale, const LlamaCppFlashAttention& how,
+                                  float* out);
 void swiglu_as_llama_cpp(Isa isa, float* gate, const float* up, int64_t n);
 void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
 void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,

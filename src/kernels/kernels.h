@@ -108,6 +108,30 @@ void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float
 // Single-threaded.
 void attention_as_llama_cpp(const float* q, const float* keys, const float* values, int64_t n,
                             int d, float scale, bool batched, float* out);
+// How llama.cpp's flash attention (ggml_flash_attn_ext on its CPU backend: -fa on, the default
+// -fa auto there) reads one query's head: the ubatch the query belongs to picks ggml's path, the
+// cache types its arithmetic.
+struct LlamaCppFlashAttention {
+  // Rows of llama.cpp's ubatch (1: a decode step). 64 or more, with a head width that is a
+  // multiple of the vector width, take ggml's tiled path; fewer its one-chunk path.
+  int64_t batch_rows = 1;
+  // K / V of type F16 (llama.cpp's default -ctk / -ctv f16, and what it casts an F32 cache to for
+  // flash attention): F32 keys / values are read rounded to F16. The one-chunk path then rounds
+  // the query to F16 for ggml_vec_dot_f16 and, for F16 values, accumulates the output in F16; the
+  // tiled path (K and V of one type) reads both as F32.
+  bool f16_keys = false;
+  bool f16_values = false;
+  // llama.cpp's thread count (-t): a decode step over 512 padded cells or more splits the cells
+  // over its threads (ggml_order::flash_attention_split), which changes the rounding.
+  int threads = 1;
+};
+// out[d] = one query over n entries (keys/values [n, d], F32 or F16 rows as a cache holds them,
+// all visible) as llama.cpp's flash attention computes it (ggml_order::flash_attention for the
+// instruction set this CPU runs, to the bit), converting one row at a time. Single-threaded;
+// allocates per thread once.
+void flash_attention_as_llama_cpp(const float* q, ValueRows keys, ValueRows values, int64_t n,
+                                  int d, float scale, const LlamaCppFlashAttention& how,
+                                  float* out);
 // gate[i] = silu(gate[i]) * up[i] as ggml_vec_swiglu_f32 (ggml_order::swiglu), in place.
 void swiglu_as_llama_cpp(float* gate, const float* up, int64_t n);
 

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "protokv/dtype.h"
 #include "protokv/error.h"
 
 namespace protokv::kernels::ggml_order {
@@ -172,6 +173,17 @@ float dot_f32(Isa isa, const float* x, const float* y, int64_t n) {
   return sum;
 }
 
+float dot_f16(Isa isa, const float* x, const float* y, int64_t n) {
+  const int64_t step = 4 * static_cast<int64_t>(shape_of(isa).lanes);
+  const int64_t whole = step == 0 ? 0 : n / step * step;
+  double sum = whole > 0 ? static_cast<double>(dot_f32(isa, x, y, whole)) : 0.0;
+  for (int64_t i = whole; i < n; ++i) {
+    const float product = x[i] * y[i];
+    sum += static_cast<double>(product);
+  }
+  return static_cast<float>(sum);
+}
+
 float exp(Isa isa, float x) {
   switch (isa) {
     case Isa::kAvx512:
@@ -230,6 +242,172 @@ void attention(Isa isa, const float* q, const float* keys, const float* values, 
   const auto inverse = static_cast<float>(1.0 / sum);
   for (float& value : p) value *= inverse;
   weighted_values(shape, p.data(), values, n, d, batched && d % 4 == 0, out);
+}
+
+bool flash_attention_is_tiled(Isa isa, const LlamaCppFlashAttention& how, int d) {
+  const int lanes = shape_of(isa).lanes;
+  return how.batch_rows >= kFlashTileRows && how.f16_keys == how.f16_values &&
+         (lanes == 0 || d % lanes == 0);
+}
+
+int64_t flash_attention_split(const LlamaCppFlashAttention& how, int64_t n) {
+  const int64_t cells = std::max(
+      kFlashCachePadding, (n + kFlashCachePadding - 1) / kFlashCachePadding * kFlashCachePadding);
+  if (how.batch_rows != 1 || how.threads <= 1 || cells < kFlashSplitCells ||
+      how.f16_keys != how.f16_values)
+    return 0;
+  return (cells + how.threads - 1) / how.threads;
+}
+
+namespace {
+
+// y + x * v as ggml's loops compute it: GCC contracts it into one FMA where the build has them
+// (every SIMD build; kScalar is taken as a build for a CPU without FMA).
+float ggml_mad(const GgmlShape& shape, float x, float v, float y) {
+  if (shape.lanes != 0) return std::fma(x, v, y);
+  const float product = x * v;
+  return y + product;
+}
+
+float to_f16(float x) {
+  return f16_to_f32(f32_to_f16(x));
+}
+
+// The running state of ggml's online softmax: M, S and the unnormalised output VKQ.
+struct FlashState {
+  float max = -std::numeric_limits<float>::infinity();
+  float sum = 0.0f;
+  std::vector<float> acc;
+};
+
+// ggml_compute_forward_flash_attn_ext_f16_one_chunk over entries [0, n).
+FlashState one_chunk(Isa isa, const float* q, const float* keys, const float* values, int64_t n,
+                     int d, float scale, const LlamaCppFlashAttention& how) {
+  const GgmlShape shape = shape_of(isa);
+  FlashState st;
+  st.acc.assign(static_cast<size_t>(d), 0.0f);  // VKQ32, or VKQ16 for F16 values
+  std::vector<float> query(q, q + d);           // converted to the keys' vec_dot type
+  if (how.f16_keys)
+    for (float& x : query) x = to_f16(x);
+  std::vector<float> key(static_cast<size_t>(d)), value(static_cast<size_t>(d));
+  for (int64_t e = 0; e < n; ++e) {
+    for (int i = 0; i < d; ++i) {  // F16 K/V: what llama.cpp's cast to F16 leaves of F32 rows
+      key[static_cast<size_t>(i)] = how.f16_keys ? to_f16(keys[e * d + i]) : keys[e * d + i];
+      value[static_cast<size_t>(i)] =
+          how.f16_values ? to_f16(values[e * d + i]) : values[e * d + i];
+    }
+    const float dot = how.f16_keys ? dot_f16(isa, key.data(), query.data(), d)
+                                   : dot_f32(isa, key.data(), query.data(), d);
+    const float s = dot * scale;
+    float rescale = 1.0f;
+    float weight = 1.0f;
+    if (s > st.max) {
+      const float old_max = st.max;
+      st.max = s;
+      rescale = std::exp(old_max - st.max);
+      for (float& a : st.acc) a = how.f16_values ? to_f16(a * rescale) : a * rescale;
+    } else {
+      weight = std::exp(s - st.max);
+    }
+    for (int i = 0; i < d; ++i) {
+      const float a =
+          ggml_mad(shape, value[static_cast<size_t>(i)], weight, st.acc[static_cast<size_t>(i)]);
+      st.acc[static_cast<size_t>(i)] = how.f16_values ? to_f16(a) : a;
+    }
+    st.sum = ggml_mad(shape, st.sum, rescale, weight);
+  }
+  return st;
+}
+
+// ggml_compute_forward_flash_attn_ext_tiled for one query row.
+FlashState tiled(Isa isa, const float* q, const float* keys, const float* values, int64_t n, int d,
+                 float scale, const LlamaCppFlashAttention& how) {
+  // K and V converted to F32 tiles (from F16: what llama.cpp's cast leaves of F32 rows).
+  const auto key_at = [&](int64_t e, int i) {
+    return how.f16_keys ? to_f16(keys[e * d + i]) : keys[e * d + i];
+  };
+  const auto value_at = [&](int64_t e, int i) {
+    return how.f16_values ? to_f16(values[e * d + i]) : values[e * d + i];
+  };
+  const GgmlShape shape = shape_of(isa);
+  FlashState st;
+  st.acc.assign(static_cast<size_t>(d), 0.0f);
+  float p[kFlashTileCells];
+  for (int64_t t0 = 0; t0 < n; t0 += kFlashTileCells) {
+    const int64_t cells = std::min(kFlashTileCells, n - t0);
+    float tile_max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < cells; ++j) {
+      float dot = 0.0f;  // simd_gemm into a zeroed KQ tile
+      for (int i = 0; i < d; ++i) dot = ggml_mad(shape, q[i], key_at(t0 + j, i), dot);
+      p[j] = dot * scale;
+      tile_max = std::max(tile_max, p[j]);
+    }
+    const float new_max = std::fmax(st.max, tile_max);
+    if (new_max > st.max) {
+      const float rescale = std::exp(st.max - new_max);
+      for (float& a : st.acc) a *= rescale;
+      st.sum *= rescale;
+    }
+    st.max = new_max;
+    // ggml_vec_soft_max_f32 over the 64 cells (the padding's -inf gives 0).
+    double tile_sum = 0.0;
+    if (shape.lanes == 0) {
+      for (int64_t j = 0; j < cells; ++j) {
+        p[j] = std::exp(p[j] - st.max);
+        tile_sum += static_cast<double>(p[j]);
+      }
+    } else {
+      float lanes[16];
+      for (int64_t j0 = 0; j0 < kFlashTileCells; j0 += shape.lanes) {
+        for (int l = 0; l < shape.lanes; ++l) {
+          const int64_t j = j0 + l;
+          lanes[l] = 0.0f;
+          if (j < cells) lanes[l] = p[j] = exp(isa, p[j] - st.max);
+        }
+        tile_sum += static_cast<double>(horizontal_sum(lanes, shape.lanes));
+      }
+    }
+    st.sum = static_cast<float>(static_cast<double>(st.sum) + tile_sum);
+    for (int64_t j = 0; j < cells; ++j)
+      for (int i = 0; i < d; ++i)
+        st.acc[static_cast<size_t>(i)] =
+            ggml_mad(shape, value_at(t0 + j, i), p[j], st.acc[static_cast<size_t>(i)]);
+  }
+  return st;
+}
+
+}  // namespace
+
+void flash_attention(Isa isa, const float* q, const float* keys, const float* values, int64_t n,
+                     int d, float scale, const LlamaCppFlashAttention& how, float* out) {
+  PROTOKV_CHECK(n > 0 && d > 0, "ggml_order::flash_attention: {} entries of width {}", n, d);
+  FlashState st;
+  if (flash_attention_is_tiled(isa, how, d)) {
+    st = tiled(isa, q, keys, values, n, d, scale, how);
+  } else if (const int64_t chunk = flash_attention_split(how, n); chunk > 0) {
+    // ggml_flash_attn_ext_reduce_partials: each thread's chunk of cells (the padded ones masked)
+    // as one chunk, merged in thread order; GCC fuses the first product of each merge.
+    st.acc.assign(static_cast<size_t>(d), 0.0f);
+    for (int64_t first = 0; first < n; first += chunk) {
+      const FlashState part = one_chunk(isa, q, keys + first * d, values + first * d,
+                                        std::min(chunk, n - first), d, scale, how);
+      if (part.sum == 0.0f) continue;
+      const float new_max = std::fmax(st.max, part.max);
+      const float scale_old = std::exp(st.max - new_max);
+      const float scale_new = std::exp(part.max - new_max);
+      for (int i = 0; i < d; ++i) {
+        const float fresh = part.acc[static_cast<size_t>(i)] * scale_new;
+        st.acc[static_cast<size_t>(i)] = std::fma(st.acc[static_cast<size_t>(i)], scale_old, fresh);
+      }
+      const float fresh_sum = part.sum * scale_new;
+      st.sum = std::fma(st.sum, scale_old, fresh_sum);
+      st.max = new_max;
+    }
+  } else {
+    st = one_chunk(isa, q, keys, values, n, d, scale, how);
+  }
+  const float inverse = st.sum == 0.0f ? 0.0f : 1.0f / st.sum;
+  for (int i = 0; i < d; ++i) out[i] = st.acc[static_cast<size_t>(i)] * inverse;
 }
 
 }  // namespace protokv::kernels::ggml_order

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/isa.h"
+#include "kernels/kernels.h"
 
 namespace protokv::kernels::ggml_order {
 
@@ -21,6 +22,11 @@ namespace protokv::kernels::ggml_order {
 // add the leftovers to that float as GCC vectorises `sumf += x[i]*y[i]`: the first multiples of
 // 4 / 8 as rounded products, the last 0-3 / 0-7 with scalar FMAs.
 float dot_f32(Isa isa, const float* x, const float* y, int64_t n);
+
+// ggml_vec_dot_f16(n, x, y) of F16 values (given as the floats they are, so that every product
+// is exact in float) as ggml-cpu built for `isa` sums it: the whole steps of 32 / 64 values as
+// dot_f32's vector part, then the rest (all of it without SIMD) as float products added in double.
+float dot_f16(Isa isa, const float* x, const float* y, int64_t n);
 
 // e^x as one lane of ggml_v_expf (the AVX-512 and AVX2 forms differ in their last steps), or as
 // expf for a build without SIMD: the exponentials of ggml_vec_soft_max_f32.
@@ -45,5 +51,44 @@ void swiglu(Isa isa, float* gate, const float* up, int64_t n);
 // Single-threaded; allocates per thread once.
 void attention(Isa isa, const float* q, const float* keys, const float* values, int64_t n, int d,
                float scale, bool batched, float* out);
+
+// The rows of llama.cpp's ubatch from which ggml_flash_attn_ext takes its tiled path
+// (GGML_FA_TILE_Q), and the cells of one of its tiles (GGML_FA_TILE_KV).
+inline constexpr int64_t kFlashTileRows = 64;
+inline constexpr int64_t kFlashTileCells = 64;
+// llama.cpp attends over its cache's cells padded to a multiple of 256 (llama_kv_cache::get_n_kv);
+// a decode step over 512 of them or more splits them over its threads.
+inline constexpr int64_t kFlashCachePadding = 256;
+inline constexpr int64_t kFlashSplitCells = 512;
+
+// Whether ggml_flash_attn_ext takes its tiled path for `how` (its one-chunk path otherwise): a
+// ubatch of kFlashTileRows or more, K and V of one type, and with SIMD a head width that is a
+// multiple of the vector's lanes.
+bool flash_attention_is_tiled(Isa isa, const LlamaCppFlashAttention& how, int d);
+
+// The cells of each of llama.cpp's threads when ggml_flash_attn_ext splits a decode step over n
+// entries (its padded cells: kFlashCachePadding, at least kFlashSplitCells, K and V of one type,
+// how.threads > 1); 0 when it does not.
+int64_t flash_attention_split(const LlamaCppFlashAttention& how, int64_t n);
+
+// out[d] = the attention of one query row over n entries (all visible) as ggml-cpu's
+// ggml_flash_attn_ext computes it (llama.cpp -fa on; F32 or F16 K/V, the softmax scale only;
+// with how.f16_keys / f16_values the rows are read rounded to F16, as llama.cpp casts them):
+//   one chunk (decode; ubatches of fewer than 64 rows): entry by entry, s = the query's dot with
+//     the key (dot_f32, or dot_f16 of the query rounded to F16 over F16 keys) * scale; when s
+//     raises the running maximum M, the accumulator and the sum are scaled by expf(M_old - s),
+//     otherwise the entry's weight is expf(s - M) (libm); acc += v * weight (FMAs; rounded to F16
+//     after every step for F16 values), S = S * scale + weight (one FMA); out = acc * (1 / S).
+//   split (a decode step over 512 padded cells or more with how.threads > 1): each thread's
+//     chunk of cells as one chunk, the partial results merged in thread order (acc = fma(acc,
+//     expf(M - M_new), part * expf(M_part - M_new)), S likewise), then * (1 / S). llama.cpp's
+//     result therefore depends on its thread count; with one thread it equals one chunk.
+//   tiled (ubatches of 64 rows or more): cells in tiles of 64; each score a sequential FMA dot
+//     from the head's first value (simd_gemm), * scale; a tile that raises M scales acc and S by
+//     expf(M_old - M_new); S = (float)(S + the tile's ggml_vec_soft_max_f32 sum, in double); acc
+//     += v * p cell after cell (FMAs); out = acc * (1 / S).
+// A build without SIMD (kScalar) is taken as one for a CPU without FMA: no product fused.
+void flash_attention(Isa isa, const float* q, const float* keys, const float* values, int64_t n,
+                     int d, float scale, const LlamaCppFlashAttention& how, float* out);
 
 }  // namespace protokv::kernels::ggml_order

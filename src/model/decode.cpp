@@ -105,12 +105,20 @@ void Session::Impl::decode_attention(int l, DecodeState& st, const float* q, con
     const bool plain_rows = !head.shares_keys() && segment_count == 1 &&
                             segments[0].query == nullptr && log_weights == nullptr &&
                             head.key_rotation() == 0 && head.value_rotation() == 0;
-    if (as_llama_cpp && plain_rows && !selecting) {  // the head's own F32 rows
+    if (as_llama_cpp && plain_rows && !selecting) {  // the head's own F32 (or F16) rows
+      const int64_t n = head.size();
+      const float* keys = static_cast<const float*>(segments[0].keys);
+      const float* value_rows = static_cast<const float*>(values.data);
+      if (options.llama_cpp_flash_attention) {  // the cache's F32 or F16 rows
+        const ValueRows key_rows(segments[0].keys, head.type().key);
+        for (int64_t h = begin; h < end; ++h)
+          kernels::flash_attention_as_llama_cpp(queries + h * hd, key_rows, values, n, hd,
+                                                llama_cpp_scale, flash_decode, att + h * hd);
+        return;
+      }
       for (int64_t h = begin; h < end; ++h)
-        kernels::attention_as_llama_cpp(queries + h * hd,
-                                        static_cast<const float*>(segments[0].keys),
-                                        static_cast<const float*>(values.data), head.size(), hd,
-                                        llama_cpp_scale, /*batched=*/false, att + h * hd);
+        kernels::attention_as_llama_cpp(queries + h * hd, keys, value_rows, n, hd, llama_cpp_scale,
+                                        /*batched=*/false, att + h * hd);
       return;
     }
     if (!selecting) {

@@ -47,8 +47,9 @@ void rows_to_heads(const float* src, int64_t n, int n_heads, int head_dim, float
 }  // namespace
 
 // Every query row i of the chunk (b.q) attends, head by head, as llama.cpp computes it
-// (kernels::attention_as_llama_cpp) over its KV head's rows up to its own: kv_head(kv) gives that
-// head's F32 keys, values ([rows, head_dim]) and the rows before the chunk's first.
+// (kernels::attention_as_llama_cpp, or flash_attention_as_llama_cpp with the chunk's row count as
+// llama.cpp's ubatch) over its KV head's rows up to its own: kv_head(kv) gives that head's F32
+// keys, values ([rows, head_dim]) and the rows before the chunk's first.
 template <class KvHead>
 void Session::Impl::attend_rows_as_llama_cpp(int64_t n, RowBuffers& b, KvHead kv_head) const {
   const int hd = config.head_dim();
@@ -56,15 +57,24 @@ void Session::Impl::attend_rows_as_llama_cpp(int64_t n, RowBuffers& b, KvHead kv
   const int group = config.group_size();
   const int64_t q_dim = static_cast<int64_t>(n_heads) * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool flash = options.llama_cpp_flash_attention;
+  kernels::LlamaCppFlashAttention how = flash_decode;
+  how.batch_rows = n;  // llama.cpp's ubatch picks ggml's path
   ParallelErrors errors;
 #pragma omp parallel for collapse(2) schedule(static) if (n * q_dim >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i)
     for (int h = 0; h < n_heads; ++h)
       errors.run([&] {
         const auto [keys, values, n_past] = kv_head(h / group);
-        kernels::attention_as_llama_cpp(b.q.data() + i * q_dim + h * hd, keys, values,
-                                        n_past + i + 1, hd, scale, /*batched=*/n > 1,
-                                        b.att.data() + i * q_dim + h * hd);
+        const float* q = b.q.data() + i * q_dim + h * hd;
+        float* out = b.att.data() + i * q_dim + h * hd;
+        if (flash) {
+          kernels::flash_attention_as_llama_cpp(q, keys, values, n_past + i + 1, hd, scale, how,
+                                                out);
+        } else {
+          kernels::attention_as_llama_cpp(q, keys, values, n_past + i + 1, hd, scale,
+                                          /*batched=*/n > 1, out);
+        }
       });
   errors.rethrow();
 }
@@ -471,10 +481,14 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
       "the prefilled prompt's cache holds {} keys and {} values, this session's {} and {}",
       dtype_name(d.cache.type().key), dtype_name(d.cache.type().value),
       dtype_name(options.cache_type.key), dtype_name(options.cache_type.value));
-  PROTOKV_CHECK(d.llama_cpp_arithmetic == options.llama_cpp_arithmetic,
+  const auto arithmetic = [](const SessionOptions& o) {
+    if (!o.llama_cpp_arithmetic) return std::string("protokv's");
+    if (!o.llama_cpp_flash_attention) return std::string("llama.cpp's");
+    return fmt::format("llama.cpp's (flash attention, {} threads)", o.llama_cpp_threads);
+  };
+  PROTOKV_CHECK(arithmetic(d.options) == arithmetic(options),
                 "the prefilled prompt was computed with {} arithmetic, this session asks for {}",
-                d.llama_cpp_arithmetic ? "llama.cpp's" : "protokv's",
-                options.llama_cpp_arithmetic ? "llama.cpp's" : "protokv's");
+                arithmetic(d.options), arithmetic(options));
   reset();
   const int64_t n = d.n_tokens;
   const int64_t budget_entries = begin_press(n);
@@ -501,17 +515,27 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
 
 std::shared_ptr<const PrefilledPrompt> PrefilledPrompt::make(const ModelWeights& weights,
                                                              std::span<const int32_t> tokens,
-                                                             int64_t ubatch, KvCacheType cache_type,
-                                                             bool llama_cpp_arithmetic) {
+                                                             int64_t ubatch,
+                                                             KvCacheType cache_type) {
   SessionOptions options;
   options.ubatch = ubatch;
   options.cache_type = cache_type;
-  options.llama_cpp_arithmetic = llama_cpp_arithmetic;
+  return make(weights, tokens, options);
+}
+
+std::shared_ptr<const PrefilledPrompt> PrefilledPrompt::make(const ModelWeights& weights,
+                                                             std::span<const int32_t> tokens,
+                                                             const SessionOptions& arithmetic) {
+  SessionOptions options;
+  options.ubatch = arithmetic.ubatch;
+  options.cache_type = arithmetic.cache_type;
+  options.llama_cpp_arithmetic = arithmetic.llama_cpp_arithmetic;
+  options.llama_cpp_flash_attention = arithmetic.llama_cpp_flash_attention;
+  options.llama_cpp_threads = arithmetic.llama_cpp_threads;
   Session::Impl impl(weights, options);
   auto data = std::make_unique<Data>();
   impl.capture_prompt(tokens, *data);
-  data->ubatch = ubatch;
-  data->llama_cpp_arithmetic = llama_cpp_arithmetic;
+  data->options = options;
   return std::make_shared<const PrefilledPrompt>(std::move(data));
 }
 
@@ -526,8 +550,8 @@ double PrefilledPrompt::prefill_ms() const {
 KvCacheType PrefilledPrompt::cache_type() const {
   return data_->cache.type();
 }
-bool PrefilledPrompt::llama_cpp_arithmetic() const {
-  return data_->llama_cpp_arithmetic;
+SessionOptions PrefilledPrompt::options() const {
+  return data_->options;
 }
 
 void Session::Impl::check_append(std::span<const int32_t> tokens) const {

@@ -36,10 +36,20 @@ Session::Impl::Impl(const ModelWeights& w, SessionOptions opts)
   logits.assign(static_cast<size_t>(config.vocab_size), 0.0f);
   step = RowBuffers(1, config);
   step.llama_cpp_arithmetic = options.llama_cpp_arithmetic;
+  PROTOKV_CHECK(options.llama_cpp_arithmetic || !options.llama_cpp_flash_attention,
+                "llama_cpp_flash_attention needs llama_cpp_arithmetic");
+  PROTOKV_CHECK(options.llama_cpp_threads >= 1 && options.llama_cpp_threads <= 1024,
+                "llama_cpp_threads must be in [1, 1024], got {}", options.llama_cpp_threads);
+  flash_decode.threads = options.llama_cpp_threads;
+  // Flash attention reads F16 caches too (llama.cpp's default); the other path F32 only.
+  const auto readable = [&](DType type) {
+    return type == DType::F32 || (options.llama_cpp_flash_attention && type == DType::F16);
+  };
   llama_cpp_attention = options.llama_cpp_arithmetic &&
                         architecture(config.architecture).llama_cpp_order &&
-                        config.attention_scale <= 0.0f && options.cache_type.key == DType::F32 &&
-                        options.cache_type.value == DType::F32;
+                        config.attention_scale <= 0.0f && readable(options.cache_type.key) &&
+                        readable(options.cache_type.value);
+
   kernels::active_isa();  // a bad PROTOKV_ISA fails here, not inside a kernel's parallel loop
 }
 

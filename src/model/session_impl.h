@@ -46,9 +46,8 @@ enum class ChunkKind {
 struct PrefilledPrompt::Data {
   const ModelWeights* weights = nullptr;  // identity check: a prompt serves its own weights only
   int64_t n_tokens = 0;
-  int64_t ubatch = 0;
-  bool llama_cpp_arithmetic = false;
-  KvCache cache;  // every row of every layer, uncompressed (sliding-window layers too)
+  SessionOptions options;  // ubatch, cache type and arithmetic (PrefilledPrompt::options)
+  KvCache cache;           // every row of every layer, uncompressed (sliding-window layers too)
   std::vector<std::vector<float>> queries;  // [n_layers][n_heads, n_tokens, head_dim] post-RoPE
   std::vector<float> logits;                // [vocab] of the last token
   size_t peak_kv_bytes = 0;
@@ -157,8 +156,13 @@ struct Session::Impl {
   SessionOptions options;
   // llama_cpp_arithmetic's attention applies to this model and cache at all: an architecture
   // whose llama.cpp graph it follows (Architecture::llama_cpp_order), the default attention
-  // scale, an F32 cache.
+  // scale, an F32 cache (F32 or F16 keys and values with llama_cpp_flash_attention).
   bool llama_cpp_attention = false;
+  // How llama.cpp's flash attention reads a decode step's head (llama_cpp_flash_attention): K and
+  // V as F16 whatever the cache holds (llama-graph.cpp build_attn_mha casts an F32 cache's views
+  // to F16), one row in its ubatch, over llama_cpp_threads.
+  kernels::LlamaCppFlashAttention flash_decode{
+      .batch_rows = 1, .f16_keys = true, .f16_values = true, .threads = 1};
   kernels::RopeTable rope;        // built once, for every step of every sequence of this Session
   kernels::RopeTable rope_local;  // the local (sliding-window) layers' table (Gemma 3)
   // Layer l's table: local (sliding-window) layers have their own RoPE base (Gemma 3).

@@ -43,13 +43,15 @@ GEMMA3_FLAGS=(--sliding-window 8 --swa-period 2 --tied)
 DIM=256 FFN=256 HEADS=4 KV_HEADS=1 VOCAB=260 CTX=64 SEED=9
 # Also as llama-completion evaluates them (<arch>_<type>.completion.logits) for these.
 COMPLETION_ARCHS=(llama qwen3) COMPLETION_TYPES=(F32 F16 Q8_0 Q4_1) PROMPT_TOKENS=5
-# The token sequence: BOS, then 31 ids from a fixed linear congruential generator.
-TOKENS=(1)
+# The token sequence: BOS, then 31 ids from a fixed linear congruential generator; FA_TOKENS goes
+# on to 64 (the context), a batch long enough for llama.cpp's tiled flash attention.
+FA_TOKENS=(1)
 state=12345
-while ((${#TOKENS[@]} < 32)); do
+while ((${#FA_TOKENS[@]} < CTX)); do
   state=$(((state * 1103515245 + 12345) % 2147483648))
-  TOKENS+=($((3 + state / 65536 % (VOCAB - 3))))
+  FA_TOKENS+=($((3 + state / 65536 % (VOCAB - 3))))
 done
+TOKENS=("${FA_TOKENS[@]:0:32}")
 
 has_arch_flag=0
 "$PROTOKV" make-model --help 2>/dev/null | grep -q -- '--arch' && has_arch_flag=1
@@ -92,6 +94,12 @@ for arch in "${ARCHS[@]}"; do
     if [[ " ${COMPLETION_ARCHS[*]} " == *" $arch "* && " ${COMPLETION_TYPES[*]} " == *" $type "* ]]; then
       "$BIN/protokv-dump-logits" --prompt $PROMPT_TOKENS --last-prompt-logits "$gguf" \
         "$OUT/${arch}_${type}.completion.logits" "${TOKENS[@]}"
+      # With llama.cpp's flash attention (-fa on, which reads the F32 cache's K/V as F16): the
+      # same run (ggml's one-chunk path), and all 64 FA_TOKENS in one batch (its tiled path).
+      "$BIN/protokv-dump-logits" --flash-attn --prompt $PROMPT_TOKENS --last-prompt-logits "$gguf" \
+        "$OUT/${arch}_${type}.fa_completion.logits" "${TOKENS[@]}"
+      "$BIN/protokv-dump-logits" --flash-attn "$gguf" "$OUT/${arch}_${type}.fa_batch.logits" \
+        "${FA_TOKENS[@]}"
     fi
     act_rounding=0
     if [[ $type != F32 ]]; then

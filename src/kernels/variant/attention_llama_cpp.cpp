@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/llama_cpp_order.h"
 #include "kernels/simd.h"
 #include "kernels/variant.h"
 
@@ -99,9 +100,183 @@ void attention_as_llama_cpp_impl(const float* q, const float* keys, const float*
   weighted_values<Ops>(p.data(), values, n, d, batched && d % 4 == 0, out);
 }
 
+// ggml's `y + x * v` loops: one FMA where its build contracts them (every SIMD build), a rounded
+// product otherwise (this file is compiled with -ffp-contract=off).
+template <class Ops>
+float ggml_mad(float x, float v, float y) {
+  if constexpr (Ops::kGgmlLanes != 0) {
+    return std::fma(x, v, y);
+  } else {
+    const float product = x * v;
+    return y + product;
+  }
+}
+
+// ggml_vec_dot_f16 of F16 values held as floats: ggml_vec_dot_f32's vector part over the whole
+// steps, the rest as float products (exact) added in double.
+template <class Ops>
+float dot_f16_values(const float* x, const float* y, int d) {
+  constexpr int64_t step = 4 * int64_t{Ops::kGgmlLanes};
+  const int64_t whole = step == 0 ? 0 : d / step * step;
+  double sum = whole > 0 ? static_cast<double>(Ops::dot_f32_as_ggml(x, y, whole)) : 0.0;
+  for (int64_t i = whole; i < d; ++i) {
+    const float product = x[i] * y[i];
+    sum += static_cast<double>(product);
+  }
+  return static_cast<float>(sum);
+}
+
+// ggml's online softmax state: the maximum M, the sum S (the unnormalised output is kept apart).
+struct FlashSums {
+  float max = -std::numeric_limits<float>::infinity();
+  float sum = 0.0f;
+};
+
+// Row e of a cache's keys or values as flash attention reads it: F16 rows converted, F32 rows
+// rounded to F16 when `f16` (llama.cpp casts an F32 cache to F16), else the row itself.
+template <class Ops>
+const float* flash_row(ValueRows rows, int64_t e, int d, bool f16, float* buffer) {
+  if (rows.type == DType::F16) {
+    PROTOKV_KERNEL_VARIANT::weight_row_to_f32(
+        DType::F16, static_cast<const uint16_t*>(rows.data) + e * d, buffer, d);
+    return buffer;
+  }
+  const float* row = static_cast<const float*>(rows.data) + e * d;
+  if (!f16) return row;
+  Ops::round_to_f16(row, buffer, d);
+  return buffer;
+}
+
+// ggml_order::flash_attention's tiled path over entries [first, first + n): the scores of a tile
+// from its keys transposed (simd_gemm's layout, so that the FMAs of 64 cells run side by side).
+template <class Ops>
+FlashSums flash_tiled(const float* q, ValueRows keys, ValueRows values, int64_t n, int d,
+                      float scale, const LlamaCppFlashAttention& how, float* acc) {
+  constexpr int64_t tile = ggml_order::kFlashTileCells;
+  thread_local std::vector<float> keys_t, row_buffer;  // [d, tile], [d]
+  keys_t.resize(static_cast<size_t>(d) * tile);
+  row_buffer.resize(static_cast<size_t>(d));
+  float p[tile];
+  FlashSums st;
+  std::fill(acc, acc + d, 0.0f);
+  for (int64_t t0 = 0; t0 < n; t0 += tile) {
+    const int64_t cells = std::min(tile, n - t0);
+    for (int64_t j = 0; j < cells; ++j) {
+      const float* key = flash_row<Ops>(keys, t0 + j, d, how.f16_keys, row_buffer.data());
+      for (int i = 0; i < d; ++i) keys_t[i * tile + j] = key[i];
+    }
+    std::fill(p, p + cells, 0.0f);
+    for (int i = 0; i < d; ++i) {
+      const float qi = q[i];
+      const float* row = keys_t.data() + i * tile;
+      for (int64_t j = 0; j < cells; ++j) p[j] = ggml_mad<Ops>(qi, row[j], p[j]);
+    }
+    float tile_max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < cells; ++j) {
+      p[j] *= scale;
+      tile_max = std::max(tile_max, p[j]);
+    }
+    const float new_max = std::fmax(st.max, tile_max);
+    if (new_max > st.max) {
+      const float rescale = std::exp(st.max - new_max);
+      for (int i = 0; i < d; ++i) acc[i] *= rescale;
+      st.sum *= rescale;
+    }
+    st.max = new_max;
+    st.sum =
+        static_cast<float>(static_cast<double>(st.sum) + Ops::exp_sum_as_ggml(p, st.max, cells));
+    for (int64_t j = 0; j < cells; ++j) {
+      const float* v = flash_row<Ops>(values, t0 + j, d, how.f16_values, row_buffer.data());
+      const float weight = p[j];
+      for (int i = 0; i < d; ++i) acc[i] = ggml_mad<Ops>(v[i], weight, acc[i]);
+    }
+  }
+  return st;
+}
+
+// ggml_order::flash_attention's one-chunk path over entries [first, first + n).
+template <class Ops>
+FlashSums flash_one_chunk(const float* q, ValueRows keys, ValueRows values, int64_t first,
+                          int64_t n, int d, float scale, const LlamaCppFlashAttention& how,
+                          float* acc) {
+  thread_local std::vector<float> query, key_buffer, value_buffer;
+  query.assign(q, q + d);
+  key_buffer.resize(static_cast<size_t>(d));
+  value_buffer.resize(static_cast<size_t>(d));
+  if (how.f16_keys) Ops::round_to_f16(q, query.data(), d);
+  FlashSums st;
+  std::fill(acc, acc + d, 0.0f);
+  for (int64_t e = first; e < first + n; ++e) {
+    const float* key = flash_row<Ops>(keys, e, d, how.f16_keys, key_buffer.data());
+    const float dot = how.f16_keys ? dot_f16_values<Ops>(key, query.data(), d)
+                                   : Ops::dot_f32_as_ggml(key, query.data(), d);
+    const float s = dot * scale;
+    float rescale = 1.0f;
+    float weight = 1.0f;
+    if (s > st.max) {
+      rescale = std::exp(st.max - s);
+      st.max = s;
+      for (int i = 0; i < d; ++i) acc[i] *= rescale;
+      if (how.f16_values) Ops::round_to_f16(acc, acc, d);
+    } else {
+      weight = std::exp(s - st.max);
+    }
+    const float* v = flash_row<Ops>(values, e, d, how.f16_values, value_buffer.data());
+    for (int i = 0; i < d; ++i) acc[i] = ggml_mad<Ops>(v[i], weight, acc[i]);
+    if (how.f16_values) Ops::round_to_f16(acc, acc, d);
+    st.sum = ggml_mad<Ops>(st.sum, rescale, weight);
+  }
+  return st;
+}
+
+template <class Ops>
+void flash_attention_as_llama_cpp_impl(const float* q, ValueRows keys, ValueRows values, int64_t n,
+                                       int d, float scale, LlamaCppFlashAttention how, float* out) {
+  constexpr int lanes = Ops::kGgmlLanes;
+  how.f16_keys = how.f16_keys || keys.type == DType::F16;  // F16 rows are read as F16
+  how.f16_values = how.f16_values || values.type == DType::F16;
+  thread_local std::vector<float> acc, part;  // VKQ32 / VKQ16
+  acc.resize(static_cast<size_t>(d));
+  FlashSums st;
+  const bool tiled = how.batch_rows >= ggml_order::kFlashTileRows &&
+                     how.f16_keys == how.f16_values && (lanes == 0 || d % lanes == 0);
+  if (tiled) {
+    st = flash_tiled<Ops>(q, keys, values, n, d, scale, how, acc.data());
+  } else if (const int64_t chunk = ggml_order::flash_attention_split(how, n); chunk > 0) {
+    // Each of llama.cpp's threads' cells, merged in thread order (ggml_order::flash_attention).
+    part.resize(static_cast<size_t>(d));
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t first = 0; first < n; first += chunk) {
+      const FlashSums p = flash_one_chunk<Ops>(q, keys, values, first, std::min(chunk, n - first),
+                                               d, scale, how, part.data());
+      if (p.sum == 0.0f) continue;
+      const float new_max = std::fmax(st.max, p.max);
+      const float scale_old = std::exp(st.max - new_max);
+      const float scale_new = std::exp(p.max - new_max);
+      for (int i = 0; i < d; ++i) {
+        const float fresh = part[static_cast<size_t>(i)] * scale_new;
+        acc[static_cast<size_t>(i)] = std::fma(acc[static_cast<size_t>(i)], scale_old, fresh);
+      }
+      const float fresh_sum = p.sum * scale_new;
+      st.sum = std::fma(st.sum, scale_old, fresh_sum);
+      st.max = new_max;
+    }
+  } else {
+    st = flash_one_chunk<Ops>(q, keys, values, 0, n, d, scale, how, acc.data());
+  }
+  const float inverse = st.sum == 0.0f ? 0.0f : 1.0f / st.sum;
+  for (int i = 0; i < d; ++i) out[i] = acc[static_cast<size_t>(i)] * inverse;
+}
+
 }  // namespace
 
 namespace PROTOKV_KERNEL_VARIANT {
+
+void flash_attention_as_llama_cpp(const float* q, ValueRows keys, ValueRows values, int64_t n,
+                                  int d, float scale, const LlamaCppFlashAttention& how,
+                                  float* out) {
+  flash_attention_as_llama_cpp_impl<VariantOps>(q, keys, values, n, d, scale, how, out);
+}
 
 void attention_as_llama_cpp(const float* q, const float* keys, const float* values, int64_t n,
                             int d, float scale, bool batched, float* out) {

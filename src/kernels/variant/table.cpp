@@ -14,6 +14,7 @@ const KernelVariant& kernel_table() {
       .matmul = matmul,
       .matmul_as_llama_cpp = matmul_as_llama_cpp,
       .attention_as_llama_cpp = attention_as_llama_cpp,
+      .flash_attention_as_llama_cpp = flash_attention_as_llama_cpp,
       .swiglu_as_llama_cpp = swiglu_as_llama_cpp,
       .legacy_quant_dot = legacy_quant_dot,
       .weight_row_to_f32 = weight_row_to_f32,
