@@ -170,9 +170,9 @@ TEST(PromptRounding, PrefilledPromptServesItsOwnRoundingOnly) {
     session.prefill(*rounded);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(
-        std::string(e.what()).find("with llama.cpp's arithmetic, this session asks for protokv's"),
-        std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(
+                  "with llama.cpp's (ubatch 512) arithmetic, this session asks for protokv's"),
+              std::string::npos)
         << e.what();
   }
   const auto f32_prompt = PrefilledPrompt::make(model.weights, tokens);
@@ -191,9 +191,44 @@ TEST(PromptRounding, PrefilledPromptServesItsOwnRoundingOnly) {
   Session other_threads(model.weights, llama_cpp);
   EXPECT_THROW(other_threads.prefill(*flash), Error);
   llama_cpp.llama_cpp_threads = 2;
+  llama_cpp.ubatch = 32;  // with llama.cpp's arithmetic the ubatch is part of it
+  Session other_ubatch(model.weights, llama_cpp);
+  EXPECT_THROW(other_ubatch.prefill(*flash), Error);
+  llama_cpp.ubatch = 512;  // the default's (0) own
   Session with_flash(model.weights, llama_cpp);
   EXPECT_EQ(to_vector(with_flash.prefill(*flash)),
             to_vector(Session(model.weights, llama_cpp).prefill(tokens)));
+}
+
+// SessionOptions::llama_cpp_threads: a decode step over 512 padded cells (257 entries or more)
+// splits them as llama.cpp's threads would, which moves the last bits; the prompt (a batch) and
+// shorter caches do not depend on it.
+TEST(PromptRounding, FlashAttentionDecodeSplitsOverLlamaCppsThreads) {
+  RandomModelSpec spec;
+  spec.context_length = 512;
+  const auto model = make_random_model(spec);
+  const auto tokens = random_tokens(300, spec.vocab_size, 6);
+  const auto run = [&](int threads, std::span<const int32_t> prompt) {
+    SessionOptions options;
+    options.llama_cpp_arithmetic = true;
+    options.llama_cpp_flash_attention = true;
+    options.llama_cpp_threads = threads;
+    Session session(model.weights, options);
+    std::vector<std::vector<float>> logits = {to_vector(session.prefill(prompt))};
+    for (int32_t token : {3, 9, 27}) logits.push_back(to_vector(session.decode(token)));
+    return logits;
+  };
+  const auto one = run(1, tokens), two = run(2, tokens);
+  EXPECT_EQ(one[0], two[0]);  // the prompt: one batch
+  for (size_t step = 1; step < one.size(); ++step) {
+    EXPECT_NE(one[step], two[step]) << step;
+    EXPECT_LE(
+        relative_error(one[step].data(), two[step].data(), static_cast<int64_t>(one[step].size())),
+        1e-3)
+        << step;
+  }
+  const std::span<const int32_t> short_prompt(tokens.data(), 200);
+  EXPECT_EQ(run(1, short_prompt), run(3, short_prompt));  // 203 entries: 256 cells, no split
 }
 
 // SessionOptions::llama_cpp_flash_attention: only with llama.cpp's arithmetic; an F32 and an F16

@@ -272,6 +272,10 @@ TEST_P(LlamaCppArithmetic, OneBatchLogitsEqualLlamaCpp) {
               c.type, same_order ? "bit for bit" : "another variant", worst);
 }
 
+// The least tolerance of the flash-attention fixtures where protokv runs another variant than
+// the fixtures' (avx512): measured 6e-5 on F32 weights with avx2 and scalar.
+constexpr double kFlashTolerance = 5e-4;
+
 // As llama-completion evaluates a text (<arch>_<type>.completion.logits: `protokv-dump-logits
 // --prompt 5 --last-prompt-logits`): a 5-token prompt in one batch, whose last row alone goes
 // through the last layer's FFN (which F32 weights show: F16 ones round the FFN's inner
@@ -289,6 +293,8 @@ TEST(LlamaCppArithmeticCompletion, PromptThenDecodeLogitsEqualLlamaCpps) {
         const std::string stem = (fixture_dir() / (std::string(arch) + "_" + type)).string();
         const OracleLogits ref =
             read_logits(stem + (flash_attention ? ".fa_completion.logits" : ".completion.logits"));
+        // Another variant's last bits can move a rounding of flash attention's F16 accumulator.
+        const double allowed = flash_attention ? std::max(tolerance, kFlashTolerance) : tolerance;
         ASSERT_GT(ref.tokens.size(), kPrompt);
         EXPECT_EQ(ref.argmax[kPrompt - 2], -1);  // no logits for the prompt's other rows
         const LoadedModel model = load_model(stem + ".gguf");
@@ -304,7 +310,7 @@ TEST(LlamaCppArithmeticCompletion, PromptThenDecodeLogitsEqualLlamaCpps) {
                   : session.decode(ref.tokens[i]);
           const double diff = compare_row(logits, ref.row(i)).max_abs_diff;
           worst = std::max(worst, diff);
-          EXPECT_LE(diff, same_order ? 0.0 : tolerance) << "position " << i;
+          EXPECT_LE(diff, same_order ? 0.0 : allowed) << "position " << i;
         }
         std::printf(
             "[ oracle   ] %s_%s as llama-completion with llama.cpp's arithmetic%s: "
@@ -340,7 +346,8 @@ TEST(LlamaCppArithmeticCompletion, FlashAttentionBatchOf64RowsEqualsLlamaCpps) {
       for (size_t i = 0; i < rows.size(); ++i) {
         const double diff = compare_row(rows[i], ref.row(i)).max_abs_diff;
         worst = std::max(worst, diff);
-        EXPECT_LE(diff, same_order ? 0.0 : tolerance) << "position " << i;
+        EXPECT_LE(diff, same_order ? 0.0 : std::max(tolerance, kFlashTolerance))
+            << "position " << i;
       }
       std::printf(
           "[ oracle   ] %s_%s, 64 rows with llama.cpp's flash attention: max |dlogit| %.3g\n", arch,

@@ -365,6 +365,66 @@ TEST(FlashAttentionAsLlamaCpp, SimdKernelsEqualThePortableOrder) {
               EXPECT_EQ(fast, portable) << "F16 rows n=" << n << " d=" << d;
             }
           }
+    for (int64_t n : {257, 300, 511, 512, 777, 1300})  // decode steps split over threads
+      for (int d : {8, 64, 72})
+        for (int threads : {2, 3, 7}) {
+          auto how = flash_how(1, true, true);
+          how.threads = threads;
+          const auto q = random_vector(rng, d, 2.0f);
+          const auto k = random_vector(rng, n * d), v = random_vector(rng, n * d);
+          std::vector<float> fast(static_cast<size_t>(d)), portable(static_cast<size_t>(d));
+          kernels::flash_attention_as_llama_cpp(isa, q.data(), k.data(), v.data(), n, d, 0.125f,
+                                                how, fast.data());
+          kernels::ggml_order::flash_attention(isa, q.data(), k.data(), v.data(), n, d, 0.125f, how,
+                                               portable.data());
+          EXPECT_EQ(fast, portable) << "n=" << n << " d=" << d << " threads=" << threads;
+        }
+  }
+}
+
+// llama.cpp's thread count splits a decode step's cells (padded to 256) once they reach 512: the
+// split's size, and a result that depends on the threads there and nowhere else.
+TEST(FlashAttentionAsLlamaCpp, DecodeOver512CellsSplitsOverLlamaCppsThreads) {
+  auto how = flash_how(1, true, true);
+  how.threads = 2;
+  EXPECT_EQ(kernels::ggml_order::flash_attention_split(how, 256), 0);     // 256 cells
+  EXPECT_EQ(kernels::ggml_order::flash_attention_split(how, 257), 256);   // 512 cells
+  EXPECT_EQ(kernels::ggml_order::flash_attention_split(how, 1000), 512);  // 1024 cells
+  how.threads = 3;
+  EXPECT_EQ(kernels::ggml_order::flash_attention_split(how, 600), 256);  // 768 cells
+  how.threads = 1;
+  EXPECT_EQ(kernels::ggml_order::flash_attention_split(how, 600), 0);
+  auto batch = flash_how(2, true, true);  // a ubatch of two rows never splits
+  batch.threads = 2;
+  EXPECT_EQ(kernels::ggml_order::flash_attention_split(batch, 600), 0);
+  auto mixed = flash_how(1, true, false);  // nor K and V of two types
+  mixed.threads = 2;
+  EXPECT_EQ(kernels::ggml_order::flash_attention_split(mixed, 600), 0);
+  std::mt19937 rng(31);
+  const int d = 64;
+  for (Isa isa : kAllIsas) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    int differ = 0;
+    for (int trial = 0; trial < 10; ++trial) {
+      for (int64_t n : {200, 600}) {
+        const auto q = random_vector(rng, d, 2.0f);
+        const auto k = random_vector(rng, n * d), v = random_vector(rng, n * d);
+        std::vector<float> one(d), split(d);
+        auto threads = flash_how(1, true, true);
+        kernels::ggml_order::flash_attention(isa, q.data(), k.data(), v.data(), n, d, 0.125f,
+                                             threads, one.data());
+        threads.threads = 4;
+        kernels::ggml_order::flash_attention(isa, q.data(), k.data(), v.data(), n, d, 0.125f,
+                                             threads, split.data());
+        if (n <= 256) {
+          EXPECT_EQ(one, split);
+        } else {
+          differ += one != split ? 1 : 0;
+          for (int i = 0; i < d; ++i) EXPECT_NEAR(one[i], split[i], 2e-2) << i;
+        }
+      }
+    }
+    EXPECT_GT(differ, 0);
   }
 }
 

@@ -45,7 +45,8 @@ struct SessionOptions {
   // logits on F32/F16/legacy-quant llama, qwen2 and qwen3 files and SmolLM2-135M Q4_1 against a
   // llama.cpp built for AVX-512 by GCC 12. Prompts are run in chunks of llama.cpp's default
   // ubatch (512) unless `ubatch` is set (it should then be llama.cpp's -ub). Attention keeps
-  // protokv's own arithmetic with an f16/bf16/quantised cache, Gemma 3 (its own graph), a
+  // protokv's own arithmetic with a bf16/quantised cache (and an f16 one without
+  // llama_cpp_flash_attention), Gemma 3 (its own graph), a
   // non-default attention scale, log-weights, shared keys or selected entries (presses), or a
   // press or observer that reads the attention probabilities; a press that only evicts attends
   // in llama.cpp's order over what it keeps. The K-quants' and BF16 prompts keep F32

@@ -477,3 +477,6 @@ def test_llama_cpp_arithmetic_or_f32_prompts(recall):
     assert np.abs(flash_logits - rounded).max() < 0.1
     with pytest.raises(protokv.Error, match="needs llama_cpp_arithmetic"):
         recall.session(llama_cpp_flash_attention=True)
+    with pytest.raises(protokv.Error, match="llama_cpp_threads"):
+        recall.session(llama_cpp_arithmetic=True, llama_cpp_flash_attention=True,
+                       llama_cpp_threads=0)

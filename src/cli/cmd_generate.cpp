@@ -115,24 +115,37 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
   // compressed, then the prompt as the press keeps it, the question and every generated token,
   // never more than the context) is checked now, not met by an OOM kill far into the run.
   const auto prompt_tokens = static_cast<int64_t>(input.prefill.size());
-  // How every forward pass of this run computes (the memory-share trials' too).
-  SessionOptions arithmetic;
-  arithmetic.ubatch = o.ubatch;
-  arithmetic.cache_type = setup.cache_type;
-  arithmetic.llama_cpp_arithmetic = o.llama_cpp_arithmetic;
-  arithmetic.llama_cpp_flash_attention = o.llama_cpp_flash_attention;
-  arithmetic.llama_cpp_threads = o.llama_cpp_threads;
+  // The run's session (its budget solved below with --kv-memory-share); the memory-share trials
+  // compute as it does.
+  SessionOptions session_options = setup.session_options();
+  session_options.ubatch = o.ubatch;
+  session_options.llama_cpp_arithmetic = o.llama_cpp_arithmetic;
+  session_options.llama_cpp_flash_attention = o.llama_cpp_flash_attention;
+  session_options.llama_cpp_threads = o.llama_cpp_threads;
+  session_options.compress_local_layers = o.compress_local_layers;
+  const auto followed = [&](DType type) {
+    return type == DType::F32 || (o.llama_cpp_flash_attention && type == DType::F16);
+  };
+  if (o.llama_cpp_arithmetic &&
+      !(followed(setup.cache_type.key) && followed(setup.cache_type.value)))
+    std::fprintf(stderr,
+                 "warning: llama.cpp's attention order is followed over an f32 cache (f32 or f16 "
+                 "with --llama-cpp-flash-attn); with this %s / %s cache attention keeps "
+                 "protokv's arithmetic\n",
+                 std::string(dtype_name(setup.cache_type.key)).c_str(),
+                 std::string(dtype_name(setup.cache_type.value)).c_str());
   if (o.memory_share > 0.0) {
     std::shared_ptr<const PrefilledPrompt> prefilled;  // only for trial compressions
     const eval::MemoryShareBudget solved = eval::solve_memory_share(
         model.weights, setup.press, prompt_tokens,
         [&]() -> const PrefilledPrompt& {
-          prefilled = PrefilledPrompt::make(model.weights, input.prefill, arithmetic);
+          prefilled = PrefilledPrompt::make(model.weights, input.prefill, session_options);
           return *prefilled;
         },
         o.memory_share, setup.cache_type);
     setup.budget = Budget{};
     setup.budget.entries = solved.entries;
+    session_options.budget = setup.budget;
     std::fprintf(stderr, "--kv-memory-share %g: budget %lld entries per KV head (%s)\n",
                  o.memory_share, static_cast<long long>(solved.entries),
                  solved.probed ? "solved from two trial compressions" : "share x prompt tokens");
@@ -148,12 +161,6 @@ void run_generate(const GenerateArgs& o, const CLI::App& cmd) {
                     kv_cache_bytes(model.weights.config, held, setup.cache_type),
                     available_memory());
 
-  SessionOptions session_options = setup.session_options();
-  session_options.ubatch = arithmetic.ubatch;
-  session_options.llama_cpp_arithmetic = arithmetic.llama_cpp_arithmetic;
-  session_options.llama_cpp_flash_attention = arithmetic.llama_cpp_flash_attention;
-  session_options.llama_cpp_threads = arithmetic.llama_cpp_threads;
-  session_options.compress_local_layers = o.compress_local_layers;
   Session session(model.weights, session_options);
   const bool tty = isatty(fileno(stdout)) != 0;
   const bool stream = !o.json;

@@ -381,12 +381,14 @@ FlashState tiled(Isa isa, const float* q, const float* keys, const float* values
 void flash_attention(Isa isa, const float* q, const float* keys, const float* values, int64_t n,
                      int d, float scale, const LlamaCppFlashAttention& how, float* out) {
   PROTOKV_CHECK(n > 0 && d > 0, "ggml_order::flash_attention: {} entries of width {}", n, d);
+  const GgmlShape shape = shape_of(isa);
   FlashState st;
   if (flash_attention_is_tiled(isa, how, d)) {
     st = tiled(isa, q, keys, values, n, d, scale, how);
   } else if (const int64_t chunk = flash_attention_split(how, n); chunk > 0) {
     // ggml_flash_attn_ext_reduce_partials: each thread's chunk of cells (the padded ones masked)
-    // as one chunk, merged in thread order; GCC fuses the first product of each merge.
+    // as one chunk, merged in thread order; GCC fuses the first product of each merge (where
+    // the build has FMA).
     st.acc.assign(static_cast<size_t>(d), 0.0f);
     for (int64_t first = 0; first < n; first += chunk) {
       const FlashState part = one_chunk(isa, q, keys + first * d, values + first * d,
@@ -397,10 +399,11 @@ void flash_attention(Isa isa, const float* q, const float* keys, const float* va
       const float scale_new = std::exp(part.max - new_max);
       for (int i = 0; i < d; ++i) {
         const float fresh = part.acc[static_cast<size_t>(i)] * scale_new;
-        st.acc[static_cast<size_t>(i)] = std::fma(st.acc[static_cast<size_t>(i)], scale_old, fresh);
+        st.acc[static_cast<size_t>(i)] =
+            ggml_mad(shape, st.acc[static_cast<size_t>(i)], scale_old, fresh);
       }
       const float fresh_sum = part.sum * scale_new;
-      st.sum = std::fma(st.sum, scale_old, fresh_sum);
+      st.sum = ggml_mad(shape, st.sum, scale_old, fresh_sum);
       st.max = new_max;
     }
   } else {

@@ -26,6 +26,8 @@
 namespace protokv {
 namespace {
 
+constexpr int64_t kLlamaCppUbatch = 512;  // llama.cpp's default n_ubatch (-ub)
+
 // Below this many elements a copy loop is not worth waking the thread pool for.
 constexpr int64_t kParallelMinElements = int64_t{1} << 15;
 
@@ -368,7 +370,6 @@ void Session::Impl::check_prompt(std::span<const int32_t> tokens) const {
 }
 
 int64_t Session::Impl::chunk_rows(int64_t n) const {
-  constexpr int64_t kLlamaCppUbatch = 512;  // llama.cpp's default n_ubatch (-ub)
   const int64_t ubatch = options.ubatch > 0             ? options.ubatch
                          : options.llama_cpp_arithmetic ? kLlamaCppUbatch
                                                         : 0;
@@ -481,10 +482,14 @@ std::span<const float> Session::Impl::prefill(const PrefilledPrompt& prompt) {
       "the prefilled prompt's cache holds {} keys and {} values, this session's {} and {}",
       dtype_name(d.cache.type().key), dtype_name(d.cache.type().value),
       dtype_name(options.cache_type.key), dtype_name(options.cache_type.value));
+  // With llama.cpp's arithmetic the ubatch decides how rows are multiplied and which flash
+  // attention path they take.
   const auto arithmetic = [](const SessionOptions& o) {
     if (!o.llama_cpp_arithmetic) return std::string("protokv's");
-    if (!o.llama_cpp_flash_attention) return std::string("llama.cpp's");
-    return fmt::format("llama.cpp's (flash attention, {} threads)", o.llama_cpp_threads);
+    const int64_t ubatch = o.ubatch > 0 ? o.ubatch : kLlamaCppUbatch;
+    if (!o.llama_cpp_flash_attention) return fmt::format("llama.cpp's (ubatch {})", ubatch);
+    return fmt::format("llama.cpp's (ubatch {}, flash attention, {} threads)", ubatch,
+                       o.llama_cpp_threads);
   };
   PROTOKV_CHECK(arithmetic(d.options) == arithmetic(options),
                 "the prefilled prompt was computed with {} arithmetic, this session asks for {}",
@@ -526,12 +531,10 @@ std::shared_ptr<const PrefilledPrompt> PrefilledPrompt::make(const ModelWeights&
 std::shared_ptr<const PrefilledPrompt> PrefilledPrompt::make(const ModelWeights& weights,
                                                              std::span<const int32_t> tokens,
                                                              const SessionOptions& arithmetic) {
-  SessionOptions options;
-  options.ubatch = arithmetic.ubatch;
-  options.cache_type = arithmetic.cache_type;
-  options.llama_cpp_arithmetic = arithmetic.llama_cpp_arithmetic;
-  options.llama_cpp_flash_attention = arithmetic.llama_cpp_flash_attention;
-  options.llama_cpp_threads = arithmetic.llama_cpp_threads;
+  SessionOptions options = arithmetic;  // its ubatch, cache type and arithmetic
+  options.press = nullptr;              // the prompt keeps every row
+  options.budget = Budget{};
+  options.compress_local_layers = false;
   Session::Impl impl(weights, options);
   auto data = std::make_unique<Data>();
   impl.capture_prompt(tokens, *data);

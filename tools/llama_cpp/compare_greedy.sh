@@ -45,7 +45,7 @@ for model in "$@"; do
     { tail -3 "$work/err" >&2; echo "$0: llama-completion failed on $model" >&2; exit 1; }
   # protokv prints the generated text only (no prompt).
   "$PROTOKV" generate -m "$model" -p "$PROMPT" -n "$N" --temp 0 --ignore-eos -t 1 \
-    --llama-cpp-arithmetic "${fa_flag[@]}" --cache-type-k "$CACHE" --cache-type-v "$CACHE" \
+    --llama-cpp-arithmetic ${fa_flag[@]+"${fa_flag[@]}"} --cache-type-k "$CACHE" --cache-type-v "$CACHE" \
     >"$work/protokv.txt" 2>"$work/err" ||
     { tail -3 "$work/err" >&2; echo "$0: protokv generate failed on $model" >&2; exit 1; }
   python3 - "$model" "$work/llama.txt" "$work/protokv.txt" <<'EOF'

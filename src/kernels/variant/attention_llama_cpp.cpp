@@ -255,10 +255,10 @@ void flash_attention_as_llama_cpp_impl(const float* q, ValueRows keys, ValueRows
       const float scale_new = std::exp(p.max - new_max);
       for (int i = 0; i < d; ++i) {
         const float fresh = part[static_cast<size_t>(i)] * scale_new;
-        acc[static_cast<size_t>(i)] = std::fma(acc[static_cast<size_t>(i)], scale_old, fresh);
+        acc[static_cast<size_t>(i)] = ggml_mad<Ops>(acc[static_cast<size_t>(i)], scale_old, fresh);
       }
       const float fresh_sum = p.sum * scale_new;
-      st.sum = std::fma(st.sum, scale_old, fresh_sum);
+      st.sum = ggml_mad<Ops>(st.sum, scale_old, fresh_sum);
       st.max = new_max;
     }
   } else {
