@@ -382,6 +382,47 @@ TEST(FlashAttentionAsLlamaCpp, SimdKernelsEqualThePortableOrder) {
   }
 }
 
+// A block of causal rows (prefill's call: row r over n_first + r entries) gives each row the
+// one-row result, on both paths, from F32 and from F16 rows.
+TEST(FlashAttentionAsLlamaCpp, RowBlocksEqualOneRowAtATime) {
+  std::mt19937 rng(37);
+  for (Isa isa : kernels::available_isas()) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    for (int d : {8, 64, 72})
+      for (int64_t rows : {1, 5, 64})
+        for (int64_t n_first : {1, 40, 130})
+          for (int64_t batch_rows : {rows, int64_t{512}})
+            for (bool f16_storage : {false, true}) {
+              const int64_t n = n_first + rows - 1;
+              const int64_t stride = 3 * d;  // rows of a wider tensor, as prefill's heads
+              const auto q = random_vector(rng, rows * stride, 2.0f);
+              const auto k = random_vector(rng, n * d), v = random_vector(rng, n * d);
+              std::vector<uint16_t> k16(k.size()), v16(v.size());
+              for (size_t i = 0; i < k.size(); ++i) {
+                k16[i] = f32_to_f16(k[i]);
+                v16[i] = f32_to_f16(v[i]);
+              }
+              const ValueRows keys = f16_storage ? ValueRows(k16.data(), DType::F16) : k.data();
+              const ValueRows values = f16_storage ? ValueRows(v16.data(), DType::F16) : v.data();
+              const auto how = flash_how(batch_rows, true, true);
+              std::vector<float> block(static_cast<size_t>(rows * stride), -1.0f);
+              kernels::flash_attention_as_llama_cpp(isa, q.data(), stride, rows, keys, values,
+                                                    n_first, d, 0.125f, how, block.data(), stride);
+              std::vector<float> one(static_cast<size_t>(d));
+              for (int64_t r = 0; r < rows; ++r) {
+                kernels::ggml_order::flash_attention(isa, q.data() + r * stride, k.data(), v.data(),
+                                                     n_first + r, d, 0.125f, how, one.data());
+                EXPECT_EQ(
+                    std::vector<float>(block.begin() + r * stride, block.begin() + r * stride + d),
+                    one)
+                    << "d=" << d << " rows=" << rows << " n_first=" << n_first
+                    << " batch=" << batch_rows << " f16 storage=" << f16_storage << " r=" << r;
+                EXPECT_EQ(block[static_cast<size_t>(r * stride + d)], -1.0f);  // untouched
+              }
+            }
+  }
+}
+
 // llama.cpp's thread count splits a decode step's cells (padded to 256) once they reach 512: the
 // split's size, and a result that depends on the threads there and nowhere else.
 TEST(FlashAttentionAsLlamaCpp, DecodeOver512CellsSplitsOverLlamaCppsThreads) {

@@ -207,12 +207,26 @@ void attention_as_llama_cpp(const float* q, const float* keys, const float* valu
 void flash_attention_as_llama_cpp(Isa isa, const float* q, ValueRows keys, ValueRows values,
                                   int64_t n, int d, float scale, const LlamaCppFlashAttention& how,
                                   float* out) {
-  table(isa).flash_attention_as_llama_cpp(q, keys, values, n, d, scale, how, out);
+  table(isa).flash_attention_as_llama_cpp(q, d, 1, keys, values, n, d, scale, how, out, d);
 }
 void flash_attention_as_llama_cpp(const float* q, ValueRows keys, ValueRows values, int64_t n,
                                   int d, float scale, const LlamaCppFlashAttention& how,
                                   float* out) {
-  active().flash_attention_as_llama_cpp(q, keys, values, n, d, scale, how, out);
+  active().flash_attention_as_llama_cpp(q, d, 1, keys, values, n, d, scale, how, out, d);
+}
+void flash_attention_as_llama_cpp(Isa isa, const float* q, int64_t q_stride, int64_t rows,
+                                  ValueRows keys, ValueRows values, int64_t n_first, int d,
+                                  float scale, const LlamaCppFlashAttention& how, float* out,
+                                  int64_t out_stride) {
+  table(isa).flash_attention_as_llama_cpp(q, q_stride, rows, keys, values, n_first, d, scale, how,
+                                          out, out_stride);
+}
+void flash_attention_as_llama_cpp(const float* q, int64_t q_stride, int64_t rows, ValueRows keys,
+                                  ValueRows values, int64_t n_first, int d, float scale,
+                                  const LlamaCppFlashAttention& how, float* out,
+                                  int64_t out_stride) {
+  active().flash_attention_as_llama_cpp(q, q_stride, rows, keys, values, n_first, d, scale, how,
+                                        out, out_stride);
 }
 void swiglu_as_llama_cpp(Isa isa, float* gate, const float* up, int64_t n) {
   table(isa).swiglu_as_llama_cpp(gate, up, n);

@@ -45,6 +45,10 @@ void attention_as_llama_cpp(Isa isa, const float* q, const float* keys, const fl
 void flash_attention_as_llama_cpp(Isa isa, const float* q, ValueRows keys, ValueRows values,
                                   int64_t n, int d, float scale, const LlamaCppFlashAttention& how,
                                   float* out);
+void flash_attention_as_llama_cpp(Isa isa, const float* q, int64_t q_stride, int64_t rows,
+                                  ValueRows keys, ValueRows values, int64_t n_first, int d,
+                                  float scale, const LlamaCppFlashAttention& how, float* out,
+                                  int64_t out_stride);
 void swiglu_as_llama_cpp(Isa isa, float* gate, const float* up, int64_t n);
 void matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n, float* y);
 void attention_prefill_heads(Isa isa, HeadsView q, HeadsView k, HeadsView v, MutableHeadsView out,

@@ -132,6 +132,14 @@ struct LlamaCppFlashAttention {
 void flash_attention_as_llama_cpp(const float* q, ValueRows keys, ValueRows values, int64_t n,
                                   int d, float scale, const LlamaCppFlashAttention& how,
                                   float* out);
+// The same for `rows` consecutive query rows of one head of a ubatch, causal: row r (at q +
+// r * q_stride, its output at out + r * out_stride) over the first n_first + r entries. Each row's
+// result is the one-row call's; the tiled path converts each tile of keys and values once for
+// all of them (as ggml shares a tile among its ubatch's rows).
+void flash_attention_as_llama_cpp(const float* q, int64_t q_stride, int64_t rows, ValueRows keys,
+                                  ValueRows values, int64_t n_first, int d, float scale,
+                                  const LlamaCppFlashAttention& how, float* out,
+                                  int64_t out_stride);
 // gate[i] = silu(gate[i]) * up[i] as ggml_vec_swiglu_f32 (ggml_order::swiglu), in place.
 void swiglu_as_llama_cpp(float* gate, const float* up, int64_t n);
 

@@ -29,9 +29,10 @@ struct KernelVariant {
                               bool batched);
   void (*attention_as_llama_cpp)(const float* q, const float* keys, const float* values, int64_t n,
                                  int d, float scale, bool batched, float* out);
-  void (*flash_attention_as_llama_cpp)(const float* q, ValueRows keys, ValueRows values, int64_t n,
-                                       int d, float scale, const LlamaCppFlashAttention& how,
-                                       float* out);
+  void (*flash_attention_as_llama_cpp)(const float* q, int64_t q_stride, int64_t rows,
+                                       ValueRows keys, ValueRows values, int64_t n_first, int d,
+                                       float scale, const LlamaCppFlashAttention& how, float* out,
+                                       int64_t out_stride);
   void (*swiglu_as_llama_cpp)(float* gate, const float* up, int64_t n);
   // One row of a legacy 32-value quant type (Q4_0/Q4_1/Q5_0/Q5_1) against ggml's Q8_0 / Q8_1
   // activation blocks: what matvec computes per row (tests).
@@ -78,9 +79,10 @@ void matmul(const WeightMatrix& w, const float* x, int64_t n, float* y);
 void matmul_as_llama_cpp(const WeightMatrix& w, const float* x, int64_t n, float* y, bool batched);
 void attention_as_llama_cpp(const float* q, const float* keys, const float* values, int64_t n,
                             int d, float scale, bool batched, float* out);
-void flash_attention_as_llama_cpp(const float* q, ValueRows keys, ValueRows values, int64_t n,
-                                  int d, float scale, const LlamaCppFlashAttention& how,
-                                  float* out);
+void flash_attention_as_llama_cpp(const float* q, int64_t q_stride, int64_t rows, ValueRows keys,
+                                  ValueRows values, int64_t n_first, int d, float scale,
+                                  const LlamaCppFlashAttention& how, float* out,
+                                  int64_t out_stride);
 void swiglu_as_llama_cpp(float* gate, const float* up, int64_t n);
 float legacy_quant_dot(DType type, const void* row, const QuantizedActivation& x, int64_t cols);
 void weight_row_to_f32(DType type, const void* row, float* out, int64_t n);

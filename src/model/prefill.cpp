@@ -59,24 +59,34 @@ void Session::Impl::attend_rows_as_llama_cpp(int64_t n, RowBuffers& b, KvHead kv
   const int group = config.group_size();
   const int64_t q_dim = static_cast<int64_t>(n_heads) * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool flash = options.llama_cpp_flash_attention;
-  kernels::LlamaCppFlashAttention how = flash_decode;
-  how.batch_rows = n;  // llama.cpp's ubatch picks ggml's path
   ParallelErrors errors;
+  if (options.llama_cpp_flash_attention) {
+    // Blocks of ggml's 64 query rows per head, each sharing its tiles' converted keys and values.
+    kernels::LlamaCppFlashAttention how = flash_decode;
+    how.batch_rows = n;  // llama.cpp's ubatch picks ggml's path
+    constexpr int64_t kBlock = 64;
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for collapse(2) schedule(dynamic) if (n * q_dim >= kParallelMinElements)
+    for (int h = 0; h < n_heads; ++h)
+      for (int64_t block = 0; block < blocks; ++block)
+        errors.run([&] {
+          const auto [keys, values, n_past] = kv_head(h / group);
+          const int64_t first = block * kBlock;
+          kernels::flash_attention_as_llama_cpp(
+              b.q.data() + first * q_dim + h * hd, q_dim, std::min(kBlock, n - first), keys, values,
+              n_past + first + 1, hd, scale, how, b.att.data() + first * q_dim + h * hd, q_dim);
+        });
+    errors.rethrow();
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static) if (n * q_dim >= kParallelMinElements)
   for (int64_t i = 0; i < n; ++i)
     for (int h = 0; h < n_heads; ++h)
       errors.run([&] {
         const auto [keys, values, n_past] = kv_head(h / group);
-        const float* q = b.q.data() + i * q_dim + h * hd;
-        float* out = b.att.data() + i * q_dim + h * hd;
-        if (flash) {
-          kernels::flash_attention_as_llama_cpp(q, keys, values, n_past + i + 1, hd, scale, how,
-                                                out);
-        } else {
-          kernels::attention_as_llama_cpp(q, keys, values, n_past + i + 1, hd, scale,
-                                          /*batched=*/n > 1, out);
-        }
+        kernels::attention_as_llama_cpp(b.q.data() + i * q_dim + h * hd, keys, values,
+                                        n_past + i + 1, hd, scale, /*batched=*/n > 1,
+                                        b.att.data() + i * q_dim + h * hd);
       });
   errors.rethrow();
 }

@@ -147,51 +147,67 @@ const float* flash_row(ValueRows rows, int64_t e, int d, bool f16, float* buffer
   return buffer;
 }
 
-// ggml_order::flash_attention's tiled path over entries [first, first + n): the scores of a tile
-// from its keys transposed (simd_gemm's layout, so that the FMAs of 64 cells run side by side).
+// ggml_order::flash_attention's tiled path for `rows` causal query rows of one head (row r, at
+// q + r * q_stride, over the first n_first + r entries), as ggml shares its tiles among a ubatch's
+// rows: each tile of keys is converted and transposed once (simd_gemm's layout, so that the FMAs
+// of 64 cells run side by side) and its values converted once, for every row that sees it. Each
+// row's arithmetic is the one-row tiled path's. acc: [rows, d]; sums: [rows].
 template <class Ops>
-FlashSums flash_tiled(const float* q, ValueRows keys, ValueRows values, int64_t n, int d,
-                      float scale, const LlamaCppFlashAttention& how, float* acc) {
+void flash_tiled_rows(const float* q, int64_t q_stride, int64_t rows, ValueRows keys,
+                      ValueRows values, int64_t n_first, int d, float scale,
+                      const LlamaCppFlashAttention& how, float* acc, FlashSums* sums) {
   constexpr int64_t tile = ggml_order::kFlashTileCells;
-  thread_local std::vector<float> keys_t, row_buffer;  // [d, tile], [d]
+  thread_local std::vector<float> keys_t, values_tile, row_buffer;  // [d, tile], [tile, d], [d]
   keys_t.resize(static_cast<size_t>(d) * tile);
+  values_tile.resize(static_cast<size_t>(d) * tile);
   row_buffer.resize(static_cast<size_t>(d));
   float p[tile];
-  FlashSums st;
-  std::fill(acc, acc + d, 0.0f);
-  for (int64_t t0 = 0; t0 < n; t0 += tile) {
-    const int64_t cells = std::min(tile, n - t0);
-    for (int64_t j = 0; j < cells; ++j) {
+  std::fill(acc, acc + rows * d, 0.0f);
+  std::fill(sums, sums + rows, FlashSums{});
+  const int64_t n_last = n_first + rows - 1;  // what the last row sees
+  for (int64_t t0 = 0; t0 < n_last; t0 += tile) {
+    const int64_t tile_cells = std::min(tile, n_last - t0);
+    for (int64_t j = 0; j < tile_cells; ++j) {
       const float* key = flash_row<Ops>(keys, t0 + j, d, how.f16_keys, row_buffer.data());
       for (int i = 0; i < d; ++i) keys_t[i * tile + j] = key[i];
+      const float* value =
+          flash_row<Ops>(values, t0 + j, d, how.f16_values, values_tile.data() + j * d);
+      if (value != values_tile.data() + j * d)
+        std::copy(value, value + d, values_tile.data() + j * d);
     }
-    std::fill(p, p + cells, 0.0f);
-    for (int i = 0; i < d; ++i) {
-      const float qi = q[i];
-      const float* row = keys_t.data() + i * tile;
-      for (int64_t j = 0; j < cells; ++j) p[j] = ggml_mad<Ops>(qi, row[j], p[j]);
-    }
-    float tile_max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < cells; ++j) {
-      p[j] *= scale;
-      tile_max = std::max(tile_max, p[j]);
-    }
-    const float new_max = std::fmax(st.max, tile_max);
-    if (new_max > st.max) {
-      const float rescale = std::exp(st.max - new_max);
-      for (int i = 0; i < d; ++i) acc[i] *= rescale;
-      st.sum *= rescale;
-    }
-    st.max = new_max;
-    st.sum =
-        static_cast<float>(static_cast<double>(st.sum) + Ops::exp_sum_as_ggml(p, st.max, cells));
-    for (int64_t j = 0; j < cells; ++j) {
-      const float* v = flash_row<Ops>(values, t0 + j, d, how.f16_values, row_buffer.data());
-      const float weight = p[j];
-      for (int i = 0; i < d; ++i) acc[i] = ggml_mad<Ops>(v[i], weight, acc[i]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t cells = std::min(tile, n_first + r - t0);  // this row's visible cells
+      if (cells <= 0) continue;
+      const float* qr = q + r * q_stride;
+      float* a = acc + r * d;
+      FlashSums& st = sums[r];
+      std::fill(p, p + cells, 0.0f);
+      for (int i = 0; i < d; ++i) {
+        const float qi = qr[i];
+        const float* row = keys_t.data() + i * tile;
+        for (int64_t j = 0; j < cells; ++j) p[j] = ggml_mad<Ops>(qi, row[j], p[j]);
+      }
+      float tile_max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < cells; ++j) {
+        p[j] *= scale;
+        tile_max = std::max(tile_max, p[j]);
+      }
+      const float new_max = std::fmax(st.max, tile_max);
+      if (new_max > st.max) {
+        const float rescale = std::exp(st.max - new_max);
+        for (int i = 0; i < d; ++i) a[i] *= rescale;
+        st.sum *= rescale;
+      }
+      st.max = new_max;
+      st.sum =
+          static_cast<float>(static_cast<double>(st.sum) + Ops::exp_sum_as_ggml(p, st.max, cells));
+      for (int64_t j = 0; j < cells; ++j) {
+        const float* v = values_tile.data() + j * d;
+        const float weight = p[j];
+        for (int i = 0; i < d; ++i) a[i] = ggml_mad<Ops>(v[i], weight, a[i]);
+      }
     }
   }
-  return st;
 }
 
 // ggml_order::flash_attention's one-chunk path over entries [first, first + n).
@@ -229,53 +245,77 @@ FlashSums flash_one_chunk(const float* q, ValueRows keys, ValueRows values, int6
   return st;
 }
 
+// One row: the one-chunk path, or its split over llama.cpp's threads (ggml_order::
+// flash_attention). acc [d] ends unnormalised.
 template <class Ops>
-void flash_attention_as_llama_cpp_impl(const float* q, ValueRows keys, ValueRows values, int64_t n,
-                                       int d, float scale, LlamaCppFlashAttention how, float* out) {
+FlashSums flash_one_row(const float* q, ValueRows keys, ValueRows values, int64_t n, int d,
+                        float scale, const LlamaCppFlashAttention& how, float* acc) {
+  const int64_t chunk = ggml_order::flash_attention_split(how, n);
+  if (chunk == 0) return flash_one_chunk<Ops>(q, keys, values, 0, n, d, scale, how, acc);
+  // Each of llama.cpp's threads' cells, merged in thread order.
+  thread_local std::vector<float> part;
+  part.resize(static_cast<size_t>(d));
+  std::fill(acc, acc + d, 0.0f);
+  FlashSums st;
+  for (int64_t first = 0; first < n; first += chunk) {
+    const FlashSums p = flash_one_chunk<Ops>(q, keys, values, first, std::min(chunk, n - first), d,
+                                             scale, how, part.data());
+    if (p.sum == 0.0f) continue;
+    const float new_max = std::fmax(st.max, p.max);
+    const float scale_old = std::exp(st.max - new_max);
+    const float scale_new = std::exp(p.max - new_max);
+    for (int i = 0; i < d; ++i) {
+      const float fresh = part[static_cast<size_t>(i)] * scale_new;
+      acc[i] = ggml_mad<Ops>(acc[i], scale_old, fresh);
+    }
+    const float fresh_sum = p.sum * scale_new;
+    st.sum = ggml_mad<Ops>(st.sum, scale_old, fresh_sum);
+    st.max = new_max;
+  }
+  return st;
+}
+
+template <class Ops>
+void flash_attention_as_llama_cpp_impl(const float* q, int64_t q_stride, int64_t rows,
+                                       ValueRows keys, ValueRows values, int64_t n_first, int d,
+                                       float scale, LlamaCppFlashAttention how, float* out,
+                                       int64_t out_stride) {
   constexpr int lanes = Ops::kGgmlLanes;
   how.f16_keys = how.f16_keys || keys.type == DType::F16;  // F16 rows are read as F16
   how.f16_values = how.f16_values || values.type == DType::F16;
-  thread_local std::vector<float> acc, part;  // VKQ32 / VKQ16
-  acc.resize(static_cast<size_t>(d));
-  FlashSums st;
+  thread_local std::vector<float> acc;  // [rows, d]: VKQ32 / VKQ16
+  thread_local std::vector<FlashSums> sums;
+  acc.resize(static_cast<size_t>(rows * d));
+  sums.resize(static_cast<size_t>(rows));
   const bool tiled = how.batch_rows >= ggml_order::kFlashTileRows &&
                      how.f16_keys == how.f16_values && (lanes == 0 || d % lanes == 0);
   if (tiled) {
-    st = flash_tiled<Ops>(q, keys, values, n, d, scale, how, acc.data());
-  } else if (const int64_t chunk = ggml_order::flash_attention_split(how, n); chunk > 0) {
-    // Each of llama.cpp's threads' cells, merged in thread order (ggml_order::flash_attention).
-    part.resize(static_cast<size_t>(d));
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t first = 0; first < n; first += chunk) {
-      const FlashSums p = flash_one_chunk<Ops>(q, keys, values, first, std::min(chunk, n - first),
-                                               d, scale, how, part.data());
-      if (p.sum == 0.0f) continue;
-      const float new_max = std::fmax(st.max, p.max);
-      const float scale_old = std::exp(st.max - new_max);
-      const float scale_new = std::exp(p.max - new_max);
-      for (int i = 0; i < d; ++i) {
-        const float fresh = part[static_cast<size_t>(i)] * scale_new;
-        acc[static_cast<size_t>(i)] = ggml_mad<Ops>(acc[static_cast<size_t>(i)], scale_old, fresh);
-      }
-      const float fresh_sum = p.sum * scale_new;
-      st.sum = ggml_mad<Ops>(st.sum, scale_old, fresh_sum);
-      st.max = new_max;
-    }
+    flash_tiled_rows<Ops>(q, q_stride, rows, keys, values, n_first, d, scale, how, acc.data(),
+                          sums.data());
   } else {
-    st = flash_one_chunk<Ops>(q, keys, values, 0, n, d, scale, how, acc.data());
+    for (int64_t r = 0; r < rows; ++r)
+      sums[static_cast<size_t>(r)] = flash_one_row<Ops>(q + r * q_stride, keys, values, n_first + r,
+                                                        d, scale, how, acc.data() + r * d);
   }
-  const float inverse = st.sum == 0.0f ? 0.0f : 1.0f / st.sum;
-  for (int i = 0; i < d; ++i) out[i] = acc[static_cast<size_t>(i)] * inverse;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float sum = sums[static_cast<size_t>(r)].sum;
+    const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+    const float* a = acc.data() + r * d;
+    float* o = out + r * out_stride;
+    for (int i = 0; i < d; ++i) o[i] = a[i] * inverse;
+  }
 }
 
 }  // namespace
 
 namespace PROTOKV_KERNEL_VARIANT {
 
-void flash_attention_as_llama_cpp(const float* q, ValueRows keys, ValueRows values, int64_t n,
-                                  int d, float scale, const LlamaCppFlashAttention& how,
-                                  float* out) {
-  flash_attention_as_llama_cpp_impl<VariantOps>(q, keys, values, n, d, scale, how, out);
+void flash_attention_as_llama_cpp(const float* q, int64_t q_stride, int64_t rows, ValueRows keys,
+                                  ValueRows values, int64_t n_first, int d, float scale,
+                                  const LlamaCppFlashAttention& how, float* out,
+                                  int64_t out_stride) {
+  flash_attention_as_llama_cpp_impl<VariantOps>(q, q_stride, rows, keys, values, n_first, d, scale,
+                                                how, out, out_stride);
 }
 
 void attention_as_llama_cpp(const float* q, const float* keys, const float* values, int64_t n,
