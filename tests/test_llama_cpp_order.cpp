@@ -386,38 +386,49 @@ TEST(FlashAttentionAsLlamaCpp, SimdKernelsEqualThePortableOrder) {
 // one-row result, on both paths, from F32 and from F16 rows.
 TEST(FlashAttentionAsLlamaCpp, RowBlocksEqualOneRowAtATime) {
   std::mt19937 rng(37);
+  // F16 rows, F32 rows read as F16 (llama.cpp's cast), F32 rows as they are, and K/V of two
+  // types (no tiled path).
+  struct Rows {
+    bool f16_storage, f16_keys, f16_values;
+  };
   for (Isa isa : kernels::available_isas()) {
     SCOPED_TRACE(kernels::isa_name(isa));
     for (int d : {8, 64, 72})
       for (int64_t rows : {1, 5, 64})
         for (int64_t n_first : {1, 40, 130})
           for (int64_t batch_rows : {rows, int64_t{512}})
-            for (bool f16_storage : {false, true}) {
+            for (const Rows kind : {Rows{true, true, true}, Rows{false, true, true},
+                                    Rows{false, false, false}, Rows{false, true, false}}) {
               const int64_t n = n_first + rows - 1;
-              const int64_t stride = 3 * d;  // rows of a wider tensor, as prefill's heads
-              const auto q = random_vector(rng, rows * stride, 2.0f);
+              // Rows of wider tensors, as prefill's heads, with strides of their own.
+              const int64_t q_stride = 3 * d, out_stride = 2 * d;
+              const auto q = random_vector(rng, rows * q_stride, 2.0f);
               const auto k = random_vector(rng, n * d), v = random_vector(rng, n * d);
               std::vector<uint16_t> k16(k.size()), v16(v.size());
               for (size_t i = 0; i < k.size(); ++i) {
                 k16[i] = f32_to_f16(k[i]);
                 v16[i] = f32_to_f16(v[i]);
               }
-              const ValueRows keys = f16_storage ? ValueRows(k16.data(), DType::F16) : k.data();
-              const ValueRows values = f16_storage ? ValueRows(v16.data(), DType::F16) : v.data();
-              const auto how = flash_how(batch_rows, true, true);
-              std::vector<float> block(static_cast<size_t>(rows * stride), -1.0f);
-              kernels::flash_attention_as_llama_cpp(isa, q.data(), stride, rows, keys, values,
-                                                    n_first, d, 0.125f, how, block.data(), stride);
+              const ValueRows keys =
+                  kind.f16_storage ? ValueRows(k16.data(), DType::F16) : k.data();
+              const ValueRows values =
+                  kind.f16_storage ? ValueRows(v16.data(), DType::F16) : v.data();
+              const auto how = flash_how(batch_rows, kind.f16_keys, kind.f16_values);
+              std::vector<float> block(static_cast<size_t>(rows * out_stride), -1.0f);
+              kernels::flash_attention_as_llama_cpp(isa, q.data(), q_stride, rows, keys, values,
+                                                    n_first, d, 0.125f, how, block.data(),
+                                                    out_stride);
               std::vector<float> one(static_cast<size_t>(d));
               for (int64_t r = 0; r < rows; ++r) {
-                kernels::ggml_order::flash_attention(isa, q.data() + r * stride, k.data(), v.data(),
-                                                     n_first + r, d, 0.125f, how, one.data());
-                EXPECT_EQ(
-                    std::vector<float>(block.begin() + r * stride, block.begin() + r * stride + d),
-                    one)
+                kernels::ggml_order::flash_attention(isa, q.data() + r * q_stride, k.data(),
+                                                     v.data(), n_first + r, d, 0.125f, how,
+                                                     one.data());
+                const auto got = block.begin() + r * out_stride;
+                EXPECT_EQ(std::vector<float>(got, got + d), one)
                     << "d=" << d << " rows=" << rows << " n_first=" << n_first
-                    << " batch=" << batch_rows << " f16 storage=" << f16_storage << " r=" << r;
-                EXPECT_EQ(block[static_cast<size_t>(r * stride + d)], -1.0f);  // untouched
+                    << " batch=" << batch_rows << " f16 storage=" << kind.f16_storage
+                    << " f16 keys=" << kind.f16_keys << " values=" << kind.f16_values << " r=" << r;
+                EXPECT_EQ(got[d], -1.0f);  // untouched
               }
             }
   }
